@@ -1,0 +1,70 @@
+"""The DyntraLB all-gather wire format (spec C).
+
+Each rank packs its snapshot into one int32 buffer of ``2 * max_num_seqs + 2`` slots
+right before the all-gather of an active step, and every rank unpacks all gathered
+buffers into the planner's ``requests_by_rank``. Layout of one buffer (``max_slots =
+2 * max_num_seqs``):
+
+    [0, run_cnt)                 block counts of running requests, in running order
+    [run_cnt, run_cnt+wait_cnt)  block counts of admission candidates, in candidate order
+    [.., max_slots)              zero padding (a zero ends the planner's parse)
+    max_slots                    run_cnt, the running/waiting split index
+    max_slots + 1                1 if a long request arrived since the last gather
+
+Both functions run on every active decode step, so they stay in numpy slicing. This
+module holds no torch: the coordinator wraps the same numpy arrays with
+``torch.from_numpy`` for the collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def payload_len(max_num_seqs: int) -> int:
+    """Buffer length for one rank: ``2 * max_num_seqs`` block slots, split, long flag."""
+    return 2 * max_num_seqs + 2
+
+
+def pack(
+    out: np.ndarray,
+    running_blks: Sequence[int],
+    waiting_blks: Sequence[int],
+    pending_long: bool,
+) -> None:
+    """Fill the send buffer ``out`` (int32, length ``payload_len``) in place.
+
+    Running counts come first and are truncated to ``max_slots``; waiting counts fill
+    what is left and the excess is dropped silently, as in the reference.
+    """
+    if out.dtype != np.int32 or out.ndim != 1 or out.shape[0] < 2:
+        raise ValueError(
+            f"DyntraLB payload buffer must be a 1-D int32 array of length >= 2, "
+            f"got dtype={out.dtype}, shape={out.shape}."
+        )
+    max_slots = out.shape[0] - 2
+    out.fill(0)
+    run_cnt = min(len(running_blks), max_slots)
+    wait_cnt = min(len(waiting_blks), max_slots - run_cnt)
+    if run_cnt:
+        out[:run_cnt] = running_blks[:run_cnt]
+    if wait_cnt:
+        out[run_cnt : run_cnt + wait_cnt] = waiting_blks[:wait_cnt]
+    out[max_slots] = run_cnt
+    out[max_slots + 1] = 1 if pending_long else 0
+
+
+def unpack(buffers: Sequence[np.ndarray]) -> tuple[list[tuple[list[int], int]], bool]:
+    """Decode the gathered buffers (indexed by DP rank) into ``requests_by_rank`` —
+    one ``(blocks, split)`` pair per rank, blocks including the trailing zeros — and
+    ``has_new_long``, the OR of every rank's long-request flag."""
+    requests_by_rank: list[tuple[list[int], int]] = []
+    has_new_long = False
+    for buf in buffers:
+        max_slots = buf.shape[0] - 2
+        requests_by_rank.append((buf[:max_slots].tolist(), int(buf[max_slots])))
+        if buf[max_slots + 1]:
+            has_new_long = True
+    return requests_by_rank, has_new_long

@@ -1,0 +1,53 @@
+"""Glossary: the KV-block count of a request, DyntraLB's load unit."""
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dyntra_lb.blocks import num_blocks, request_blocks
+
+
+@pytest.mark.parametrize(
+    "num_tokens, block_size, expected",
+    [
+        (0, 8, 0),
+        (1, 8, 1),
+        (8, 8, 1),
+        (9, 8, 2),
+        (17, 8, 3),
+        (5, 8, 1),
+        (128, 128, 1),
+        (129, 128, 2),
+        (7, 1, 7),
+    ],
+)
+def test_num_blocks(num_tokens, block_size, expected):
+    assert num_blocks(num_tokens, block_size) == expected
+
+
+@given(st.integers(min_value=0, max_value=10**7), st.integers(min_value=1, max_value=4096))
+def test_num_blocks_is_ceiling(num_tokens, block_size):
+    n = num_blocks(num_tokens, block_size)
+    assert (n - 1) * block_size < num_tokens <= n * block_size or (n == 0 and num_tokens == 0)
+
+
+@pytest.mark.parametrize("block_size", [0, -16, True, False, 16.0, "16", None])
+def test_invalid_block_size(block_size):
+    with pytest.raises(RuntimeError) as info:
+        num_blocks(10, block_size)
+    assert str(info.value) == f"Invalid DyntraLB block size: {block_size}"
+
+
+def test_invalid_block_size_text():
+    with pytest.raises(RuntimeError) as info:
+        request_blocks(SimpleNamespace(num_tokens=3), 0)
+    assert str(info.value) == "Invalid DyntraLB block size: 0"
+
+
+def test_request_blocks_uses_num_tokens():
+    # 12 prompt + 5 generated tokens = 17 tokens -> 3 blocks of 8
+    request = SimpleNamespace(num_tokens=17, num_prompt_tokens=12)
+    assert request_blocks(request, 8) == 3
+    assert request_blocks(request, 16) == 2

@@ -1,0 +1,136 @@
+"""Spec C: the all-gather wire format (pack on each rank, unpack of all ranks)."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dyntra_lb.payload import pack, payload_len, unpack
+
+
+def _buffer(max_num_seqs, fill=0):
+    return np.full(payload_len(max_num_seqs), fill, dtype=np.int32)
+
+
+def test_payload_len():
+    assert payload_len(1) == 4
+    assert payload_len(2) == 6
+    assert payload_len(128) == 258
+
+
+def test_spec_example():
+    out = _buffer(2, fill=77)  # stale content must be overwritten
+    pack(out, [5, 3], [9, 2, 7], True)
+    assert out.tolist() == [5, 3, 9, 2, 2, 1]
+    assert out.dtype == np.int32
+    requests_by_rank, has_new_long = unpack([out])
+    assert requests_by_rank == [([5, 3, 9, 2], 2)]
+    assert has_new_long is True
+
+
+def test_zero_padding_and_trailing_zeros_kept():
+    out = _buffer(3, fill=-1)
+    pack(out, [4], [6], False)
+    assert out.tolist() == [4, 6, 0, 0, 0, 0, 1, 0]
+    assert unpack([out]) == ([([4, 6, 0, 0, 0, 0], 1)], False)
+
+
+def test_empty_snapshot():
+    out = _buffer(2, fill=5)
+    pack(out, [], [], False)
+    assert out.tolist() == [0] * 6
+    assert unpack([out]) == ([([0, 0, 0, 0], 0)], False)
+
+
+def test_running_truncated_to_max_slots():
+    out = _buffer(1)
+    pack(out, [1, 2, 3], [4], False)
+    assert out.tolist() == [1, 2, 2, 0]
+
+
+def test_unpack_many_ranks_or_of_long_flags():
+    bufs = [_buffer(2) for _ in range(3)]
+    pack(bufs[0], [8, 4], [9], False)
+    pack(bufs[1], [1], [], True)
+    pack(bufs[2], [], [3, 3], False)
+    requests_by_rank, has_new_long = unpack(bufs)
+    assert requests_by_rank == [([8, 4, 9, 0], 2), ([1, 0, 0, 0], 1), ([3, 3, 0, 0], 0)]
+    assert has_new_long is True
+    for buf in bufs:
+        buf[-1] = 0
+    assert unpack(bufs)[1] is False
+    assert unpack([]) == ([], False)
+
+
+def test_unpack_returns_python_ints():
+    out = _buffer(2)
+    pack(out, [5], [6], True)
+    ((blks, split),) = unpack([out])[0]
+    assert all(type(b) is int for b in blks) and type(split) is int
+
+
+def test_pack_accepts_numpy_inputs():
+    out = _buffer(2)
+    pack(out, np.array([5, 3]), np.array([9, 2, 7]), np.bool_(True))
+    assert out.tolist() == [5, 3, 9, 2, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "bad", [np.zeros(6, dtype=np.int64), np.zeros((2, 3), dtype=np.int32), np.zeros(1, np.int32)]
+)
+def test_pack_rejects_wrong_buffer(bad):
+    with pytest.raises(ValueError, match="DyntraLB payload buffer must be a 1-D int32 array"):
+        pack(bad, [1], [], False)
+
+
+blk = st.integers(min_value=1, max_value=2**31 - 1)
+
+
+@given(
+    max_num_seqs=st.integers(min_value=1, max_value=64),
+    running=st.lists(blk, max_size=80),
+    waiting=st.lists(blk, max_size=200),
+    pending_long=st.booleans(),
+    stale=st.integers(min_value=-5, max_value=5),
+)
+def test_round_trip_and_truncation(max_num_seqs, running, waiting, pending_long, stale):
+    max_slots = 2 * max_num_seqs
+    out = _buffer(max_num_seqs, fill=stale)
+    pack(out, running, waiting, pending_long)
+    ((blks, split),) = unpack([out])[0]
+    has_new_long = unpack([out])[1]
+
+    run_cnt = min(len(running), max_slots)
+    wait_cnt = min(len(waiting), max_slots - run_cnt)
+    assert split == run_cnt
+    assert len(blks) == max_slots
+    assert blks[:split] == running[:run_cnt]
+    assert blks[split : split + wait_cnt] == waiting[:wait_cnt]
+    assert blks[split + wait_cnt :] == [0] * (max_slots - run_cnt - wait_cnt)
+    assert has_new_long is pending_long
+    # running never exceeds max_num_seqs in practice: then no waiting slot is lost early
+    if len(running) <= max_num_seqs:
+        assert wait_cnt >= min(len(waiting), max_num_seqs)
+    # everything fits -> lossless
+    if len(running) + len(waiting) <= max_slots:
+        assert blks[:split] == running and [b for b in blks[split:] if b] == waiting
+
+
+@given(
+    snapshots=st.lists(
+        st.tuples(st.lists(blk, max_size=8), st.lists(blk, max_size=8), st.booleans()),
+        min_size=1,
+        max_size=16,
+    )
+)
+def test_round_trip_many_ranks(snapshots):
+    bufs = []
+    for running, waiting, long_flag in snapshots:
+        buf = _buffer(8)
+        pack(buf, running, waiting, long_flag)
+        bufs.append(buf)
+    requests_by_rank, has_new_long = unpack(bufs)
+    assert has_new_long is any(flag for _, _, flag in snapshots)
+    for (blks, split), (running, waiting, _) in zip(requests_by_rank, snapshots, strict=True):
+        assert split == len(running)
+        assert blks == running + waiting + [0] * (16 - len(running) - len(waiting))
