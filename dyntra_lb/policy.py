@@ -1,0 +1,379 @@
+"""Scheduler-side DyntraLB (spec E.1-E.6): the part of the balancer that lives inside a
+rank's scheduler.
+
+Two moments of a step involve it. Right before the all-gather the coordinator calls
+``prepare_step()`` (E.2): blocked requests are refreshed, remote KV loads may be started
+early, and the admission candidates are fixed in schedule order; their block counts and
+those of the running requests are what this rank publishes. At the start of the next
+``schedule()`` the scheduler calls ``apply_plan()`` (E.3): running requests matching
+``out_blk`` are paused (they keep their KV), and candidates matching ``in_blk`` form the
+admit set that ``can_admit()`` enforces in the waiting loop. The remaining hooks keep the
+set of paused ids honest (E.6).
+
+The policy is engine-agnostic: it only touches the narrow, vLLM-named scheduler surface
+described by ``SchedulerLike`` below, so the emulator's stub scheduler and a thin
+adapter around a real vLLM ``Scheduler`` can both host it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from dyntra_lb.blocks import num_blocks
+from dyntra_lb.diagnostics import pause_line
+
+logger = logging.getLogger("dyntra_lb")
+
+
+class RequestStatus(enum.IntEnum):
+    """vLLM 0.27.1's request statuses, same order and values (E.0); finished ⇔ > PREEMPTED.
+
+    Being an ``IntEnum`` numbered like vLLM's, its members compare equal to vLLM's, so
+    the policy works unchanged on real vLLM requests.
+    """
+
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+
+BLOCKED_STATUSES = frozenset({
+    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+    RequestStatus.WAITING_FOR_REMOTE_KVS,
+    RequestStatus.WAITING_FOR_STREAMING_REQ,
+})
+"""Statuses that live in ``skipped_waiting`` until the scheduler promotes them."""
+
+_ADMITTABLE = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED})
+
+
+class RequestLike(Protocol):
+    request_id: str
+    status: int
+    num_computed_tokens: int
+
+    @property
+    def num_tokens(self) -> int: ...  # prompt + generated output tokens
+
+    def __lt__(self, other: Any) -> bool: ...  # PRIORITY order: priority, arrival, id
+
+
+class RequestQueueLike(Protocol):
+    """vLLM's ``RequestQueue``: iteration yields requests in scheduling order."""
+
+    def add_request(self, request: Any) -> None: ...
+
+    def prepend_request(self, request: Any) -> None: ...
+
+    def remove_requests(self, requests: Iterable[Any]) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __len__(self) -> int: ...
+
+
+class KVCacheManagerLike(Protocol):
+    def get_computed_blocks(self, request: Any) -> tuple[Any, int]: ...
+
+    def allocate_slots(self, request: Any, num_new_tokens: int, *,
+                       num_new_computed_tokens: int = 0, new_computed_blocks: Any = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False,
+                       full_sequence_must_fit: bool = False) -> Any | None: ...
+
+    def get_blocks(self, request_id: str) -> Any: ...
+
+
+class KVConnectorLike(Protocol):
+    """Scheduler side of a ``kv_consumer`` connector (vLLM ``KVConnectorBase_V1``)."""
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]: ...
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None: ...
+
+
+class CacheConfigLike(Protocol):
+    block_size: int
+
+
+class SchedulerLike(Protocol):
+    """What DyntraLB reads and changes on the scheduler, named as in vLLM 0.27.1.
+
+    ``policy`` is "fcfs" or "priority" (or an enum whose ``value`` is one of those);
+    ``cache_config.block_size`` is the DyntraLB block size; ``_inflight_prefills`` is
+    vLLM's set of requests still prefilling (async KV loads included).
+    """
+
+    running: list[Any]
+    waiting: RequestQueueLike
+    skipped_waiting: RequestQueueLike
+    max_num_running_reqs: int
+    policy: Any
+    cache_config: CacheConfigLike
+    kv_cache_manager: KVCacheManagerLike
+    connector: KVConnectorLike | None
+    scheduler_reserve_full_isl: bool
+    _inflight_prefills: set[Any]
+
+    def _try_promote_blocked_waiting_request(self, request: Any) -> bool: ...
+
+
+class DyntraLBPolicy:
+    """DyntraLB's state and rules on one rank's scheduler (E.1).
+
+    ``modifications`` is this rank's plan for the next ``schedule()`` (set by the
+    coordinator, ``None`` = no plan, unrestricted admission); ``kv_prefetch_enabled`` is
+    set by the coordinator each active step; ``admit_req_ids`` is ``None`` when admission
+    is unrestricted, else the ids the waiting loop may admit this step.
+    """
+
+    def __init__(self, scheduler: SchedulerLike, *, enable_diagnostics: bool = False):
+        self.scheduler = scheduler
+        self.enable_diagnostics = enable_diagnostics
+        self.modifications: Any = None
+        self.lb_freeze = False
+        self.kv_prefetch_enabled = False
+        self.paused_req_ids: set[str] = set()
+        self.admission_candidates: list[Any] = []
+        self.admit_req_ids: set[str] | None = None
+        policy = scheduler.policy
+        self._priority = getattr(policy, "value", policy) == "priority"
+
+    # ----------------------------------------------------------- snapshot (E.2)
+
+    def prepare_step(self) -> list[Any]:
+        """Called by the coordinator right before the all-gather of an active step.
+
+        Returns (and keeps) the admission candidates: the waiting requests in schedule
+        order that are WAITING or PREEMPTED and were not reported "not ready" by the KV
+        prefetch. LB-paused and normally preempted requests are included.
+        """
+        self._refresh_blocked_waiting_requests()
+        not_ready = self._run_kv_prefetch()
+        order = self._schedule_order()
+        if not_ready:
+            self.admission_candidates = [
+                r for r in order if r.status in _ADMITTABLE and r.request_id not in not_ready]
+        else:
+            self.admission_candidates = [r for r in order if r.status in _ADMITTABLE]
+        return self.admission_candidates
+
+    def running_block_counts(self) -> list[int]:
+        """Block counts of the running requests, in list order (payload, spec C)."""
+        bs = self._block_size()
+        return [(r.num_tokens + bs - 1) // bs for r in self.scheduler.running]
+
+    def candidate_block_counts(self) -> list[int]:
+        """Block counts of the admission candidates, in candidate order (payload, C)."""
+        bs = self._block_size()
+        return [(r.num_tokens + bs - 1) // bs for r in self.admission_candidates]
+
+    def _block_size(self) -> int:
+        """The DyntraLB block size, validated as ``blocks.num_blocks`` does; callers
+        then apply the same ceiling inline, since they run over every request of
+        every active step."""
+        block_size = self.scheduler.cache_config.block_size
+        num_blocks(0, block_size)
+        return block_size
+
+    def clear_plan(self) -> None:
+        """Drop the plan: at a wave end and on steps where balancing is inactive.
+
+        Leaves ``kv_prefetch_enabled`` alone; the coordinator sets that itself.
+        """
+        self.modifications = None
+        self.lb_freeze = False
+
+    def _refresh_blocked_waiting_requests(self) -> None:
+        """Let requests whose remote KV has landed become WAITING/PREEMPTED again so
+        that they can be published as candidates; they stay in ``skipped_waiting``."""
+        scheduler = self.scheduler
+        for request in list(scheduler.skipped_waiting):
+            if request.status in BLOCKED_STATUSES:
+                scheduler._try_promote_blocked_waiting_request(request)
+
+    def _schedule_order(self) -> list[Any]:
+        """The waiting requests in the order the waiting loop would visit them.
+
+        FCFS: all of ``skipped_waiting``, then all of ``waiting``. PRIORITY: merge of
+        the two sorted queues, taking the ``waiting`` head only when strictly smaller.
+        """
+        scheduler = self.scheduler
+        skipped = list(scheduler.skipped_waiting)
+        waiting = list(scheduler.waiting)
+        if not self._priority:
+            return skipped + waiting
+        order = []
+        i = j = 0
+        while i < len(skipped) and j < len(waiting):
+            if waiting[j] < skipped[i]:
+                order.append(waiting[j])
+                j += 1
+            else:
+                order.append(skipped[i])
+                i += 1
+        order.extend(skipped[i:])
+        order.extend(waiting[j:])
+        return order
+
+    def _run_kv_prefetch(self) -> set[str]:
+        """Start remote KV loads early for up to ``2*max_num_running_reqs - len(running)``
+        fresh requests, so that admitted requests have their KV on arrival.
+
+        Returns the ids the connector called not ready (or that could not get blocks,
+        or that are beyond the limit): these are not published as candidates. Every
+        considered request counts toward the limit before its outcome is known (H.9).
+        """
+        scheduler = self.scheduler
+        connector = scheduler.connector
+        not_ready: set[str] = set()
+        if connector is None or not self.kv_prefetch_enabled:
+            return not_ready
+        kv_cache_manager = scheduler.kv_cache_manager
+        limit = 2 * scheduler.max_num_running_reqs - len(scheduler.running)
+        in_skipped = {id(r) for r in scheduler.skipped_waiting}
+        count = 0
+        moved = []
+        for request in self._schedule_order():
+            if request.status not in _ADMITTABLE or request.num_computed_tokens != 0:
+                continue
+            if count >= limit:
+                not_ready.add(request.request_id)
+                continue
+            count += 1
+            computed_blocks, num_local = kv_cache_manager.get_computed_blocks(request)
+            num_external, load_kv_async = connector.get_num_new_matched_tokens(
+                request, num_local)
+            if num_external is None:
+                not_ready.add(request.request_id)
+                continue
+            if not load_kv_async or num_external == 0:
+                continue
+            new_blocks = kv_cache_manager.allocate_slots(
+                request, 0,
+                num_new_computed_tokens=num_local,
+                new_computed_blocks=computed_blocks,
+                num_lookahead_tokens=0,
+                num_external_computed_tokens=num_external,
+                delay_cache_blocks=True,
+                full_sequence_must_fit=scheduler.scheduler_reserve_full_isl,
+            )
+            if new_blocks is None:
+                not_ready.add(request.request_id)
+                continue
+            connector.update_state_after_alloc(
+                request, kv_cache_manager.get_blocks(request.request_id), num_external)
+            request.num_computed_tokens = num_local + num_external
+            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            scheduler._inflight_prefills.add(request)
+            if id(request) not in in_skipped:
+                moved.append(request)
+        if moved:
+            scheduler.waiting.remove_requests(moved)
+            for request in moved:
+                scheduler.skipped_waiting.add_request(request)
+        return not_ready
+
+    # ------------------------------------------------------- plan application (E.3)
+
+    def apply_plan(self) -> list[Any]:
+        """Called first thing in ``schedule()``: apply the plan made after the previous
+        step. Pauses the running requests matched by ``out_blk`` and builds the admit
+        set from ``in_blk`` (empty when frozen). Returns the paused requests in pause
+        order (empty without a plan) so the scheduler can report them.
+        """
+        self.admit_req_ids = None
+        plan = self.modifications
+        if plan is None:
+            self.lb_freeze = False
+            return []
+        self.lb_freeze = plan.freeze
+        bs = self._block_size()
+        paused = self._pause_out_matches(plan.out_blk, bs) if plan.out_blk else []
+        remaining_in = [] if self.lb_freeze else list(plan.in_blk)
+        admit: set[str] = set()
+        for request in self.admission_candidates:
+            if not remaining_in:
+                break
+            blk = (request.num_tokens + bs - 1) // bs
+            if blk in remaining_in:
+                remaining_in.remove(blk)
+                admit.add(request.request_id)
+        self.admit_req_ids = admit
+        return paused
+
+    def _pause_out_matches(self, out_blk: list[int], bs: int) -> list[Any]:
+        """Out matching: by current block count, in running-list order; unmatched
+        values are ignored.
+
+        The first pass prefers requests flagged ``lb_newly_added``. Nothing ever sets
+        that flag (spec H.2), so the pass is inert; it is kept because it is the
+        reference behaviour and an adapter could set the flag.
+        """
+        running = self.scheduler.running
+        remaining_out = list(out_blk)
+        snapshot = list(running)
+        paused: list[Any] = []
+        for newly_added_only in (True, False):
+            for request in snapshot:
+                if not remaining_out:
+                    return paused
+                if newly_added_only and not getattr(request, "lb_newly_added", False):
+                    continue
+                if not newly_added_only and request in paused:
+                    continue
+                blk = (request.num_tokens + bs - 1) // bs
+                if blk in remaining_out:
+                    remaining_out.remove(blk)
+                    running.remove(request)
+                    self._pause_request(request)
+                    paused.append(request)
+        return paused
+
+    def _pause_request(self, request: Any) -> None:
+        """E.5: stop decoding a request but keep its KV blocks and computed tokens, so
+        it later resumes as a cached request. Unlike a preemption nothing is freed and
+        ``num_preemptions`` is unchanged. The caller removed it from ``running``."""
+        assert request.status == RequestStatus.RUNNING, \
+            "Only running requests can be lb-paused"
+        request.status = RequestStatus.PREEMPTED
+        self.paused_req_ids.add(request.request_id)
+        if self.enable_diagnostics:
+            logger.info(pause_line(request.request_id))
+        self.scheduler.waiting.prepend_request(request)
+
+    # ------------------------------------------------------ scheduler hooks (E.3, E.6)
+
+    def can_admit(self, request: Any) -> bool:
+        """Waiting-loop gate, after blocked-status promotion and before any KV lookup:
+        without a plan everything may enter, with one only the admit set."""
+        admit = self.admit_req_ids
+        return admit is None or request.request_id in admit
+
+    def on_scheduled(self, req_ids: Iterable[str]) -> None:
+        """After scheduling (vLLM ``_update_after_schedule``): a scheduled request is
+        no longer paused."""
+        if self.paused_req_ids:
+            self.paused_req_ids.difference_update(req_ids)
+
+    def on_free(self, request: Any) -> None:
+        """Before the scheduler frees a finished request."""
+        self.paused_req_ids.discard(request.request_id)
+
+    def on_preempt(self, request: Any) -> None:
+        """When the scheduler preempts a request (KV freed): it is no longer LB-paused."""
+        self.paused_req_ids.discard(request.request_id)

@@ -1,0 +1,498 @@
+"""Stub scheduler of one emulated rank, with vLLM 0.27.1's request lifecycle (spec E.0).
+
+The engine calls ``add_request`` for arrivals, then each step ``schedule(now_s)`` and,
+after the (modelled) forward, ``update_from_output(output, now_s)``. There is no model:
+a scheduled request simply gets its tokens computed, and a request whose computed
+tokens reach its length samples one output token. Everything that decides *which*
+requests run is kept: running requests first, preemption of the last running request
+on KV exhaustion, the waiting loop with blocked-status promotion, remote KV loads
+through the connector, the token budget and ``max_num_seqs``.
+
+With ``dyntra_lb=True`` a ``DyntraLBPolicy`` is attached as ``lb`` and hooked in where
+the DyntraLB scheduler hooks vLLM's: ``apply_plan()`` first in ``schedule()``, the
+admission gate in the waiting loop, and the paused-id hooks. With it off there is no
+policy object and the scheduler behaves like plain vLLM.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dyntra_lb.blocks import num_blocks
+from dyntra_lb.diagnostics import scheduler_summary_line
+from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
+from emu.kv import BlockPool, KVCacheManager, RemoteKVConnector
+
+__all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
+
+logger = logging.getLogger("dyntra_lb")
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+class Request:
+    """One request on this rank: token counts, lifecycle status, and the few times the
+    event log records (``first_scheduled_s``, ``token_times_s``, ``finish_s``,
+    ``pauses`` as ``[start_s, end_s or None]`` pairs)."""
+
+    __slots__ = ("request_id", "prompt_tokens", "output_tokens", "arrival_time",
+                 "priority", "num_tokens", "num_computed_tokens", "num_output_tokens", "status",
+                 "num_preemptions", "first_scheduled_s", "token_times_s", "finish_s",
+                 "pauses")
+
+    def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int,
+                 arrival_time: float = 0.0, priority: int = 0):
+        if prompt_tokens < 1 or output_tokens < 1:
+            raise ValueError(
+                f"request {request_id}: prompt_tokens and output_tokens must be >= 1")
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens  # max tokens; the request finishes there
+        self.arrival_time = arrival_time
+        self.priority = priority
+        # num_tokens = prompt + generated (vLLM's len(all_token_ids)); a plain attribute
+        # kept in step with num_output_tokens by the scheduler, as it is read for every
+        # request in every step.
+        self.num_tokens = prompt_tokens
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.num_preemptions = 0
+        self.first_scheduled_s: float | None = None
+        self.token_times_s: list[float] = []
+        self.finish_s: float | None = None
+        self.pauses: list[list[float | None]] = []
+
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def __lt__(self, other: Request) -> bool:
+        """PRIORITY-policy order, as vLLM: priority, then arrival time, then id."""
+        if self.priority != other.priority:
+            return self.priority < other.priority
+        if self.arrival_time != other.arrival_time:
+            return self.arrival_time < other.arrival_time
+        return self.request_id < other.request_id
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens})")
+
+    def record(self) -> dict[str, Any]:
+        """The per-request fields of the event log (the engine adds ``kind``, ``rank``)."""
+        return {
+            "request_id": self.request_id,
+            "arrival_s": self.arrival_time,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "first_scheduled_s": self.first_scheduled_s,
+            "token_times_s": list(self.token_times_s),
+            "finish_s": self.finish_s,
+            "pauses": [list(p) for p in self.pauses],
+        }
+
+
+class FCFSRequestQueue(deque):
+    """vLLM's FCFS waiting queue: a deque, iterated front to back."""
+
+    def add_request(self, request: Request) -> None:
+        self.append(request)
+
+    def pop_request(self) -> Request:
+        return self.popleft()
+
+    def peek_request(self) -> Request:
+        return self[0]
+
+    def prepend_request(self, request: Request) -> None:
+        self.appendleft(request)
+
+    def prepend_requests(self, requests: list[Request]) -> None:
+        """Put ``requests`` at the front, keeping their order."""
+        self.extendleft(reversed(requests))
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        drop = {id(r) for r in requests}
+        kept = [r for r in self if id(r) not in drop]
+        self.clear()
+        self.extend(kept)
+
+
+class PriorityRequestQueue:
+    """vLLM's PRIORITY waiting queue: a heap ordered by ``Request.__lt__``; iteration
+    yields requests in that order. "Prepending" is just adding."""
+
+    def __init__(self) -> None:
+        self._heap: list[Request] = []
+
+    def add_request(self, request: Request) -> None:
+        heapq.heappush(self._heap, request)
+
+    def pop_request(self) -> Request:
+        return heapq.heappop(self._heap)
+
+    def peek_request(self) -> Request:
+        return self._heap[0]
+
+    prepend_request = add_request
+
+    def prepend_requests(self, requests: list[Request]) -> None:
+        for request in requests:
+            heapq.heappush(self._heap, request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        drop = {id(r) for r in requests}
+        self._heap = [r for r in self._heap if id(r) not in drop]
+        heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(sorted(self._heap))
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __contains__(self, request: object) -> bool:
+        return any(r is request for r in self._heap)
+
+
+@dataclass
+class CacheConfig:
+    block_size: int
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one ``schedule()`` decided. Id lists are in scheduling order; ``paused``
+    are the requests DyntraLB paused at the start of this step, ``preempted`` those the
+    running loop preempted for KV."""
+
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    new_req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: list[str] = field(default_factory=list)
+    paused_req_ids: list[str] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    """The stub scheduler; attribute names follow vLLM's ``Scheduler`` so that
+    ``DyntraLBPolicy`` reads it through the same surface as a real one.
+
+    ``policy`` is "fcfs" (default) or "priority".
+    """
+
+    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
+                 num_gpu_blocks: int, connector: RemoteKVConnector | None = None,
+                 dyntra_lb: bool = False, enable_diagnostics: bool = False,
+                 policy: str = "fcfs"):
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, "
+                             f"got {policy!r}")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        num_blocks(0, block_size)  # the DyntraLB block-size check, once
+        self.max_num_running_reqs = max_num_seqs
+        self.max_num_scheduled_tokens = max_num_batched_tokens
+        self.block_size = block_size
+        self.cache_config = CacheConfig(block_size)
+        self.kv_cache_manager = KVCacheManager(BlockPool(num_gpu_blocks), block_size)
+        self.connector = connector
+        self.policy = policy
+        self.scheduler_reserve_full_isl = False
+        queue_cls = PriorityRequestQueue if policy == "priority" else FCFSRequestQueue
+        self.waiting = queue_cls()
+        self.skipped_waiting = queue_cls()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self._inflight_prefills: set[Request] = set()
+        self.current_step = 0
+        self.enable_diagnostics = enable_diagnostics
+        self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics) \
+            if dyntra_lb else None
+        self._now_s = 0.0
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.max_num_running_reqs
+
+    # ------------------------------------------------------------------ intake
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.add_request(request)
+
+    def has_unfinished_requests(self) -> bool:
+        """Running, waiting or skipped requests exist (LB-paused ones count)."""
+        return bool(self.running or self.waiting or self.skipped_waiting)
+
+    def has_requests(self) -> bool:
+        """vLLM: unfinished or finished-but-unreported requests; the stub reports
+        finished requests from ``update_from_output`` directly, so the same."""
+        return self.has_unfinished_requests()
+
+    def running_blocks(self) -> int:
+        """Sum of the DyntraLB block counts (``blocks.num_blocks``) of ``running``."""
+        bs = self.cache_config.block_size
+        return sum((r.num_tokens + bs - 1) // bs for r in self.running)
+
+    def waiting_blocks(self) -> int:
+        """Sum of the block counts of ``waiting`` and ``skipped_waiting``."""
+        bs = self.cache_config.block_size
+        return (sum((r.num_tokens + bs - 1) // bs for r in self.waiting)
+                + sum((r.num_tokens + bs - 1) // bs for r in self.skipped_waiting))
+
+    # ---------------------------------------------------------------- schedule
+
+    def schedule(self, now_s: float | None = None) -> SchedulerOutput:
+        """One scheduling pass (E.0). ``now_s`` is the virtual time at the start of the
+        step; it stamps the request records and remote transfers started now. Without
+        it the time of the last ``update_from_output`` is used."""
+        if now_s is None:
+            now_s = self._now_s
+        else:
+            self._now_s = now_s
+        connector = self.connector
+        if connector is not None:
+            connector.set_virtual_time(now_s)
+        self.current_step += 1
+        lb = self.lb
+        paused = lb.apply_plan() if lb is not None else ()
+        for request in paused:
+            request.pauses.append([now_s, None])
+
+        allocate_slots = self.kv_cache_manager.allocate_slots
+        running = self.running
+        token_budget = self.max_num_scheduled_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        preempted: list[Request] = []
+
+        # Running requests first, in list order.
+        req_index = 0
+        while req_index < len(running) and token_budget > 0:
+            request = running[req_index]
+            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            if num_new_tokens > token_budget:
+                num_new_tokens = token_budget
+            elif num_new_tokens <= 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                if self.policy == "priority":
+                    victim = max(running, key=lambda r: (r.priority, r.arrival_time))
+                    running.remove(victim)
+                    undo = num_scheduled_tokens.pop(victim.request_id, None)
+                    if undo is not None:
+                        token_budget += undo
+                        req_index -= 1
+                else:
+                    victim = running.pop()
+                self._preempt_request(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            req_index += 1
+
+        new_req_ids: list[str] = []
+        resumed_req_ids: list[str] = []
+        if not preempted:
+            token_budget = self._schedule_waiting(
+                token_budget, num_scheduled_tokens, new_req_ids, resumed_req_ids, now_s)
+
+        if lb is not None:
+            lb.on_scheduled(num_scheduled_tokens)
+            if self.enable_diagnostics:
+                logger.info(scheduler_summary_line(
+                    self.running, self.waiting, self.skipped_waiting, lb.paused_req_ids,
+                    self.block_size, self.cache_config.block_size))
+        return SchedulerOutput(
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=self.max_num_scheduled_tokens - token_budget,
+            new_req_ids=new_req_ids,
+            resumed_req_ids=resumed_req_ids,
+            paused_req_ids=[r.request_id for r in paused],
+            preempted_req_ids=[r.request_id for r in preempted],
+        )
+
+    def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
+                          new_req_ids: list[str], resumed_req_ids: list[str],
+                          now_s: float) -> int:
+        """The waiting loop; returns the remaining token budget. Requests that cannot
+        enter this step are parked and end up at the front of ``skipped_waiting``."""
+        lb = self.lb
+        connector = self.connector
+        kv_cache_manager = self.kv_cache_manager
+        running = self.running
+        waiting, skipped_waiting = self.waiting, self.skipped_waiting
+        parked: list[Request] = []
+        while (waiting or skipped_waiting) and token_budget > 0:
+            if len(running) >= self.max_num_running_reqs:
+                break
+            queue = self._select_waiting_queue_for_scheduling()
+            request = queue.peek_request()
+            if (request.status in BLOCKED_STATUSES
+                    and not self._try_promote_blocked_waiting_request(request)):
+                parked.append(queue.pop_request())
+                continue
+            if lb is not None and not lb.can_admit(request):
+                parked.append(queue.pop_request())
+                continue
+
+            num_local = num_external = 0
+            computed_blocks = None
+            load_kv_async = False
+            if request.num_computed_tokens == 0:
+                computed_blocks, num_local = kv_cache_manager.get_computed_blocks(request)
+                if connector is not None:
+                    ext, load_kv_async = connector.get_num_new_matched_tokens(
+                        request, num_local)
+                    if ext is None:
+                        parked.append(queue.pop_request())
+                        continue
+                    num_external = ext
+                num_computed_tokens = num_local + num_external
+            else:
+                num_computed_tokens = request.num_computed_tokens
+            if load_kv_async:
+                num_new_tokens = 0
+            else:
+                num_new_tokens = min(request.num_tokens - num_computed_tokens, token_budget)
+            new_blocks = kv_cache_manager.allocate_slots(
+                request, num_new_tokens,
+                num_new_computed_tokens=num_local,
+                new_computed_blocks=computed_blocks,
+                num_external_computed_tokens=num_external,
+                delay_cache_blocks=load_kv_async,
+            )
+            if new_blocks is None:
+                break
+            if connector is not None:
+                connector.update_state_after_alloc(
+                    request, kv_cache_manager.get_blocks(request.request_id), num_external)
+            queue.pop_request()
+            request.num_computed_tokens = num_computed_tokens
+            if load_kv_async:
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                self._inflight_prefills.add(request)
+                parked.append(request)
+                continue
+
+            running.append(request)
+            if request.status == RequestStatus.PREEMPTED:
+                resumed_req_ids.append(request.request_id)
+                pauses = request.pauses
+                if pauses and pauses[-1][1] is None:
+                    pauses[-1][1] = now_s
+            else:
+                new_req_ids.append(request.request_id)
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now_s
+            request.status = RequestStatus.RUNNING
+            if num_computed_tokens + num_new_tokens < request.num_tokens:
+                self._inflight_prefills.add(request)
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+        if parked:
+            skipped_waiting.prepend_requests(parked)
+        return token_budget
+
+    def _select_waiting_queue_for_scheduling(self) -> FCFSRequestQueue | PriorityRequestQueue:
+        if self.policy == "fcfs":
+            return self.skipped_waiting or self.waiting
+        if not self.skipped_waiting:
+            return self.waiting
+        if not self.waiting:
+            return self.skipped_waiting
+        if self.waiting.peek_request() < self.skipped_waiting.peek_request():
+            return self.waiting
+        return self.skipped_waiting
+
+    def _try_promote_blocked_waiting_request(self, request: Request) -> bool:
+        """A request waiting for remote KV becomes schedulable once its transfer has
+        been reported finished; a full-prompt hit leaves one token to compute (it
+        samples the first output token)."""
+        if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return False
+        if request.request_id not in self.finished_recving_kv_req_ids:
+            return False
+        self.finished_recving_kv_req_ids.discard(request.request_id)
+        if request.num_computed_tokens >= request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        request.status = (RequestStatus.PREEMPTED if request.num_preemptions > 0
+                          else RequestStatus.WAITING)
+        return True
+
+    def _preempt_request(self, request: Request) -> None:
+        """KV exhausted: free the request's blocks and send it back to the front of
+        ``waiting``; it recomputes from scratch when admitted again."""
+        assert request.status == RequestStatus.RUNNING
+        if self.lb is not None:
+            self.lb.on_preempt(request)
+        self.kv_cache_manager.free(request)
+        self._inflight_prefills.discard(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    # ------------------------------------------------------------ after forward
+
+    def update_from_output(self, output: SchedulerOutput, now_s: float) -> list[Request]:
+        """The step's forward finished at virtual time ``now_s``: collect finished
+        remote transfers, advance computed tokens, sample a token for every request
+        that reached its length, finish requests at their output length. Returns the
+        finished requests in scheduling order."""
+        self._now_s = now_s
+        connector = self.connector
+        if connector is not None:
+            connector.set_virtual_time(now_s)  # loads DyntraLB prefetches start now
+            done = connector.finished_recving(now_s)
+            if done:
+                self.finished_recving_kv_req_ids.update(done)
+        requests = self.requests
+        inflight = self._inflight_prefills
+        finished: list[Request] = []
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            request = requests[req_id]
+            computed = request.num_computed_tokens + num_tokens
+            request.num_computed_tokens = computed
+            if computed < request.num_tokens:
+                continue  # a prefill chunk
+            if inflight:
+                inflight.discard(request)
+            request.num_output_tokens += 1
+            request.num_tokens += 1
+            request.token_times_s.append(now_s)
+            if request.num_output_tokens >= request.output_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                request.finish_s = now_s
+                self._free_request(request)
+                finished.append(request)
+        if finished:
+            self.running[:] = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        return finished
+
+    def _free_request(self, request: Request) -> None:
+        if self.lb is not None:
+            self.lb.on_free(request)
+        self.kv_cache_manager.free(request)
+        if self.connector is not None:
+            self.connector.request_finished(request)
+        del self.requests[request.request_id]
