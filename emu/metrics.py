@@ -1,0 +1,324 @@
+"""Run metrics, computed after a run from the per-rank event logs it left in its output
+directory (`rank<r>.events.jsonl`, plus the optional wall-clock `rank<r>.wall.jsonl`).
+
+`load_run` reads a directory into a `Run`; `compute_metrics` turns a `Run` into the
+`metrics.json` dictionary (schema: docs/metrics.md); `step_series` and `tpot_values_ms`
+give the per-step and per-request series the plots in emu/report.py draw. Everything
+here is computed from virtual time, so it is deterministic for a given event log, except
+the `wall` section, which reports measured wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+_EVENTS_FILE = re.compile(r"^rank(\d+)\.events\.jsonl$")
+
+
+class RunError(ValueError):
+    """The output directory does not hold a readable, consistent set of event logs."""
+
+
+@dataclass
+class Run:
+    """The event logs of one run. `steps[r]` are rank r's step records in iteration
+    order; `requests` are the request records of all ranks; `wall[r]` are rank r's
+    wall-clock records, or `wall` is None when the run wrote none."""
+
+    dp_size: int
+    steps: list[list[dict]]
+    requests: list[dict]
+    wall: list[list[dict]] | None = None
+
+
+@dataclass
+class StepSeries:
+    """One entry per lockstep step, in iteration order (for plots)."""
+
+    iters: list[int]
+    clock_s: list[float]
+    step_time_s: list[float]
+    running_blocks: list[list[int]]  # [rank][step]
+    bubble: list[float]  # sum over ranks of (step - own) / (dp * step)
+    balance: list[float | None]  # mean / max running blocks; None when max is 0
+    lb_active: list[bool]  # a plan was applied on some rank in this step
+
+
+def load_run(out_dir) -> Run:
+    """Read every `rank<r>.events.jsonl` (and `rank<r>.wall.jsonl` if present) under
+    `out_dir`. Ranks must be 0..dp-1 with identical iteration sequences (lockstep)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise RunError(f"{out_dir}: not a directory with a run's event logs")
+    ranks = sorted(int(m.group(1)) for p in out_dir.iterdir()
+                   if (m := _EVENTS_FILE.match(p.name)))
+    if not ranks:
+        raise RunError(f"{out_dir}: no rank<r>.events.jsonl files found")
+    if ranks != list(range(len(ranks))):
+        raise RunError(f"{out_dir}: event logs for ranks {ranks}; expected ranks "
+                       f"0..{len(ranks) - 1} without gaps")
+    steps: list[list[dict]] = []
+    requests: list[dict] = []
+    for rank in ranks:
+        rank_steps = []
+        for where, rec in _read_jsonl(out_dir / f"rank{rank}.events.jsonl"):
+            kind = rec.get("kind")
+            if kind == "step":
+                rank_steps.append(rec)
+            elif kind == "request":
+                requests.append(rec)
+            else:
+                raise RunError(f"{where}: unknown record kind {kind!r}; expected 'step' "
+                               "or 'request'")
+        rank_steps.sort(key=lambda s: s["iter"])
+        steps.append(rank_steps)
+    iters0 = [s["iter"] for s in steps[0]]
+    for rank in ranks[1:]:
+        iters = [s["iter"] for s in steps[rank]]
+        if iters != iters0:
+            raise RunError(
+                f"{out_dir}: rank {rank} logged {len(iters)} steps and rank 0 logged "
+                f"{len(iters0)} (first difference at position "
+                f"{_first_difference(iters, iters0)}); lockstep ranks must log the same "
+                "iterations — did the run stop early?"
+            )
+    wall = None
+    wall_paths = [out_dir / f"rank{rank}.wall.jsonl" for rank in ranks]
+    if any(p.exists() for p in wall_paths):
+        wall = [[rec for _, rec in _read_jsonl(p)] if p.exists() else [] for p in wall_paths]
+    return Run(dp_size=len(ranks), steps=steps, requests=requests, wall=wall)
+
+
+def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
+    """The metrics.json dictionary of `run`. `config` (JSON-ready, e.g. the additional
+    config and engine settings) and `seed` are recorded as given by the caller."""
+    dp = run.dp_size
+    n_steps = len(run.steps[0]) if run.steps else 0
+    virtual_time_s = max((s["clock_s"] + s["step_time_s"] for rank in run.steps for s in rank),
+                         default=0.0)
+    busy_time_s = sum(s["step_time_s"] for s in run.steps[0]) if n_steps else 0.0
+
+    series = step_series(run)
+    balances = [b for b in series.balance if b is not None]
+
+    token_counts = [len(r["token_times_s"]) for r in run.requests]
+    output_tokens = sum(token_counts)
+    finished = [r for r in run.requests if r["finish_s"] is not None]
+
+    ttft = [(r["token_times_s"][0] - r["arrival_s"]) * 1e3
+            for r in run.requests if r["token_times_s"]]
+    queue = [(r["first_scheduled_s"] - r["arrival_s"]) * 1e3
+             for r in run.requests if r.get("first_scheduled_s") is not None]
+    itl = [(b - a) * 1e3 for r in run.requests
+           for a, b in pairwise(r["token_times_s"])]
+    e2e = [(r["finish_s"] - r["arrival_s"]) * 1e3 for r in finished]
+
+    per_rank = []
+    for rank in range(dp):
+        rank_steps = run.steps[rank]
+        step_total = sum(s["step_time_s"] for s in rank_steps)
+        rank_requests = [r for r in run.requests if r["rank"] == rank]
+        per_rank.append({
+            "rank": rank,
+            "utilisation": _ratio(sum(s["own_cost_s"] for s in rank_steps), step_total),
+            "output_tokens": sum(len(r["token_times_s"]) for r in rank_requests),
+            "requests_finished": sum(r["finish_s"] is not None for r in rank_requests),
+            "dummy_steps": sum(bool(s["dummy"]) for s in rank_steps),
+            "mean_running_blocks": _mean([s["running_blocks"] for s in rank_steps]),
+            "max_running_blocks": max((s["running_blocks"] for s in rank_steps), default=0),
+        })
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": config,
+        "seed": seed,
+        "dp_size": dp,
+        "steps": n_steps,
+        "virtual_time_s": virtual_time_s,
+        "busy_time_s": busy_time_s,
+        "requests_total": len(run.requests),
+        "requests_finished": len(finished),
+        "output_tokens": output_tokens,
+        "throughput_tok_s": _ratio(output_tokens, virtual_time_s),
+        "bubble_ratio": bubble_ratio(run),
+        "balance_ratio": _mean(balances),
+        "balance_steps": len(balances),
+        "ttft_ms": distribution(ttft),
+        "queue_ms": distribution(queue),
+        "tpot_ms": distribution(tpot_values_ms(run)),
+        "itl_ms": distribution(itl),
+        "e2e_ms": distribution(e2e),
+        "pauses": _pauses(run.requests, virtual_time_s),
+        "preemptions": sum(len(s.get("preempted", ())) for rank in run.steps for s in rank),
+        "plan_churn": _plan_churn(run),
+        "per_rank": per_rank,
+        "wall": _wall(run.wall),
+    }
+
+
+def write_metrics(metrics: dict, path) -> None:
+    """Write metrics.json: sorted keys, two-space indent, trailing newline."""
+    Path(path).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
+def distribution(values) -> dict:
+    """`count`, `mean`, `p50`, `p90`, `p99` and `max` of `values` (percentiles by linear
+    interpolation, numpy's default); statistics are null when there are no values."""
+    arr = np.asarray(list(values), dtype=float)
+    if arr.size == 0:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"count": int(arr.size), "mean": float(arr.mean()), "p50": float(p50),
+            "p90": float(p90), "p99": float(p99), "max": float(arr.max())}
+
+
+def bubble_ratio(run: Run) -> float | None:
+    """Sum over ranks and steps of (step time - own cost), over dp x total step time:
+    the share of rank time spent waiting for the slowest rank."""
+    waiting = sum(s["step_time_s"] - s["own_cost_s"] for rank in run.steps for s in rank)
+    total = sum(s["step_time_s"] for rank in run.steps for s in rank)
+    return _ratio(waiting, total)
+
+
+def tpot_values_ms(run: Run) -> list[float]:
+    """Per-request time per output token after the first, `(last - first) / (n - 1)`,
+    for requests with at least two tokens."""
+    return [(r["token_times_s"][-1] - r["token_times_s"][0]) * 1e3
+            / (len(r["token_times_s"]) - 1)
+            for r in run.requests if len(r["token_times_s"]) >= 2]
+
+
+def step_series(run: Run) -> StepSeries:
+    """Per-step load, bubble and balance across ranks (ranks log the same iterations)."""
+    dp = run.dp_size
+    per_step = list(zip(*run.steps, strict=True)) if run.steps else []
+    bubble, balance = [], []
+    for recs in per_step:
+        bubble.append(_ratio(sum(r["step_time_s"] - r["own_cost_s"] for r in recs),
+                             sum(r["step_time_s"] for r in recs)) or 0.0)
+        loads = [r["running_blocks"] for r in recs]
+        peak = max(loads)
+        balance.append(sum(loads) / dp / peak if peak > 0 else None)
+    return StepSeries(
+        iters=[recs[0]["iter"] for recs in per_step],
+        clock_s=[recs[0]["clock_s"] for recs in per_step],
+        step_time_s=[recs[0]["step_time_s"] for recs in per_step],
+        running_blocks=[[s["running_blocks"] for s in rank] for rank in run.steps],
+        bubble=bubble,
+        balance=balance,
+        lb_active=[any(r["plan_applied"] is not None for r in recs) for recs in per_step],
+    )
+
+
+def _pauses(requests: list[dict], end_s: float) -> dict:
+    """Pauses per request and their durations; a pause still open at the end of the run
+    lasts until the request finished or, if it did not, until the end of the run."""
+    durations = []
+    open_at_end = 0
+    counts = []
+    for r in requests:
+        pauses = r.get("pauses") or []
+        counts.append(len(pauses))
+        for start, stop in pauses:
+            if stop is None:
+                open_at_end += 1
+                stop = r["finish_s"] if r["finish_s"] is not None else end_s
+            durations.append((stop - start) * 1e3)
+    return {
+        "total": sum(counts),
+        "requests_paused": sum(c > 0 for c in counts),
+        "per_request_mean": _mean(counts),
+        "per_request_max": max(counts, default=0),
+        "open_at_end": open_at_end,
+        "duration_ms": distribution(durations),
+    }
+
+
+def _plan_churn(run: Run) -> dict:
+    """Requests moved by applied plans: outs + ins summed over ranks, per step in which
+    some rank applied a plan (an "active step")."""
+    per_step = list(zip(*run.steps, strict=True)) if run.steps else []
+    active = 0
+    outs = ins = freezes = 0
+    for recs in per_step:
+        plans = [r["plan_applied"] for r in recs if r["plan_applied"] is not None]
+        if not plans:
+            continue
+        active += 1
+        outs += sum(len(p["out_blk"]) for p in plans)
+        ins += sum(len(p["in_blk"]) for p in plans)
+        freezes += sum(bool(p["freeze"]) for p in plans)
+    return {
+        "active_steps": active,
+        "outs": outs,
+        "ins": ins,
+        "per_active_step": _ratio(outs + ins, active),
+        "freeze_rank_steps": freezes,
+        "paused": sum(len(s["paused"]) for rank in run.steps for s in rank),
+        "resumed": sum(len(s["resumed"]) for rank in run.steps for s in rank),
+    }
+
+
+# Wall-clock record fields -> metrics names. interfaces.md names the collective time
+# `lb_comm_s`; emu/engine.py currently writes `dyntra_lb_collectives_s`: both are read.
+_WALL_FIELDS = (
+    ("planner_ms", ("planner_s",)),
+    ("lb_comm_ms", ("lb_comm_s", "dyntra_lb_collectives_s")),
+    ("step_wall_ms", ("step_wall_s",)),
+)
+
+
+def _wall(wall: list[list[dict]] | None) -> dict | None:
+    """Wall-clock milliseconds per step spent in the planner, in DyntraLB collectives and
+    in the whole engine iteration, over every (rank, step) record that has the field;
+    None when the run wrote no wall-clock files."""
+    if wall is None:
+        return None
+    records = [rec for rank in wall for rec in rank]
+    out: dict = {"records": len(records)}
+    for name, fields in _WALL_FIELDS:
+        values = [v for rec in records
+                  if (v := next((rec[f] for f in fields if rec.get(f) is not None), None))
+                  is not None]
+        out[name] = distribution(v * 1e3 for v in values)
+        out[name.replace("_ms", "_total_s")] = sum(values)
+    return out
+
+
+def _read_jsonl(path: Path):
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RunError(f"{where}: invalid JSON: {exc.msg}") from None
+            if not isinstance(rec, dict):
+                raise RunError(f"{where}: expected a JSON object")
+            yield where, rec
+
+
+def _first_difference(a: list, b: list) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,364 @@
+"""Workload traces for the emulated cluster: the trace schema, loading with validation,
+and the routing of unpinned requests to DP ranks.
+
+The engine on every rank loads the same trace, routes every request with the same
+deterministic router and keeps only the requests routed to itself, so no rank needs to
+talk to another about arrivals. Virtual time in the engine is integer microseconds
+(`arrival_us`).
+
+Trace format (JSON Lines, UTF-8): one JSON object per line,
+
+    {"request_id": "req-0001", "arrival_s": 0.0, "prompt_tokens": 512,
+     "output_tokens": 128, "rank": 2, "priority": 0, "prompt_text": "..."}
+
+- `request_id` (required): non-empty string, unique in the file.
+- `arrival_s` (required): finite number >= 0, at most `MAX_ARRIVAL_S`; non-decreasing
+  from line to line (equal times are fine).
+- `prompt_tokens`, `output_tokens` (required): integers in 1..`MAX_TOKENS`. `3.0` and
+  `true` are not integers.
+- `rank` (optional): integer >= 0; pins the request to that DP rank (must be < dp size).
+- `priority` (optional, default 0): integer, vLLM's meaning (lower is served first under
+  the "priority" scheduling policy).
+- `prompt_text` (optional): a string for human readers of the trace; the engine ignores
+  it (token counts come from `prompt_tokens`).
+
+Blank (whitespace-only) lines are skipped; line numbers in errors are physical line
+numbers. Any other key is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_TOKENS = 10_000_000
+MAX_ARRIVAL_S = 1_000_000.0
+MAX_PRIORITY = 2**31 - 1
+
+REQUIRED_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+OPTIONAL_FIELDS = ("rank", "priority", "prompt_text")
+
+ROUTERS = ("round_robin", "least_loaded")
+DEFAULT_ROUTER = "round_robin"
+
+# How many problems a TraceError message lists before summarising the rest.
+_MAX_LISTED_PROBLEMS = 20
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a workload trace, as the engine receives it."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    rank: int | None = None
+    priority: int = 0
+    prompt_text: str | None = field(default=None, compare=False, repr=False)
+
+
+class TraceError(ValueError):
+    """A trace (or its routing against a DP size) is invalid. `problems` holds every
+    problem found, each naming `file:line`, the field and what was expected."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        shown = self.problems[:_MAX_LISTED_PROBLEMS]
+        more = len(self.problems) - len(shown)
+        if more:
+            shown.append(f"... and {more} more problem(s)")
+        super().__init__("\n".join(shown))
+
+
+def arrival_us(req: TraceRequest) -> int:
+    """Arrival time in the engine's integer virtual microseconds."""
+    return round(req.arrival_s * 1e6)
+
+
+def validate_trace(path, dp_size: int | None = None) -> list[str]:
+    """Every problem of the trace at `path` (empty list when it is valid). With
+    `dp_size`, pinned ranks are checked against it too. Used by `dyntra-emu validate`,
+    which prints them all."""
+    _, problems = _parse(Path(path), dp_size)
+    return problems
+
+
+def load_trace(path, dp_size: int | None = None) -> list[TraceRequest]:
+    """Load and validate a trace before anything starts; raises TraceError listing the
+    problems when any line is bad (nothing is returned for a partly valid file)."""
+    requests, problems = _parse(Path(path), dp_size)
+    if problems:
+        raise TraceError(problems)
+    return requests
+
+
+def check_ranks(trace: list[TraceRequest], dp_size: int) -> None:
+    """Raise TraceError when a request is pinned to a rank the cluster does not have.
+    Called once the DP size is known, for traces loaded without it."""
+    _check_dp_size(dp_size)
+    problems = [
+        f"request {req.request_id!r} (entry {i + 1}): field 'rank': expected an integer "
+        f"in 0..{dp_size - 1} for dp_size={dp_size}, got {req.rank}"
+        for i, req in enumerate(trace)
+        if req.rank is not None and req.rank >= dp_size
+    ]
+    if problems:
+        raise TraceError(problems)
+
+
+def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[str]]:
+    if dp_size is not None:
+        _check_dp_size(dp_size)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return [], [f"{path}: cannot read trace: {exc.strerror or exc}"]
+    requests: list[TraceRequest] = []
+    problems: list[str] = []
+    first_line_of: dict[str, int] = {}
+    prev_arrival: tuple[float, int] | None = None  # (arrival_s, line)
+    for lineno, raw_line in enumerate(raw.split(b"\n"), start=1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})")
+            continue
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        except ValueError:  # an integer literal over Python's 4300-digit limit
+            problems.append(f"{where}: invalid JSON: a number has too many digits")
+            continue
+        if not isinstance(obj, dict):
+            problems.append(
+                f"{where}: expected a JSON object per line, got {_json_type(obj)}"
+            )
+            continue
+        line_problems: list[str] = []
+        req = _check_object(obj, dp_size, line_problems)
+        problems.extend(f"{where}: {p}" for p in line_problems)
+        rid = obj.get("request_id")
+        if isinstance(rid, str) and rid.strip():
+            if rid in first_line_of:
+                problems.append(
+                    f"{where}: field 'request_id': duplicate id {rid!r} "
+                    f"(first used on line {first_line_of[rid]})"
+                )
+            else:
+                first_line_of[rid] = lineno
+        arrival = obj.get("arrival_s")
+        if _is_time(arrival) and arrival <= MAX_ARRIVAL_S:
+            if prev_arrival is not None and arrival < prev_arrival[0]:
+                problems.append(
+                    f"{where}: field 'arrival_s': arrivals must be non-decreasing, got "
+                    f"{arrival} after {prev_arrival[0]} on line {prev_arrival[1]}"
+                )
+            prev_arrival = (arrival, lineno)
+        if req is not None:
+            requests.append(req)
+    if not first_line_of and not problems:
+        problems.append(f"{path}: trace is empty (expected at least one request line)")
+    return requests, problems
+
+
+def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceRequest | None:
+    """Validate one line's object; append problems (without the file:line prefix) and
+    return the request when the line is valid."""
+    unknown = sorted(set(obj) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
+    if unknown:
+        allowed = ", ".join(REQUIRED_FIELDS + OPTIONAL_FIELDS)
+        problems.append(f"unknown field(s) {unknown}; allowed fields are: {allowed}")
+    for name in REQUIRED_FIELDS:
+        if name not in obj:
+            problems.append(f"field {name!r}: missing (required)")
+
+    rid = obj.get("request_id")
+    if "request_id" in obj and not (isinstance(rid, str) and rid.strip()):
+        problems.append(f"field 'request_id': expected a non-empty string, got {_show(rid)}")
+
+    arrival = obj.get("arrival_s")
+    if "arrival_s" in obj:
+        if not _is_time(arrival):
+            problems.append(
+                f"field 'arrival_s': expected a finite number >= 0 (seconds), got "
+                f"{_show(arrival)}"
+            )
+        elif arrival > MAX_ARRIVAL_S:
+            problems.append(
+                f"field 'arrival_s': expected at most {MAX_ARRIVAL_S:g} seconds, got "
+                f"{_show(arrival)} (is the trace in milliseconds?)"
+            )
+
+    for name in ("prompt_tokens", "output_tokens"):
+        if name in obj:
+            value = obj[name]
+            if not _is_int(value) or value < 1:
+                problems.append(f"field {name!r}: expected an integer >= 1, got {_show(value)}")
+            elif value > MAX_TOKENS:
+                problems.append(
+                    f"field {name!r}: expected at most {MAX_TOKENS:,} tokens, got {_show(value)}"
+                )
+
+    rank = obj.get("rank")
+    if "rank" in obj:
+        if not _is_int(rank) or rank < 0:
+            problems.append(f"field 'rank': expected an integer >= 0, got {_show(rank)}")
+        elif dp_size is not None and rank >= dp_size:
+            problems.append(
+                f"field 'rank': expected an integer in 0..{dp_size - 1} for "
+                f"dp_size={dp_size}, got {rank}"
+            )
+
+    priority = obj.get("priority", 0)
+    if not _is_int(priority) or abs(priority) > MAX_PRIORITY:
+        problems.append(
+            f"field 'priority': expected an integer in -{MAX_PRIORITY}..{MAX_PRIORITY}, "
+            f"got {_show(priority)}"
+        )
+
+    text = obj.get("prompt_text")
+    if "prompt_text" in obj and not isinstance(text, str):
+        problems.append(f"field 'prompt_text': expected a string, got {_show(text)}")
+
+    if problems:
+        return None
+    return TraceRequest(
+        request_id=rid,
+        arrival_s=float(arrival),
+        prompt_tokens=obj["prompt_tokens"],
+        output_tokens=obj["output_tokens"],
+        rank=rank,
+        priority=priority,
+        prompt_text=text,
+    )
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_time(value) -> bool:
+    """A number >= 0 that is finite as a float (ints too large for a float count as
+    finite: the MAX_ARRIVAL_S check rejects them)."""
+    if not _is_number(value):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    return math.isfinite(value) and value >= 0
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _show(value) -> str:
+    text = json.dumps(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{text} ({_json_type(value)})"
+
+
+def _check_dp_size(dp_size) -> None:
+    if not _is_int(dp_size) or dp_size < 1:
+        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
+
+
+# --------------------------------------------------------------------------- routing
+
+
+class RoundRobinRouter:
+    """Unpinned requests go to ranks 0, 1, ..., dp-1, 0, ... in trace order; pinned
+    requests do not advance the rotation."""
+
+    name = "round_robin"
+
+    def __init__(self, dp_size: int):
+        _check_dp_size(dp_size)
+        self.dp_size = dp_size
+        self._next = 0
+
+    def route(self, request: TraceRequest, counts=None) -> int:
+        """Rank for `request`; `counts` is accepted for a uniform API and ignored."""
+        if request.rank is not None:
+            return request.rank
+        rank = self._next
+        self._next = (rank + 1) % self.dp_size
+        return rank
+
+
+class LeastLoadedRouter:
+    """vLLM's DP front-end rule: the rank with the lowest `waiting * 4 + running`, ties
+    to the lowest rank index, judged on counts one step old.
+
+    The engine calls `route(request, counts)` for each arriving request with the
+    per-rank `(waiting, running)` counts it gathered in the previous step's lockstep
+    collective (None before the first step = all zero). The router keeps a local copy
+    and adds 1 to the chosen rank's waiting count after each assignment, so a burst
+    arriving within one step spreads out, as vLLM's load-balancing client does between
+    stats updates. The local copy is re-based whenever `counts` differs from the counts
+    last passed in; equal counts are treated as the same snapshot (vLLM's coordinator
+    also republishes counts only when they change). Pinned requests return their rank
+    and leave the local counts alone, as in vLLM.
+    """
+
+    name = "least_loaded"
+
+    def __init__(self, dp_size: int):
+        _check_dp_size(dp_size)
+        self.dp_size = dp_size
+        self._snapshot: list[tuple[int, int]] = [(0, 0)] * dp_size
+        self._local: list[list[int]] = [[0, 0] for _ in range(dp_size)]
+
+    def route(self, request: TraceRequest, counts=None) -> int:
+        if counts is None:
+            counts = [(0, 0)] * self.dp_size
+        snapshot = [(int(w), int(r)) for w, r in counts]
+        if len(snapshot) != self.dp_size:
+            raise ValueError(
+                f"least_loaded router: expected counts for {self.dp_size} ranks, "
+                f"got {len(snapshot)}"
+            )
+        if snapshot != self._snapshot:
+            self._snapshot = snapshot
+            self._local = [[w, r] for w, r in snapshot]
+        if request.rank is not None:
+            return request.rank
+        best_rank, best_score = 0, None
+        for rank, (waiting, running) in enumerate(self._local):
+            score = waiting * 4 + running
+            if best_score is None or score < best_score:
+                best_rank, best_score = rank, score
+        self._local[best_rank][0] += 1
+        return best_rank
+
+
+def make_router(name: str, dp_size: int) -> RoundRobinRouter | LeastLoadedRouter:
+    """The router the engine uses for unpinned requests; every rank builds the same one
+    and feeds it the same inputs, so every rank agrees on every assignment."""
+    if name == "round_robin":
+        return RoundRobinRouter(dp_size)
+    if name == "least_loaded":
+        return LeastLoadedRouter(dp_size)
+    raise ValueError(f"unknown router {name!r}; expected one of {list(ROUTERS)}")

@@ -1,0 +1,137 @@
+"""The seeded trace generator (fixtures/generate.py) and the bundled traces."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emu.workload import load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "fixtures" / "generate.py"
+
+_spec = importlib.util.spec_from_file_location("fixtures_generate", SCRIPT)
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
+
+
+def _numbers(records):
+    return [(r["arrival_s"], r["prompt_tokens"], r["output_tokens"]) for r in records]
+
+
+@pytest.mark.parametrize("kind", gen.KINDS)
+@pytest.mark.parametrize("arrivals", gen.ARRIVALS)
+def test_every_kind_and_arrival_gives_a_valid_trace(tmp_path, kind, arrivals):
+    records = gen.generate(kind, arrivals, 64, 10.0, 5)
+    path = tmp_path / "t.jsonl"
+    gen.write_trace(records, path)
+    trace = load_trace(path)
+    assert len(trace) == 64
+    assert trace[0].arrival_s == 0.0
+    assert len({r.request_id for r in trace}) == 64
+    assert all(r.request_id.startswith(f"{kind}-") for r in trace)
+
+
+def test_same_seed_same_trace_other_seed_differs():
+    a = gen.generate("longtail", "gamma", 100, 20.0, 7, prompt_text=True)
+    b = gen.generate("longtail", "gamma", 100, 20.0, 7, prompt_text=True)
+    c = gen.generate("longtail", "gamma", 100, 20.0, 8, prompt_text=True)
+    assert a == b
+    assert _numbers(a) != _numbers(c)
+    assert [r["request_id"] for r in a] != [r["request_id"] for r in c]
+    assert all(isinstance(r["prompt_text"], str) and r["prompt_text"] for r in a)
+
+
+def test_mean_rate_is_respected():
+    for arrivals in gen.ARRIVALS:
+        times = [r["arrival_s"] for r in gen.generate("uniform", arrivals, 4000, 50.0, 1)]
+        rate = len(times) / times[-1]
+        assert 40 < rate < 62, (arrivals, rate)
+
+
+def test_gamma_is_burstier_than_poisson():
+    def cv(arrivals):
+        times = np.array([r["arrival_s"] for r in gen.generate("uniform", arrivals, 4000,
+                                                                 50.0, 1)])
+        gaps = np.diff(times)
+        return gaps.std() / gaps.mean()
+
+    assert 0.85 < cv("poisson") < 1.15
+    assert cv("gamma") > 1.5
+
+
+def test_burst_arrivals_come_in_groups():
+    times = [r["arrival_s"] for r in gen.generate("uniform", "burst", 40, 16.0, 0)]
+    assert times[:16] == [0.0] * 16
+    assert times[16:32] == [1.0] * 16
+    assert times[32:] == [2.0] * 8
+
+
+def test_length_distributions_have_their_shape():
+    uni = gen.generate("uniform", "poisson", 2000, 10.0, 0)
+    assert min(r["prompt_tokens"] for r in uni) >= 256
+    assert max(r["output_tokens"] for r in uni) <= 512
+
+    tail = np.array([r["output_tokens"] for r in gen.generate("longtail", "poisson", 2000,
+                                                              10.0, 0)])
+    assert np.median(tail) < 200
+    assert 0.03 < np.mean(tail >= 1536) < 0.08  # the tail of very long generations
+
+    bi = np.array([r["output_tokens"] for r in gen.generate("bimodal", "poisson", 2000,
+                                                            10.0, 0)])
+    assert np.all((bi <= 128) | (bi >= 768))
+    assert 0.65 < np.mean(bi <= 128) < 0.75
+
+
+def test_long_prompts_cross_the_default_long_request_threshold():
+    records = gen.generate("longtail", "poisson", 100, 10.0, 0, long_prompts=4)
+    long_idx = [i for i, r in enumerate(records) if r["prompt_tokens"] > 700 * 128]
+    assert long_idx == [20, 41, 62, 83]
+    assert sorted(i % 4 for i in long_idx) == [0, 1, 2, 3]  # one per rank, round robin
+    every = gen.generate("uniform", "poisson", 5, 10.0, 0, long_prompts=5)
+    assert all(r["prompt_tokens"] > 700 * 128 for r in every)
+
+
+def test_bundle_is_reproducible_and_matches_committed_files(tmp_path):
+    """The committed traces are what `generate.py --bundle` writes (numbers exactly;
+    ids are checked for shape only, as faker's name lists may change between versions)."""
+    gen.write_bundle(tmp_path)
+    for name in gen.BUNDLE:
+        fresh = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").open()]
+        committed = [json.loads(line) for line in (gen.WORKLOADS_DIR / f"{name}.jsonl").open()]
+        assert _numbers(fresh) == _numbers(committed), name
+        assert [r["request_id"].split("-")[:2] for r in fresh] == \
+               [r["request_id"].split("-")[:2] for r in committed]
+
+
+def test_default_trace_has_work_for_dyntra_lb():
+    trace = load_trace(gen.WORKLOADS_DIR / "default.jsonl", dp_size=4)
+    assert 200 <= len(trace) <= 400
+    assert sum(r.prompt_tokens > 700 * 128 for r in trace) >= 2
+    outputs = np.array([r.output_tokens for r in trace])
+    assert outputs.max() > 10 * np.median(outputs)
+
+
+def test_cli_writes_a_trace_and_rejects_bad_flags(tmp_path):
+    out = tmp_path / "x.jsonl"
+    ok = subprocess.run(
+        [sys.executable, str(SCRIPT), "--kind", "bimodal", "--arrivals", "burst", "--n", "20",
+         "--rate", "5", "--seed", "3", "--out", str(out)],
+        capture_output=True, text=True, check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert len(load_trace(out)) == 20
+    for flags, message in [
+        (["--rate", "0", "--out", str(out)], "expected a finite number > 0"),
+        (["--n", "abc", "--out", str(out)], "expected an integer"),
+        (["--kind", "zipf", "--out", str(out)], "invalid choice: 'zipf'"),
+        ([], "--out FILE is required"),
+        (["--n", "5", "--long-prompts", "6", "--out", str(out)], "long_prompts must be"),
+    ]:
+        bad = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True,
+                             text=True, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, (flags, bad.stderr)

@@ -1,0 +1,266 @@
+"""Metrics from hand-written event logs (emu/metrics.py); every expected number below is
+worked out by hand from the records in `tiny_run`."""
+
+import json
+
+import pytest
+
+from emu.metrics import (
+    RunError,
+    compute_metrics,
+    distribution,
+    load_run,
+    step_series,
+    tpot_values_ms,
+    write_metrics,
+)
+
+approx = pytest.approx
+
+
+def step(rank, it, clock, own, step_time, blocks, *, plan=None, paused=(), resumed=(),
+         preempted=(), dummy=False, lb_active=False):
+    return {
+        "kind": "step", "rank": rank, "iter": it, "wave": 0, "step_counter": it,
+        "clock_s": clock, "own_cost_s": own, "step_time_s": step_time, "dummy": dummy,
+        "num_running": 1, "num_waiting": 0, "running_blocks": blocks, "waiting_blocks": 0,
+        "scheduled_tokens": 1, "plan_applied": plan, "paused": list(paused),
+        "resumed": list(resumed), "preempted": list(preempted), "admitted": [],
+        "finished": [], "plan_generated": None,
+        "lb_active": lb_active, "collectives": [],
+    }
+
+
+def request(rank, rid, arrival, first_scheduled, token_times, finish, pauses=()):
+    return {
+        "kind": "request", "rank": rank, "request_id": rid, "arrival_s": arrival,
+        "prompt_tokens": 100, "output_tokens": 8, "first_scheduled_s": first_scheduled,
+        "token_times_s": list(token_times), "finish_s": finish,
+        "pauses": [list(p) for p in pauses],
+    }
+
+
+def plan(out=(), inn=(), freeze=False):
+    return {"out_blk": list(out), "in_blk": list(inn), "freeze": freeze}
+
+
+RANK0 = [
+    step(0, 1, 0.00, 0.02, 0.03, 10),
+    step(0, 2, 0.03, 0.03, 0.03, 20, plan=plan(out=[5, 3])),
+    step(0, 3, 0.06, 0.02, 0.04, 0, plan=plan(freeze=True), dummy=True),
+    step(0, 4, 0.10, 0.02, 0.02, 0, dummy=True),
+    request(0, "A", 0.00, 0.00, [0.03, 0.06, 0.10], 0.10),
+    request(0, "D", 0.02, 0.03, [0.06], 0.06),
+]
+RANK1 = [
+    step(1, 1, 0.00, 0.03, 0.03, 30),
+    step(1, 2, 0.03, 0.01, 0.03, 0, plan=plan(inn=[7]), paused=["B"]),
+    step(1, 3, 0.06, 0.04, 0.04, 40, resumed=["B"], preempted=["C"]),
+    step(1, 4, 0.10, 0.02, 0.02, 0, dummy=True),
+    request(1, "B", 0.01, 0.03, [0.06, 0.10], None, pauses=[(0.07, 0.09), (0.10, None)]),
+    request(1, "C", 0.05, None, [], None),
+]
+
+
+def _write_run(path, ranks, wall=None):
+    path.mkdir(exist_ok=True)
+    for r, recs in enumerate(ranks):
+        (path / f"rank{r}.events.jsonl").write_text(
+            "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in recs))
+    for r, recs in (wall or {}).items():
+        (path / f"rank{r}.wall.jsonl").write_text(
+            "".join(json.dumps(rec) + "\n" for rec in recs))
+    return path
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    wall = {0: [{"iter": 2, "planner_s": 0.001, "lb_comm_s": 0.002},
+                {"iter": 3, "planner_s": 0.003, "lb_comm_s": 0.004}]}
+    return load_run(_write_run(tmp_path / "run", [RANK0, RANK1], wall))
+
+
+@pytest.fixture
+def m(tiny_run):
+    return compute_metrics(tiny_run, config={"dp": 2}, seed=7)
+
+
+def test_load_run_splits_records(tiny_run):
+    assert tiny_run.dp_size == 2
+    assert [len(s) for s in tiny_run.steps] == [4, 4]
+    assert sorted(r["request_id"] for r in tiny_run.requests) == ["A", "B", "C", "D"]
+    assert tiny_run.wall == [[{"iter": 2, "planner_s": 0.001, "lb_comm_s": 0.002},
+                              {"iter": 3, "planner_s": 0.003, "lb_comm_s": 0.004}], []]
+
+
+def test_time_steps_and_throughput(m):
+    assert m["steps"] == 4
+    assert m["virtual_time_s"] == approx(0.12)
+    assert m["busy_time_s"] == approx(0.12)
+    assert m["output_tokens"] == 6
+    assert m["throughput_tok_s"] == approx(6 / 0.12)
+    assert m["requests_total"] == 4
+    assert m["requests_finished"] == 2
+    assert m["preemptions"] == 1
+
+
+def test_bubble_ratio(m):
+    # rank 0 waits 0.01 + 0 + 0.02 + 0, rank 1 waits 0 + 0.02 + 0 + 0; dp * total = 0.24
+    assert m["bubble_ratio"] == approx(0.05 / 0.24)
+
+
+def test_balance_ratio_skips_steps_without_load(m, tiny_run):
+    # steps: (10, 30) -> 20/30; (20, 0) -> 10/20; (0, 40) -> 20/40; (0, 0) excluded
+    assert step_series(tiny_run).balance == approx([2 / 3, 0.5, 0.5, None])
+    assert m["balance_ratio"] == approx((2 / 3 + 0.5 + 0.5) / 3)
+    assert m["balance_steps"] == 3
+
+
+def test_per_rank_utilisation(m):
+    r0, r1 = m["per_rank"]
+    assert r0["utilisation"] == approx(0.09 / 0.12)
+    assert r1["utilisation"] == approx(0.10 / 0.12)
+    assert (r0["output_tokens"], r1["output_tokens"]) == (4, 2)
+    assert (r0["requests_finished"], r1["requests_finished"]) == (2, 0)
+    assert (r0["dummy_steps"], r1["dummy_steps"]) == (2, 1)
+    assert r0["mean_running_blocks"] == approx(7.5)
+    assert r1["max_running_blocks"] == 40
+    # with equal step times per rank, the bubble ratio is 1 - mean utilisation
+    assert m["bubble_ratio"] == approx(1 - (r0["utilisation"] + r1["utilisation"]) / 2)
+
+
+def test_ttft_queue_and_e2e(m):
+    # TTFT: A 30, B 50, D 40 (C has no token); percentiles interpolate linearly
+    assert m["ttft_ms"] == approx({"count": 3, "mean": 40.0, "p50": 40.0, "p90": 48.0,
+                                   "p99": 49.8, "max": 50.0})
+    assert m["queue_ms"] == approx({"count": 3, "mean": 10.0, "p50": 10.0, "p90": 18.0,
+                                    "p99": 19.8, "max": 20.0})
+    # finished only: A 100, D 40
+    assert m["e2e_ms"]["count"] == 2
+    assert m["e2e_ms"]["mean"] == approx(70.0)
+    assert m["e2e_ms"]["p50"] == approx(70.0)
+
+
+def test_tpot_and_itl(m, tiny_run):
+    # TPOT: A (0.10 - 0.03) / 2 = 35 ms, B (0.10 - 0.06) / 1 = 40 ms; D has one token
+    assert tpot_values_ms(tiny_run) == approx([35.0, 40.0])
+    assert m["tpot_ms"]["mean"] == approx(37.5)
+    assert m["tpot_ms"]["p99"] == approx(39.95)
+    # ITL: every gap: A 30, 40; B 40
+    assert m["itl_ms"]["count"] == 3
+    assert m["itl_ms"]["mean"] == approx(110 / 3)
+    assert m["itl_ms"]["p50"] == approx(40.0)
+
+
+def test_pauses(m):
+    # B: 0.07-0.09 closed, 0.10-open (not finished -> until end of run 0.12)
+    pauses = dict(m["pauses"])
+    durations = pauses.pop("duration_ms")
+    assert pauses == {"total": 2, "requests_paused": 1, "per_request_mean": 0.5,
+                      "per_request_max": 2, "open_at_end": 1}
+    assert durations == approx({"count": 2, "mean": 20.0, "p50": 20.0, "p90": 20.0,
+                                "p99": 20.0, "max": 20.0})
+
+
+def test_open_pause_of_finished_request_ends_at_finish(tmp_path):
+    run = load_run(_write_run(tmp_path / "r", [[
+        step(0, 1, 0.0, 0.02, 0.02, 5),
+        request(0, "X", 0.0, 0.0, [0.01], 0.5, pauses=[(0.2, None)]),
+    ]]))
+    assert compute_metrics(run)["pauses"]["duration_ms"]["max"] == approx(300.0)
+
+
+def test_plan_churn(m):
+    # step 2: rank 0 outs 2, rank 1 ins 1; step 3: rank 0 empty freeze plan
+    assert m["plan_churn"] == approx({
+        "active_steps": 2, "outs": 2, "ins": 1, "per_active_step": 1.5,
+        "freeze_rank_steps": 1, "paused": 1, "resumed": 1,
+    })
+
+
+def test_wall_clock_sections(m, tmp_path):
+    assert m["wall"]["records"] == 2
+    assert m["wall"]["planner_ms"]["mean"] == approx(2.0)
+    assert m["wall"]["lb_comm_ms"]["max"] == approx(4.0)
+    assert m["wall"]["planner_total_s"] == approx(0.004)
+    assert m["wall"]["lb_comm_total_s"] == approx(0.006)
+    assert m["wall"]["step_wall_ms"]["count"] == 0
+    no_wall = compute_metrics(load_run(_write_run(tmp_path / "nw", [RANK0, RANK1])))
+    assert no_wall["wall"] is None
+
+
+def test_wall_clock_engine_field_names(tmp_path):
+    """emu/engine.py writes `dyntra_lb_collectives_s` and `step_wall_s`; a run without
+    DyntraLB has no planner fields at all."""
+    wall = {0: [{"iter": 1, "step_wall_s": 0.010, "planner_s": 0.001,
+                 "dyntra_lb_collectives_s": 0.003}],
+            1: [{"iter": 1, "step_wall_s": 0.030}]}
+    m = compute_metrics(load_run(_write_run(tmp_path / "w", [RANK0, RANK1], wall)))
+    assert m["wall"]["records"] == 2
+    assert m["wall"]["step_wall_ms"]["mean"] == approx(20.0)
+    assert m["wall"]["planner_ms"]["count"] == 1
+    assert m["wall"]["lb_comm_ms"]["mean"] == approx(3.0)
+
+
+def test_required_keys_config_seed_and_json_roundtrip(m, tmp_path):
+    for key in ("throughput_tok_s", "bubble_ratio", "balance_ratio", "ttft_ms", "tpot_ms",
+                "itl_ms", "e2e_ms", "pauses", "plan_churn", "steps", "virtual_time_s",
+                "requests_finished", "config", "seed", "schema_version"):
+        assert key in m, key
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert {"p50", "p90", "p99", "mean"} <= set(m[key])
+    assert m["config"] == {"dp": 2} and m["seed"] == 7
+    path = tmp_path / "metrics.json"
+    write_metrics(m, path)
+    text = path.read_text()
+    assert json.loads(text) == m
+    assert text.endswith("}\n")
+
+
+def test_metrics_are_deterministic(tmp_path):
+    a = compute_metrics(load_run(_write_run(tmp_path / "a", [RANK0, RANK1])), seed=1)
+    b = compute_metrics(load_run(_write_run(tmp_path / "b", [RANK0, RANK1])), seed=1)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_empty_distribution_and_run_without_steps(tmp_path):
+    assert distribution([]) == {"count": 0, "mean": None, "p50": None, "p90": None,
+                                "p99": None, "max": None}
+    run = load_run(_write_run(tmp_path / "e", [[request(0, "X", 0.0, None, [], None)]]))
+    m = compute_metrics(run)
+    assert m["steps"] == 0 and m["virtual_time_s"] == 0.0
+    assert m["throughput_tok_s"] is None and m["bubble_ratio"] is None
+    assert m["balance_ratio"] is None
+    json.dumps(m, allow_nan=False)
+
+
+def test_step_series(tiny_run):
+    s = step_series(tiny_run)
+    assert s.iters == [1, 2, 3, 4]
+    assert s.clock_s == approx([0.0, 0.03, 0.06, 0.10])
+    assert s.running_blocks == [[10, 20, 0, 0], [30, 0, 40, 0]]
+    assert s.bubble == approx([0.01 / 0.06, 0.02 / 0.06, 0.02 / 0.08, 0.0])
+    assert s.lb_active == [False, True, True, False]
+
+
+def test_load_run_errors(tmp_path):
+    with pytest.raises(RunError, match="not a directory"):
+        load_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match=r"no rank<r>\.events\.jsonl files"):
+        load_run(tmp_path / "empty")
+    gap = _write_run(tmp_path / "gap", [RANK0, RANK1])
+    (gap / "rank1.events.jsonl").rename(gap / "rank2.events.jsonl")
+    with pytest.raises(RunError, match=r"ranks \[0, 2\]; expected ranks 0\.\.1"):
+        load_run(gap)
+    short = _write_run(tmp_path / "short", [RANK0, RANK1[:2] + RANK1[4:]])
+    with pytest.raises(RunError, match="rank 1 logged 2 steps and rank 0 logged 4"):
+        load_run(short)
+    bad = _write_run(tmp_path / "bad", [RANK0])
+    with open(bad / "rank0.events.jsonl", "a") as f:
+        f.write('{"kind": "step", \n')
+    with pytest.raises(RunError, match=r"rank0\.events\.jsonl:7: invalid JSON"):
+        load_run(bad)
+    odd = _write_run(tmp_path / "odd", [[{"kind": "wave"}]])
+    with pytest.raises(RunError, match="unknown record kind 'wave'"):
+        load_run(odd)
