@@ -1,0 +1,436 @@
+"""`dyntra-emu explain`: why the planner made the plan it made, round by round.
+
+For a contributor asking "why was this request paused?" about one snapshot: one taken
+from a diagnostics log (``explain LOG --index N``, numbered as ``replay`` lists them) or
+typed in as JSON (``explain --snapshot '[[[5,3,9],2],[[4],1]]' --dp 2``). The planner
+runs once with an observer attached, and every line of the trace is one of the decision
+events ``dyntra_lb.planner.balance_load`` reports (its module docstring lists them): the
+fill, each round's loads and bubble, the swap searched on the least and on the most
+loaded card with the distances compared, the throughput drop with the modelled
+throughputs, why the loop stopped, the cancellations, and the final plan. Nothing here
+decides anything; the only state kept is the list of block counts per rank, moved as the
+events say, to show which requests each card holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from collections import Counter
+
+from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK, balance_load
+from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int, read_log
+
+
+def trace(requests_by_rank, dp_size: int, *, max_num_seqs=None, threshold=DEFAULT_THRESHOLD):
+    """Run the production planner with an observer; returns ``(events, plans)`` with
+    the plans as dicts."""
+    events = []
+    plans = balance_load(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,
+                         threshold=threshold, observer=lambda e: events.append(copy.deepcopy(e)))
+    return events, [p.to_dict() for p in plans]
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+def _num(x) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def _items(items) -> str:
+    return "[" + ", ".join(f"{v}*" if newly else str(v) for v, newly in items) + "]"
+
+
+class _Cards:
+    """Block counts held by each rank while the planner works, as (size, newly_added)
+    in the planner's list order. Only moved as the events say (D.4-D.6), to display."""
+
+    def __init__(self, parsed: dict) -> None:
+        self.running = {c["rank"]: [(v, False) for v in c["running"]] for c in parsed["cards"]}
+        self.waiting = {c["rank"]: [(v, False) for v in c["waiting"]] for c in parsed["cards"]}
+        self.lost = False  # set if the lists stop matching the events: then they are hidden
+
+    def move(self, e) -> None:
+        if self.lost:
+            return
+        try:
+            {"fill": self.fill, "swap": self.swap, "drop": self.drop}[e["kind"]](e)
+        except LookupError:
+            self.lost = True
+
+    def totals_match(self, tot_blk) -> bool:
+        self.lost = self.lost or tot_blk != [sum(v for v, _ in self.running[r])
+                                             for r in range(len(tot_blk))]
+        return not self.lost
+
+    @staticmethod
+    def _take(items, size, newly=None):
+        for i, (v, n) in enumerate(items):
+            if v == size and (newly is None or n == newly):
+                return items.pop(i)
+        raise LookupError(size)
+
+    def fill(self, e) -> None:
+        self.waiting[e["rank"]].pop(0)
+        self.running[e["rank"]].append((e["blk"], True))
+
+    def swap(self, e) -> None:
+        run, wait = self.running[e["rank"]], self.waiting[e["rank"]]
+        out = self._take(run, e["out_blk"], e["newly_added"])
+        incoming = self._take(wait, e["in_blk"])
+        run.append(incoming)
+        wait.append(out)
+
+    def drop(self, e) -> None:
+        run = self.running[e["rank"]]
+        # the tie rule only ever picks a newly added item; otherwise the first of its size
+        item = self._take(run, e["blk"], True if e["tie_rule"] else None)
+        self.waiting[e["rank"]].append(item)
+
+    def line(self, rank: int) -> str:
+        run = self.running[rank]
+        return (f"running {_items(run)} = {_blocks(sum(v for v, _ in run))}, "
+                f"waiting {_items(self.waiting[rank])}")
+
+    def why_no_swap(self, rank: int, mode: str) -> str:
+        if not self.waiting[rank]:
+            return "it has no waiting request"
+        if not self.running[rank]:
+            return "it has no running request"
+        bigger = "larger" if mode == "increase" else "smaller"
+        return (f"no waiting request {bigger} than a running one brings its total closer "
+                f"to the average")
+
+
+def _swap_text(e) -> str:
+    newly = " (newly added)" if e["newly_added"] else ""
+    text = (f"{e['mode']} swap: pause {e['out_blk']}{newly}, admit "
+            f"{e['in_blk']}; distance from the average {_num(e['dist_before'])} -> "
+            f"{_num(e['dist_after'])}; DP{e['rank']} now {e['tot_blk']} blocks")
+    if e["tie_rule"]:
+        text += ("\n      taken by the tie rule (D.5): at equal distance a newly added "
+                 "running item wins" + (", even with zero gain (H.4)"
+                                        if e["dist_before"] == e["dist_after"] else ""))
+    return text
+
+
+def _plan_text(rank: int, plan: dict) -> str:
+    what = []
+    for v in plan["out_blk"]:
+        what.append(f"pauses a running request of {_blocks(v)}")
+    for v in plan["in_blk"]:
+        what.append(f"admits a waiting request of {_blocks(v)}")
+    what.append("admits nothing else" if plan["in_blk"] or plan["out_blk"]
+                else "pauses nothing and admits nothing")
+    return (f"  DP{rank}  out={plan['out_blk']} in={plan['in_blk']} "
+            f"freeze={plan['freeze']}: " + "; ".join(what))
+
+
+def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
+    """The decision trace as text, from the observer events of one planner call."""
+    out = []
+    marks = []  # (index in out, round number) where a round starts; None: the stop line
+    cards = None
+    order_now: list[int] = []
+    tots: list = []
+    searched = set()  # what the current round has searched so far
+
+    def close_round(next_kind: str) -> None:
+        """Name the searches the round made without a result, seen from the next event:
+        a decrease swap, a drop or a new round means the searches before it came up
+        empty (D.7: increase on the least loaded card, then decrease on the most)."""
+        if not order_now:
+            return
+        if "increase" not in searched and next_kind in ("swap_decrease", "drop"):
+            low = order_now[-1]
+            hint = f" ({cards.why_no_swap(low, 'increase')})" if not cards.lost else ""
+            out.append(f"  least loaded DP{low}: no increase swap{hint}")
+            searched.add("increase")
+        if "decrease" not in searched and next_kind in ("drop", "round"):
+            high = order_now[0]
+            hint = f" ({cards.why_no_swap(high, 'decrease')})" if not cards.lost else ""
+            out.append(f"  most loaded DP{high}: no decrease swap{hint}")
+            searched.add("decrease")
+
+    for e in events:
+        kind = e["kind"]
+        if kind == "parsed":
+            cards = _Cards(e)
+            metric = ("ratio: bubble = (max - avg) / max" if threshold < 1
+                      else "absolute: bubble = max - avg, in blocks")
+            out.append(f"planner trace: dp={len(e['cards'])}, max_num_seqs={max_num_seqs}, "
+                       f"threshold={threshold} ({metric})")
+            out.append("input (D.2; later, * marks items the fill step moved to running, "
+                       "the planner's newly added ones):")
+            out.extend(f"  DP{c['rank']}  {cards.line(c['rank'])}" for c in e["cards"])
+        elif kind == "fill":
+            if not any(line.startswith("fill") for line in out):
+                out.append(f"fill (D.4): free running slots (below max_num_seqs="
+                           f"{max_num_seqs}) take the head of the waiting list")
+            cards.move(e)
+            out.append(f"  DP{e['rank']} admits {e['blk']} -> {e['tot_blk']} blocks")
+        elif kind == "round":
+            close_round("round")
+            marks.append((len(out), e["round"]))
+            searched.clear()
+            order_now[:] = e["order"]
+            tots = list(e["tot_blk"])
+            cards.totals_match(tots)
+            loads = ", ".join(f"DP{r} {tots[r]}" for r in e["order"])
+            verdict = ("below the threshold: stop" if e["bubble"] < threshold
+                       else f">= threshold {threshold}: balance")
+            out.append(f"round {e['round']} (D.7): loads {loads} (most loaded first); "
+                       f"avg {_num(e['avg'])}; bubble {_num(e['bubble'])} {verdict}")
+            if not cards.lost and e["bubble"] >= threshold:
+                out.extend(f"    DP{r}  {cards.line(r)}" for r in e["order"])
+            if e["bubble"] < threshold:
+                order_now.clear()
+        elif kind == "swap":
+            if e["mode"] == "decrease":
+                close_round("swap_decrease")
+            searched.add(e["mode"])
+            who = "least" if e["mode"] == "increase" else "most"
+            cards.move(e)
+            tots[e["rank"]] = e["tot_blk"]
+            if e["mode"] == "increase":
+                # the cards are re-sorted (stable, largest first) before the decrease search
+                order_now[:] = sorted(order_now, key=lambda r: -tots[r])
+            out.append(f"  {who} loaded DP{e['rank']}: {_swap_text(e)}")
+        elif kind in ("drop", "no_drop"):
+            close_round("drop")
+            fixed, per = THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
+            out.append(f"  no swap this round -> throughput drop on the most loaded DP"
+                       f"{e['rank']} (D.6: modelled throughput = running requests / "
+                       f"({fixed} + {per} * largest load))")
+            if kind == "drop":
+                cards.move(e)
+                tots[e["rank"]] = e["tot_blk"]
+                tie = (" (tie rule: equal throughput, the newly added item wins)"
+                       if e["tie_rule"] else "")
+                out.append(f"    pause {e['blk']}: throughput {_num(e['throughput_before'])}"
+                           f" -> {_num(e['throughput_after'])}{tie}; DP{e['rank']} now "
+                           f"{e['tot_blk']} blocks")
+            elif e["throughput"] is None:
+                out.append("    nothing to drop: at most one request runs in total")
+            else:
+                out.append(f"    nothing to drop: no pause raises the throughput "
+                           f"{_num(e['throughput'])}")
+        elif kind == "stop":
+            marks.append((len(out), None))
+            reason = e["reason"]
+            if reason == "no_progress":
+                text = f"round {e['round']} changed nothing"
+            elif reason == "bubble_below_threshold":
+                text = f"bubble {_num(e['bubble'])} < threshold {threshold}"
+            else:
+                text = (f"max_iters reached after {e['round']} productive rounds (the "
+                        f"plan depends on where the oscillation stopped, H.4)")
+            out.append(f"stop: {text}")
+            order_now.clear()
+        elif kind == "cancel":
+            if not any(line.startswith("cancellation") for line in out):
+                out.append("cancellation (D.8): an admitted size that is also paused on "
+                           "the same rank cancels both")
+            out.append(f"  DP{e['rank']}: cancelled {_values(e['cancelled'])} -> "
+                       f"out={e['out_blk']} in={e['in_blk']}")
+        elif kind == "plans":
+            out.append("final plan (freeze = nothing to admit, D.9):")
+            out.extend(_plan_text(r, p) for r, p in enumerate(e["plans"]))
+        else:
+            out.append(f"{kind}: {json.dumps(e, sort_keys=True)}")
+    return "\n".join(_fold_repeated_rounds(out, marks))
+
+
+def _fold_repeated_rounds(out: list[str], marks: list) -> list[str]:
+    """Replace runs of rounds whose text repeats the round before them word for word
+    (an oscillation, H.4) by one line naming them."""
+    if not marks:
+        return list(out)
+    folded = out[:marks[0][0]]
+    previous, first_repeat, last_repeat = None, None, None
+    for (start, rnd), (end, _) in zip(marks, marks[1:] + [(len(out), None)], strict=True):
+        block = out[start:end]
+        if rnd is None:  # the stop line and everything after it
+            folded += _repeat_note(first_repeat, last_repeat, previous) + block
+            break
+        body = [block[0].replace(f"round {rnd} ", "round # ", 1), *block[1:]]
+        if previous is not None and body == previous[1]:
+            first_repeat = rnd if first_repeat is None else first_repeat
+            last_repeat = rnd
+            continue
+        folded += _repeat_note(first_repeat, last_repeat, previous) + block
+        previous, first_repeat, last_repeat = (rnd, body), None, None
+    else:
+        folded += _repeat_note(first_repeat, last_repeat, previous)
+    return folded
+
+
+def _repeat_note(first, last, previous) -> list[str]:
+    if first is None:
+        return []
+    rounds = f"round {first}" if first == last else f"rounds {first} to {last}"
+    return [f"{rounds}: the same as round {previous[0]}, line for line (not repeated)"]
+
+
+def _values(values: list[int]) -> str:
+    """A list of block counts, shortened to value x count when long."""
+    if len(values) <= 12:
+        return str(values)
+    counts = Counter(values)
+    return (f"{len(values)} values: "
+            + ", ".join(f"{v} x{n}" for v, n in counts.items()))
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+class InputError(ValueError):
+    """Bad command-line input; the message names the flag."""
+
+
+def parse_snapshot(text: str) -> list[tuple[list[int], int]]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--snapshot is not valid JSON: {exc}") from None
+
+    def is_int(x):
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not isinstance(value, list) or not value:
+        raise InputError("--snapshot must be a non-empty JSON list with one [blks, split] "
+                         "per rank, e.g. '[[[5,3,9],2],[[4],1]]'")
+    snapshot = []
+    for rank, entry in enumerate(value):
+        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], list)
+                or not all(is_int(b) and b >= 0 for b in entry[0])
+                or not is_int(entry[1]) or entry[1] < 0):
+            raise InputError(f"--snapshot rank {rank}: expected [blks, split] with block "
+                             f"counts >= 0 and split >= 0, got {json.dumps(entry)}")
+        snapshot.append((list(entry[0]), entry[1]))
+    return snapshot
+
+
+def _from_log(args) -> tuple[list, str, float, object, list[dict] | None, list[str]]:
+    try:
+        scan = read_log(args.log)
+    except OSError as exc:
+        raise InputError(f"cannot read {args.log}: {exc.strerror or exc}") from None
+    count = len(scan.snapshots)
+    if not 0 <= args.index < count:
+        raise InputError(f"--index {args.index}: {args.log} has {count} snapshot(s)"
+                         + (f" (0..{count - 1})" if count else ""))
+    snap = scan.snapshots[args.index]
+    if snap.requests_by_rank is None:
+        raise InputError(f"--index {args.index}: snapshot at line {snap.line} cannot be "
+                         f"used: {snap.problem}")
+    notes = []
+    threshold = args.threshold
+    if threshold is None:
+        threshold = snap.threshold if snap.threshold is not None else DEFAULT_THRESHOLD
+        notes.append(f"bubble_threshold={threshold} "
+                     + (f"(log line {snap.threshold_line})" if snap.threshold is not None
+                        else "(default; no config line in the log)"))
+    max_num_seqs = args.max_num_seqs
+    if max_num_seqs is None:
+        max_num_seqs = snap.max_num_seqs
+        notes.append(f"max_num_seqs={max_num_seqs} (log line {snap.max_num_seqs_line})"
+                     if max_num_seqs is not None else
+                     "ASSUMPTION: max_num_seqs is not in the log; planning without the fill "
+                     "step (D.4). Pass --max-num-seqs if the plan should fill free slots")
+    title = (f"snapshot {snap.index} of {args.log} (line {snap.line}, wave "
+             f"{'-' if snap.wave is None else snap.wave}, step "
+             f"{'-' if snap.step is None else snap.step})")
+    return snap.requests_by_rank, title, threshold, max_num_seqs, snap.logged_plans, notes
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit code 0, or 2 for bad input (message on stderr)."""
+    try:
+        if (args.log is None) == (args.snapshot is None):
+            raise InputError("give either LOG with --index, or --snapshot")
+        if args.log is not None:
+            if args.index is None:
+                raise InputError("LOG needs --index N (snapshots are numbered as "
+                                 "`dyntra-emu replay` lists them, from 0)")
+            if args.dp is not None:
+                raise InputError("--dp only goes with --snapshot (a log's tables give it)")
+            snapshot, title, threshold, max_num_seqs, logged, notes = _from_log(args)
+            dp = len(snapshot)
+        else:
+            if args.index is not None:
+                raise InputError("--index only goes with LOG")
+            snapshot = parse_snapshot(args.snapshot)
+            dp = len(snapshot) if args.dp is None else args.dp
+            if dp < len(snapshot):
+                raise InputError(f"--dp {dp} is smaller than the {len(snapshot)} ranks in "
+                                 f"--snapshot")
+            threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+            max_num_seqs, logged, notes = args.max_num_seqs, None, []
+            title = "snapshot from --snapshot"
+    except InputError as exc:
+        print(f"dyntra-emu explain: {exc}", file=sys.stderr)
+        return 2
+
+    try:
+        events, plans = trace(snapshot, dp, max_num_seqs=max_num_seqs, threshold=threshold)
+    except ValueError as exc:  # the planner rejects the snapshot (e.g. beyond int32)
+        print(f"dyntra-emu explain: the planner rejects this snapshot: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        emit(json.dumps({"requests_by_rank": [[b, s] for b, s in snapshot], "dp": dp,
+                         "threshold": threshold, "max_num_seqs": max_num_seqs,
+                         "events": events, "plans": plans, "logged_plans": logged},
+                        indent=1))
+        return 0
+    lines = [title, *notes, render(events, threshold=threshold, max_num_seqs=max_num_seqs)]
+    if logged is not None:
+        same = logged == plans
+        lines.append("logged plan: " + ("the same" if same else "DIFFERENT"))
+        if not same:
+            lines.extend(_plan_text(r, p) for r, p in enumerate(logged))
+    emit("\n".join(lines))
+    return 0
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("log", nargs="?", default=None,
+                        help="diagnostics log to take the snapshot from (with --index)")
+    parser.add_argument("--index", type=int, default=None,
+                        help="which snapshot of LOG, numbered from 0 as `replay` lists them")
+    parser.add_argument("--snapshot", default=None,
+                        help="requests_by_rank as JSON, one [blks, split] per rank, e.g. "
+                             "'[[[5,3,9],2],[[4],1]]'")
+    parser.add_argument("--dp", type=positive_int, default=None,
+                        help="number of DP ranks for --snapshot (default: its length)")
+    add_planner_options(parser)
+    parser.add_argument("--json", action="store_true",
+                        help="print the observer events and plans as JSON")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``explain`` on the ``dyntra-emu`` sub-command parser."""
+    parser = subparsers.add_parser(
+        "explain", help="print the planner's decision trace for one snapshot",
+        description=__doc__.split("\n\n")[0])
+    configure_parser(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m emu.explain",
+                                     description=__doc__.split("\n\n")[0])
+    configure_parser(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
