@@ -1,0 +1,475 @@
+"""Start the emulated DP cluster: one process per DP rank, rendezvous, groups, teardown.
+
+Two ways in, one per-rank setup (`RankContext`), the same target signature
+`target(ctx: RankContext, args) -> result`:
+
+* `launch(target, args, dp_size=...)` — the normal mode (the CLI, tests, benchmarks):
+  this process spawns the dp_size ranks on this machine and supervises them. It hosts
+  the rendezvous TCPStore on a free port (so parallel runs never collide), and it turns
+  any rank failure into one `ClusterError`: a rank that raises sends its traceback, a
+  rank that dies is seen through its process sentinel, a run that exceeds
+  `run_timeout_s` is stopped. The first failure is reported, except that an error
+  raised inside a torch.distributed call (how a rank sees a peer die) gives way to
+  another rank's own failure arriving within a short grace. Every rank is then stopped
+  (SIGTERM, which makes it dump its Python stack; SIGKILL after a grace period) and
+  joined, so no process survives. Ranks also die with SIGKILL if this process dies
+  (Linux PR_SET_PDEATHSIG).
+* `join_from_env(target, args)` — one rank under `torchrun` (or any launcher that sets
+  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), e.g. several NPU machines or
+  an Ascend job system. torchrun then owns the processes and their failure handling;
+  this function only sets the rank up, runs the target and tears the groups down.
+
+In each rank: one intra-op and one inter-op thread, the default process group (gloo,
+CPU tensors) is the DP group that carries wave sync and the DyntraLB collectives, and a
+second group made with `new_group` is the device group for the lockstep "model"
+collective (gloo on CPU, HCCL on NPU). Both use the configured collective timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import faulthandler
+import multiprocessing
+import os
+import pathlib
+import pickle
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from emu.device import bind_rank_device, select_device
+
+# How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
+_STOP_GRACE_S = 3.0
+# After all ranks returned: how long a rank gets to destroy its groups and exit.
+_EXIT_GRACE_S = 30.0
+# A rank's error raised inside a torch.distributed call is usually the echo of another
+# rank's death; wait this long for the root cause before reporting the echo.
+_ECHO_GRACE_S = 2.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class RankContext:
+    """Handed to the target inside each rank process. Tensors for `device_group`
+    collectives must live on `device`; `dp_group` collectives take CPU tensors."""
+
+    rank: int  # DP rank
+    dp_size: int
+    local_rank: int
+    dp_group: Any  # ProcessGroup, gloo, CPU tensors: wave sync + DyntraLB collectives
+    device_group: Any  # ProcessGroup, gloo on CPU / HCCL on NPU: the lockstep collective
+    device: torch.device  # cpu, or npu:<local_rank>
+    out_dir: pathlib.Path | None
+
+
+class ClusterError(RuntimeError):
+    """A run failed: `rank` is the first rank that failed on its own (None when the run
+    timed out with no rank failing), `message` one line about it, `details` a text per
+    rank (traceback, exit status, or the Python stack it had when stopped) and
+    `failed_ranks` every rank that failed before the launcher stopped it, `rank` first."""
+
+    def __init__(self, rank: int | None, message: str, details: dict[int, str],
+                 failed_ranks: list[int] | None = None):
+        self.rank = rank
+        self.message = message
+        self.details = details
+        self.failed_ranks = failed_ranks if failed_ranks is not None else []
+        head = message if rank is None else f"rank {rank} failed: {message}"
+        order = sorted(details, key=lambda r: (r != rank, r))
+        body = "\n".join(f"--- rank {r} ---\n{details[r].rstrip()}" for r in order)
+        super().__init__(f"{head}\n{body}" if body else head)
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.message, self.details, self.failed_ranks)
+
+
+# ---------------------------------------------------------------------------------------
+# Inside a rank process
+
+
+@dataclass(frozen=True)
+class _RankSpec:
+    rank: int
+    dp_size: int
+    store_port: int
+    device_kind: str
+    out_dir: pathlib.Path | None
+    collective_timeout_s: float
+    parent_pid: int
+    stack_path: str
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this rank when its parent goes away (best effort: other
+    systems have no PR_SET_PDEATHSIG and rely on the parent's own cleanup)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _limit_threads() -> None:
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already fixed by an earlier parallel region; harmless
+        pass
+
+
+def _make_groups(kind: str, local_rank: int, timeout: timedelta, **init_kwargs):
+    """Pin the rank to its device, then make the default process group (gloo: the DP
+    group) and the device group; returns (torch device, DP group, device group)."""
+    device_str, device_backend = bind_rank_device(kind, local_rank)
+    dist.init_process_group("gloo", timeout=timeout, **init_kwargs)
+    device_group = dist.new_group(backend=device_backend, timeout=timeout)
+    return torch.device(device_str), dist.group.WORLD, device_group
+
+
+def _in_torch_distributed(exc: BaseException) -> bool:
+    """True when the exception was raised inside a torch.distributed call, which is how a
+    rank sees a dead or stuck peer (gloo raises a plain RuntimeError)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    dist_dir = os.path.dirname(dist.__file__)
+    return bool(frames) and frames[-1].filename.startswith(dist_dir)
+
+
+def _rank_main(spec: _RankSpec, payload: bytes, conn) -> None:
+    """Entry point of a spawned rank: set up, run the target, report to the parent, then
+    wait for the parent's go-ahead (every rank finished) before tearing the groups down."""
+    _die_with_parent(spec.parent_pid)
+    stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
+    faulthandler.enable(stack_file, all_threads=True)
+    # SIGTERM from the launcher: write the Python stack, then die of SIGTERM.
+    faulthandler.register(signal.SIGTERM, stack_file, all_threads=True, chain=True)
+    try:
+        _limit_threads()
+        target, args = pickle.loads(payload)
+        device, dp_group, device_group = _make_groups(
+            spec.device_kind, spec.rank, timedelta(seconds=spec.collective_timeout_s),
+            store=dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
+                                timeout=timedelta(seconds=spec.collective_timeout_s)),
+            rank=spec.rank, world_size=spec.dp_size,
+        )
+        ctx = RankContext(spec.rank, spec.dp_size, spec.rank, dp_group, device_group, device,
+                          spec.out_dir)
+        result = target(ctx, args)
+        conn.send(("ok", result))
+    except BaseException as exc:
+        # Once failing, finish the report even if the launcher's SIGTERM arrives meanwhile
+        # (it does when another rank failed first); SIGKILL still ends a stuck send.
+        faulthandler.unregister(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            conn.send(("error", summary, text, _in_torch_distributed(exc)))
+        finally:
+            _flush_and_exit(1)
+    try:
+        conn.recv()
+    except EOFError:  # the parent is gone; PDEATHSIG normally got here first
+        _flush_and_exit(1)
+    dist.destroy_process_group()
+    # atexit handlers (logging.shutdown among them) yes, interpreter finalization no: it
+    # costs about 1 s per rank with torch loaded, 25% of a dp=2 launch.
+    atexit._run_exitfuncs()
+    _flush_and_exit(0)
+
+
+def _flush_and_exit(code: int) -> None:
+    """Leave without interpreter finalization: after a failure it can block in a group
+    whose peers are stuck (the parent has the report already), after success it is slow."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+# ---------------------------------------------------------------------------------------
+# In the launching process
+
+
+class _Rank:
+    """The parent's view of one rank process."""
+
+    def __init__(self, rank: int, process, conn, stack_path: str):
+        self.rank = rank
+        self.process = process
+        self.conn = conn
+        self.stack_path = stack_path
+        self.result_received = False
+        self.result: Any = None
+        self.error: tuple[str, str, bool] | None = None  # (summary, traceback, is_echo)
+        self.stopped = False
+
+    def read(self) -> bool:
+        """Take one message if there is one; False once the pipe is closed."""
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            return False
+        if message[0] == "ok":
+            self.result_received, self.result = True, message[1]
+        elif self.error is None:
+            self.error = message[1:]
+        return True
+
+    def drain(self) -> None:
+        try:
+            while self.conn.poll() and self.read():
+                pass
+        except (EOFError, OSError):
+            pass
+
+    def exit_status(self) -> str:
+        code = self.process.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    def stack(self) -> str:
+        """The Python stack the rank dumped when stopped or crashed, without the frames of
+        the spawn bootstrap below _rank_main."""
+        try:
+            lines = pathlib.Path(self.stack_path).read_text().splitlines()
+        except OSError:
+            return ""
+        bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py", '"<string>"')
+        return "\n".join(ln for ln in lines if not any(b in ln for b in bootstrap)).strip()
+
+    def detail(self) -> str:
+        if self.error is not None:
+            return self.error[1]
+        if self.stopped:
+            if self.result_received:
+                return "had returned its result; stopped by the launcher"
+            text = f"stopped by the launcher ({self.exit_status()})"
+        elif self.result_received and self.process.exitcode == 0:
+            return "finished"
+        else:
+            text = self.exit_status()
+            if not self.result_received:
+                text += " before reporting a result or an error"
+        stack = self.stack()
+        return f"{text}; Python stack:\n{stack}" if stack else text
+
+
+class _Failure(Exception):
+    """Internal: the supervisor decided the run failed; turned into ClusterError once
+    every rank is stopped."""
+
+    def __init__(self, rank: int | None, message: str):
+        self.rank = rank
+        self.message = message
+
+
+def launch(target, args, *, dp_size: int, device: str = "auto",
+           out_dir: pathlib.Path | str | None = None, collective_timeout_s: float = 60.0,
+           run_timeout_s: float | None = None) -> list:
+    """Run `target(ctx, args)` in dp_size new rank processes on this machine and return
+    their results ordered by rank. `target` must be a module-level function and `args`
+    picklable (ranks are started with the spawn method). Raises DeviceError (before any
+    rank starts) when the device cannot be used, and ClusterError when any rank fails or
+    the run, startup included, lasts longer than `run_timeout_s`.
+
+    Ranks leave through os._exit (after atexit handlers when the run succeeded), so a
+    target must close its own files on the way out (`with` / `finally`).
+    """
+    if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+        raise ValueError(f"dp_size must be a positive int; got {dp_size!r}")
+    if collective_timeout_s <= 0:
+        raise ValueError(f"collective_timeout_s must be > 0; got {collective_timeout_s!r}")
+    if run_timeout_s is not None and run_timeout_s <= 0:
+        raise ValueError(f"run_timeout_s must be > 0 or None; got {run_timeout_s!r}")
+    device_kind = select_device(device, local_ranks=dp_size)
+    try:
+        payload = pickle.dumps((target, args))
+    except Exception as exc:
+        raise TypeError(f"launch target and args must be picklable: {exc}") from exc
+    if out_dir is not None:
+        out_dir = pathlib.Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mp = multiprocessing.get_context("spawn")
+    ranks: list[_Rank] = []
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-") as tmp:
+        try:
+            for rank in range(dp_size):
+                stack_path = os.path.join(tmp, f"rank{rank}.stack")
+                spec = _RankSpec(rank, dp_size, store.port, device_kind, out_dir,
+                                 collective_timeout_s, os.getpid(), stack_path)
+                parent_conn, child_conn = mp.Pipe()
+                process = mp.Process(target=_rank_main, args=(spec, payload, child_conn),
+                                     name=f"dyntra-emu-rank{rank}", daemon=True)
+                process.start()
+                child_conn.close()
+                ranks.append(_Rank(rank, process, parent_conn, stack_path))
+            _supervise(ranks, deadline, run_timeout_s)
+            _release(ranks)
+        except _Failure as failure:
+            _stop(ranks)
+            raise _cluster_error(ranks, failure) from None
+        finally:
+            _stop(ranks)  # no-op on success; covers KeyboardInterrupt and start errors
+            for r in ranks:
+                r.conn.close()
+    return [r.result for r in ranks]
+
+
+def _supervise(ranks: list[_Rank], deadline: float | None,
+               run_timeout_s: float | None) -> None:
+    """Wait until every rank has returned its result; raise _Failure on the first rank
+    failure (a collective-error echo yields to a root cause seen within _ECHO_GRACE_S)
+    or when the deadline passes."""
+    by_conn = {r.conn: r for r in ranks}
+    by_sentinel = {r.process.sentinel: r for r in ranks}
+    failed: list[_Rank] = []
+    echo_since: float | None = None
+    while not all(r.result_received for r in ranks):
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise _Failure(None, f"run exceeded run_timeout_s={run_timeout_s} and was stopped")
+        root = next((r for r in failed if not _is_echo(r)), None)
+        if root is not None:
+            raise _Failure(root.rank, _failure_summary(root))
+        if failed and now - echo_since >= _ECHO_GRACE_S:
+            raise _Failure(failed[0].rank, _failure_summary(failed[0]))
+        timeouts = []
+        if deadline is not None:
+            timeouts.append(deadline - now)
+        if failed:
+            timeouts.append(echo_since + _ECHO_GRACE_S - now)
+        timeout = max(0.0, min(timeouts)) if timeouts else None
+        for obj in wait(list(by_conn) + list(by_sentinel), timeout):
+            if obj in by_conn:
+                rank = by_conn[obj]
+                if not rank.read():
+                    del by_conn[obj]
+            else:
+                rank = by_sentinel.pop(obj)
+                rank.drain()
+                rank.process.join()
+                if rank.error is None and rank.process.exitcode == 0 and rank.result_received:
+                    continue  # cannot happen before the go-ahead, but is not a failure
+            if rank not in failed and (rank.error is not None or rank.process.exitcode
+                                       is not None):
+                failed.append(rank)
+                if echo_since is None:
+                    echo_since = time.monotonic()
+
+
+def _is_echo(rank: _Rank) -> bool:
+    return rank.error is not None and rank.error[2]
+
+
+def _failure_summary(rank: _Rank) -> str:
+    return rank.error[0] if rank.error is not None else rank.exit_status()
+
+
+def _release(ranks: list[_Rank]) -> None:
+    """Every rank returned: let them tear their groups down and exit, and check they did."""
+    for r in ranks:
+        try:
+            r.conn.send("exit")
+        except OSError:  # died after reporting; its exit code tells below
+            pass
+    end = time.monotonic() + _EXIT_GRACE_S
+    for r in ranks:
+        r.process.join(max(0.0, end - time.monotonic()))
+    bad = [r for r in ranks if r.process.exitcode != 0]
+    if bad:
+        raise _Failure(bad[0].rank, f"{bad[0].exit_status()} during teardown")
+
+
+def _stop(ranks: list[_Rank]) -> None:
+    """Stop every rank still alive: SIGTERM (stack dump), then SIGKILL after a grace
+    period; join all of them."""
+    alive = [r for r in ranks if r.process.is_alive()]
+    for r in alive:
+        r.stopped = True
+        r.process.terminate()
+    end = time.monotonic() + _STOP_GRACE_S
+    for r in alive:
+        r.process.join(max(0.0, end - time.monotonic()))
+    for r in alive:
+        if r.process.is_alive():
+            r.process.kill()
+    for r in ranks:
+        r.process.join()
+
+
+def _cluster_error(ranks: list[_Rank], failure: _Failure) -> ClusterError:
+    for r in ranks:
+        r.drain()
+    failed = [r.rank for r in ranks if r.error is not None or
+              (not r.stopped and r.process.exitcode not in (0, None))]
+    if failure.rank in failed:
+        failed.remove(failure.rank)
+        failed.insert(0, failure.rank)
+    return ClusterError(failure.rank, failure.message, {r.rank: r.detail() for r in ranks},
+                        failed)
+
+
+# ---------------------------------------------------------------------------------------
+# Under torchrun
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise RuntimeError(f"join_from_env needs the {name} environment variable (torchrun "
+                           "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)")
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"environment variable {name} must be an int; got {value!r}") \
+            from None
+
+
+def join_from_env(target, args, *, device: str = "auto",
+                  out_dir: pathlib.Path | str | None = None,
+                  collective_timeout_s: float = 60.0):
+    """Run this process as one rank of a cluster started by torchrun; returns this rank's
+    `target(ctx, args)`. Failures propagate as exceptions and torchrun stops the others."""
+    rank, world_size, local_rank = (_env_int(n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise RuntimeError(f"join_from_env needs the {name} environment variable")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    device_kind = select_device(device, local_ranks=local_world)
+    if out_dir is not None:
+        out_dir = pathlib.Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    _limit_threads()
+    torch_device, dp_group, device_group = _make_groups(
+        device_kind, local_rank, timedelta(seconds=collective_timeout_s),
+        init_method="env://", rank=rank, world_size=world_size)
+    ctx = RankContext(rank, world_size, local_rank, dp_group, device_group, torch_device,
+                      out_dir)
+    try:
+        result = target(ctx, args)
+        dist.barrier(group=dp_group)  # no rank closes its connections while peers still use them
+    finally:
+        dist.destroy_process_group()
+    return result
