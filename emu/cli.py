@@ -1,8 +1,914 @@
-"""`dyntra-emu` command line (placeholder until the CLI issue lands)."""
+"""`dyntra-emu`: run the emulated DP cluster on a workload and report what DyntraLB did.
 
+Commands:
+
+- ``run``: one cluster run; progress on stderr, the summary table on stdout, and the
+  run's files (event logs, metrics.json, summary.md, PNG plots) in an output directory;
+- ``ab``: the same workload and seed twice, DyntraLB off and on (or two configs), with
+  every metric side by side and overlay plots;
+- ``validate``: check a config and a trace for a DP size, list every problem;
+- ``replay`` / ``explain``: offline tools over diagnostics logs (emu/replay.py,
+  emu/explain.py), registered here when those modules are present.
+
+Every user error (bad flag, bad file, contradictory settings) is one message naming the
+flag or file:line and what was expected, exit code 2, and nothing is started. Modules
+that import torch are imported only when a command needs them, so ``--help`` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import json
+import math
+import os
 import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from dyntra_lb.blocks import num_blocks
+from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
+from emu.device import DEVICE_CHOICES, DeviceError, select_device
+from emu.scheduler import SCHEDULING_POLICIES
+from emu.workload import ROUTERS, load_trace, validate_trace
+
+PROG = "dyntra-emu"
+
+# What `dyntra-emu run` with no --additional-config runs: DyntraLB static mode from step 0.
+DEFAULT_ADDITIONAL_CONFIG = {
+    "scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static", "start_step": 0}}
+}
+DEFAULT_DP = 4
+DEFAULT_WORKLOAD = "default"
+# Defaults of emu.cluster.RunSpec, shown in --help (RunSpec itself applies them; a test
+# checks that the two agree).
+SPEC_DEFAULTS = {
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 8192,
+    "block_size": 128,
+    "num_gpu_blocks": 4096,
+    "router": "round_robin",
+    "scheduling_policy": "fcfs",
+    "seed": 0,
+    "device": "auto",
+    "collective_timeout_s": 60.0,
+}
+
+# Located next to the package, so it works from a source checkout / editable install.
+WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "workloads"
+
+# Files a run leaves in its directory; --overwrite removes exactly these.
+_RUN_FILES = ("rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
+              "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
+              "load_ab.png", "bubble_ab.png", "tpot_ab.png")
+_AB_RUN_DIRS = ("a", "b")
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class UsageError(Exception):
+    """Bad user input found before anything started; each entry of `problems` is one
+    complete message (flag or file:line, what was expected)."""
+
+    def __init__(self, *problems: str):
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+# ----------------------------------------------------------------------- flag types
+
+
+def _int_type(minimum: int, maximum: int | None = None):
+    expected = (f"an integer >= {minimum}" if maximum is None
+                else f"an integer in {minimum}..{maximum}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+# ----------------------------------------------------------------------- inputs
+
+
+def bundled_workloads() -> list[str]:
+    """Names of the traces under fixtures/workloads/ (empty when not installed)."""
+    if not WORKLOADS_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.jsonl"))
+
+
+def resolve_workload(value: str) -> Path:
+    """--workload FILE|NAME -> the trace file. An existing path wins; a bare name (no
+    directory part, no .jsonl suffix) is a bundled workload."""
+    path = Path(value)
+    if path.exists():
+        return path
+    is_name = value and "/" not in value and os.sep not in value and path.suffix != ".jsonl"
+    if is_name:
+        bundled = WORKLOADS_DIR / f"{value}.jsonl"
+        if bundled.is_file():
+            return bundled
+        names = bundled_workloads()
+        if not names:
+            raise UsageError(f"--workload {value!r}: no such file, and the bundled workloads "
+                             f"are not installed (looked in {WORKLOADS_DIR}); pass a trace "
+                             "file")
+        raise UsageError(f"--workload {value!r}: no such file and not a bundled workload; "
+                         f"bundled workloads are: {', '.join(names)}")
+    raise UsageError(f"--workload {value}: no such file")
+
+
+def read_config_arg(value: str, flag: str = "--additional-config") -> tuple[str, str]:
+    """The JSON text of a config flag and the name to use in messages: the value itself,
+    or with ``@path`` the file's contents."""
+    if not value.startswith("@"):
+        return value, flag
+    path = value[1:]
+    if not path:
+        raise UsageError(f"{flag} @: expected a file name after '@'")
+    try:
+        return Path(path).read_text(encoding="utf-8"), f"{flag} {value}"
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"{flag} {value}: cannot read {path}: {reason}") from None
+
+
+def _describe_config(cfg) -> str:
+    lb = cfg.dyntra_lb
+    if not lb.enabled:
+        return "DyntraLB off (plain DP)"
+    text = f"DyntraLB {lb.mode} mode from step {lb.start_step}"
+    if lb.end_step != -1:
+        text += f" to {lb.end_step}"
+    if lb.bubble_threshold != DyntraLBConfig.bubble_threshold:
+        text += f", bubble_threshold {lb.bubble_threshold:g}"
+    if lb.mode == "dynamic":
+        text += f", long requests > {lb.long_req_block_threshold} blocks"
+    return text
+
+
+@dataclass
+class Prepared:
+    """Inputs of one or more cluster runs, checked."""
+
+    trace: list
+    workload_label: str
+    configs: list  # AdditionalConfig per run
+
+
+def _line_numbers(path: Path) -> list[int]:
+    """Physical line numbers of the non-blank lines of a valid trace (one per request)."""
+    lines = path.read_bytes().split(b"\n")
+    return [i for i, line in enumerate(lines, start=1) if line.strip()]
+
+
+def check_config(text: str, source: str, dp: int) -> tuple[object | None, list[str]]:
+    """Parse an --additional-config value and run the deployment checks of a decode
+    (kv_consumer) node with `dp` ranks. Returns (AdditionalConfig or None, problems)."""
+    try:
+        cfg = load_additional_config(text)
+    except ValueError as exc:
+        return None, [f"{source}: {exc}"]
+    try:
+        variant = check_deployment(cfg, kv_role="kv_consumer", data_parallel_size=dp)
+    except ValueError as exc:
+        if cfg.dyntra_lb.enabled and dp <= 1:
+            return cfg, [f"--dp {dp}: {exc} DyntraLB is enabled by {source}; use --dp 2 or "
+                         "more, or run plain DP (--no-dyntra-lb)"]
+        return cfg, [f"{source}: {exc}"]
+    if variant != "plain":
+        return cfg, [f"{source}: scheduler_config.recompute_scheduler_enable selects vLLM's "
+                     f"{variant!r} scheduler; the emulator runs the plain synchronous "
+                     "scheduler only"]
+    return cfg, []
+
+
+def check_workload(value: str, dp: int, block_size: int,
+                   num_gpu_blocks: int) -> tuple[list | None, Path | None, list[str]]:
+    """Resolve and load --workload, checking every line, pinned ranks against `dp` and
+    that every request fits a rank's KV pool. Returns (trace, path, problems)."""
+    try:
+        path = resolve_workload(value)
+    except UsageError as exc:
+        return None, None, exc.problems
+    problems = validate_trace(path, dp_size=dp)
+    if problems:
+        return None, path, problems
+    trace = load_trace(path, dp_size=dp)
+    lines = _line_numbers(path)
+    for request, line in zip(trace, lines, strict=True):
+        needed = num_blocks(request.prompt_tokens + request.output_tokens, block_size)
+        if needed > num_gpu_blocks:
+            problems.append(
+                f"{path}:{line}: request {request.request_id!r} needs {needed} KV blocks "
+                f"({request.prompt_tokens} prompt + {request.output_tokens} output tokens, "
+                f"--block-size {block_size}) but a rank has --num-gpu-blocks "
+                f"{num_gpu_blocks}; it could never run")
+    return trace, path, problems
+
+
+def check_device(device: str, dp: int) -> list[str]:
+    """Whether `dp` ranks can run on `device` here (NPU: torch_npu and enough NPUs)."""
+    try:
+        select_device(device, local_ranks=dp)
+    except DeviceError as exc:
+        return [f"--device {device}: {exc}"]
+    return []
+
+
+def _local_ranks(args) -> int:
+    """Ranks on this machine: all of them, or torchrun's LOCAL_WORLD_SIZE."""
+    if getattr(args, "torchrun", None) is None:
+        return args.dp
+    return int(os.environ.get("LOCAL_WORLD_SIZE", args.dp))
+
+
+def _spec_kwargs(args) -> dict:
+    """RunSpec fields given on the command line (RunSpec applies its defaults to the rest)."""
+    names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+             "router", "scheduling_policy", "seed", "device")
+    kwargs = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    if getattr(args, "collective_timeout", None) is not None:
+        kwargs["collective_timeout_s"] = args.collective_timeout
+    if getattr(args, "run_timeout", None) is not None:
+        kwargs["run_timeout_s"] = args.run_timeout
+    return kwargs
+
+
+def _effective(args, name: str):
+    value = getattr(args, name, None)
+    return SPEC_DEFAULTS[name] if value is None else value
+
+
+def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
+    """Check the workload and every (config text, source name) for args.dp; raise
+    UsageError listing every problem found."""
+    problems: list[str] = []
+    configs = []
+    for text, source in config_sources:
+        cfg, config_problems = check_config(text, source, args.dp)
+        configs.append(cfg)
+        problems += config_problems
+    trace, path, trace_problems = check_workload(
+        args.workload, args.dp, _effective(args, "block_size"),
+        _effective(args, "num_gpu_blocks"))
+    problems += trace_problems
+    problems += check_device(_effective(args, "device"), _local_ranks(args))
+    if problems:
+        raise UsageError(*dict.fromkeys(problems))
+    label = args.workload if path.parent == WORKLOADS_DIR else str(path)
+    return Prepared(trace, label, configs)
+
+
+def build_spec(args, prepared: Prepared, config, out_dir: Path):
+    """The RunSpec of one run, passed through emu.cluster.validate (the last gate)."""
+    from emu.cluster import RunSpec, validate
+
+    spec = RunSpec(trace=prepared.trace, dp_size=args.dp, out_dir=out_dir,
+                   additional_config=config.raw, **_spec_kwargs(args))
+    try:
+        validate(spec)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return spec
+
+
+def _config_sources(args) -> list[tuple[str, str]]:
+    """The one config of `run` / `validate` as (JSON text, name for messages)."""
+    if args.no_dyntra_lb:
+        return [("{}", "--no-dyntra-lb")]
+    if args.additional_config is None:
+        return [(json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config")]
+    return [read_config_arg(args.additional_config)]
+
+
+# ----------------------------------------------------------------------- output dir
+
+
+def _default_out_dir(command: str) -> Path:
+    """runs/<timestamp>-<command> under the current directory, never an existing one."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{stamp}-{command}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _existing_run_files(directory: Path) -> list[Path]:
+    return sorted(p for pattern in _RUN_FILES for p in directory.glob(pattern))
+
+
+def prepare_out_dir(value: str | None, overwrite: bool, command: str,
+                    subdirs: tuple[str, ...] = ()) -> Path:
+    """Create the output directory. An existing directory that holds a previous run's
+    files is refused unless --overwrite, which deletes exactly those files (so stale
+    rank logs of a larger DP size can never mix into this run)."""
+    out = _default_out_dir(command) if value is None else Path(value)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    dirs = [out, *(out / s for s in subdirs)]
+    stale = [p for d in dirs if d.is_dir() for p in _existing_run_files(d)]
+    if stale and not overwrite:
+        shown = ", ".join(str(p.relative_to(out)) for p in stale[:3])
+        more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+        raise UsageError(f"--out {out}: already holds a run ({shown}{more}); choose a new "
+                         "directory or pass --overwrite to replace it")
+    try:
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the directory: "
+                         f"{exc.strerror or exc}") from None
+    for p in stale:
+        p.unlink()
+    return out
+
+
+# ----------------------------------------------------------------------- progress
+
+
+class Progress:
+    """A progress bar on stderr while a cluster runs, fed by polling the ranks' event
+    logs for finished-request records (the engine writes them with ordinary buffered
+    writes, so the count advances in chunks of a few kB of log).
+
+    The cluster runs in the calling thread (Ctrl-C then stops its ranks); the poller is
+    a daemon thread. Without a terminal (or with --quiet) there is no bar."""
+
+    _REQUEST = b'"kind":"request"'
+    _STEP = b'"kind":"step"'
+    INTERVAL_S = 0.25
+
+    def __init__(self, out_dir: Path, dp: int, total: int, desc: str, enabled: bool):
+        self.paths = [out_dir / f"rank{r}.events.jsonl" for r in range(dp)]
+        self.offsets = [0] * dp
+        self.done = 0
+        self.clock_s = 0.0
+        self.total = total
+        self.desc = desc
+        self.enabled = enabled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, desc=self.desc, unit="req", file=sys.stderr,
+                             dynamic_ncols=True, leave=True)
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name="dyntra-emu-progress")
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            if exc_type is None:
+                self.poll()
+            self._bar.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        """Read what the ranks appended since the last poll (complete lines only)."""
+        for rank, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[rank])
+                    chunk = f.read()
+            except OSError:  # the rank has not opened its log yet
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            chunk = chunk[:end + 1]
+            self.offsets[rank] += len(chunk)
+            self.done += chunk.count(self._REQUEST)
+            if rank == 0:
+                self._read_clock(chunk)
+        if self._bar is not None:
+            self._bar.n = min(self.done, self.total)
+            self._bar.set_postfix_str(f"virtual time {self.clock_s:.1f} s", refresh=False)
+            self._bar.refresh()
+
+    def _read_clock(self, chunk: bytes) -> None:
+        start = chunk.rfind(self._STEP)
+        if start < 0:
+            return
+        line_start = chunk.rfind(b"\n", 0, start) + 1
+        line_end = chunk.find(b"\n", start)
+        try:
+            record = json.loads(chunk[line_start:line_end])
+            self.clock_s = record["clock_s"] + record["step_time_s"]
+        except (ValueError, KeyError, TypeError):
+            pass
+
+
+def _note(args, text: str) -> None:
+    """A status line on stderr (suppressed by --quiet)."""
+    if not args.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------- running
+
+
+class ClusterFailed(Exception):
+    """A cluster run failed after it started; the message is ready to print."""
+
+
+def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
+    """Run one cluster into out_dir with a progress bar and write its metrics.json;
+    returns the metrics (None on the ranks other than 0 under torchrun)."""
+    from emu.launcher import ClusterError
+    from emu.metrics import compute_metrics, load_run, write_metrics
+
+    spec = build_spec(args, prepared, config, out_dir)
+    rank = 0 if args.torchrun is None else args.torchrun[0]
+    if rank == 0:
+        _note(args, f"{desc}: {args.dp} ranks, workload {prepared.workload_label} "
+                    f"({len(prepared.trace)} requests), {_describe_config(config)}, "
+                    f"seed {spec.seed}; writing {out_dir}")
+    bar = rank == 0 and not args.quiet and sys.stderr.isatty()
+    start = time.monotonic()
+    try:
+        with Progress(out_dir, args.dp, len(prepared.trace), desc, bar):
+            summaries = _launch(spec, torchrun=args.torchrun is not None)
+    except DeviceError as exc:
+        raise UsageError(f"--device {spec.device}: {exc}") from None
+    except ClusterError as exc:
+        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
+    if rank != 0:
+        return None
+    _note(args, f"{desc}: finished in {time.monotonic() - start:.1f} s wall-clock")
+    if any(s.truncated for s in summaries):
+        print(f"{PROG}: warning: the run hit max_steps and was cut short; metrics cover "
+              "the steps run", file=sys.stderr)
+    metrics = compute_metrics(load_run(out_dir), config=_recorded_config(spec, prepared),
+                              seed=spec.seed)
+    write_metrics(metrics, out_dir / "metrics.json")
+    return metrics
+
+
+def _launch(spec, *, torchrun: bool) -> list:
+    """Run the cluster; returns the rank summaries available here (all ranks when this
+    process spawns them, its own under torchrun)."""
+    if not torchrun:
+        from emu.cluster import run_cluster
+
+        return run_cluster(spec).ranks
+    # Under torchrun this process is one rank. emu.cluster has no public per-rank entry
+    # point yet, so its rank body is used directly.
+    from emu.cluster import _rank_main, validate
+    from emu.launcher import join_from_env
+
+    config = validate(spec)
+    try:
+        summary = join_from_env(_rank_main, (spec, config), device=spec.device,
+                                out_dir=spec.out_dir,
+                                collective_timeout_s=spec.collective_timeout_s)
+    except Exception as exc:  # torchrun stops the other ranks and reports the failure
+        rank = os.environ.get("RANK")
+        raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
+    return [summary]
+
+
+def torchrun_env() -> tuple[int, int] | None:
+    """(rank, world size) when this process was started by torchrun (or a launcher that
+    sets the same variables), else None."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    if not all(n in os.environ for n in names):
+        return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise UsageError("RANK and WORLD_SIZE must be integers (set by torchrun)") from None
+
+
+def _resolve_dp(args) -> None:
+    """--dp defaults to 4, or to WORLD_SIZE under torchrun (where it must equal it)."""
+    args.torchrun = torchrun_env() if args.command in ("run", "ab") else None
+    if args.torchrun is None:
+        if args.dp is None:
+            args.dp = DEFAULT_DP
+        return
+    if args.command == "ab":
+        raise UsageError("ab runs two clusters one after the other and cannot run under "
+                         "torchrun; start it directly (it spawns its own ranks)")
+    world = args.torchrun[1]
+    if args.dp is not None and args.dp != world:
+        raise UsageError(f"--dp {args.dp}: under torchrun the DP size is WORLD_SIZE={world}")
+    args.dp = world
+    if args.out is None:
+        raise UsageError("--out: required under torchrun, so that every rank writes into "
+                         "the same directory (on several nodes: a shared directory)")
+
+
+def _recorded_config(spec, prepared: Prepared) -> dict:
+    """The `config` of metrics.json: what produced the run."""
+    return {
+        "additional_config": spec.additional_config,
+        "workload": prepared.workload_label,
+        "dp_size": spec.dp_size,
+        "max_num_seqs": spec.max_num_seqs,
+        "max_num_batched_tokens": spec.max_num_batched_tokens,
+        "block_size": spec.block_size,
+        "num_gpu_blocks": spec.num_gpu_blocks,
+        "router": spec.router,
+        "scheduling_policy": spec.scheduling_policy,
+        "device": spec.device,
+    }
+
+
+def _cluster_error_text(exc, out_dir: Path) -> str:
+    if exc.rank is None:
+        head = f"the cluster failed: {exc.message}"
+        body = ""
+    else:
+        head = f"the cluster failed: rank {exc.rank} failed: {exc.message}"
+        body = f"\n--- rank {exc.rank} ---\n{exc.details.get(exc.rank, '').rstrip()}"
+    return (f"{head}{body}\nEvery rank was stopped. Every rank's report: "
+            f"{out_dir / 'error.txt'}; rank logs: {out_dir}")
+
+
+def cmd_run(args) -> int:
+    from emu.metrics import load_run
+    from emu.report import summary_table, write_plots, write_summary_md
+
+    prepared = prepare(args, _config_sources(args))
+    if args.torchrun is not None and args.torchrun[0] != 0:
+        # Rank 0 prepares the directory; every rank writes after the rendezvous.
+        out_dir = Path(args.out)
+    else:
+        out_dir = prepare_out_dir(args.out, args.overwrite, "run")
+    metrics = run_one(args, prepared, prepared.configs[0], out_dir, "run")
+    if metrics is None:
+        return 0
+    plots = write_plots(load_run(out_dir), out_dir)
+    write_summary_md(out_dir / "summary.md", metrics,
+                     title=f"dyntra-emu run: {prepared.workload_label}, dp={args.dp}",
+                     plots=plots)
+    print(summary_table(metrics))
+    print(f"\nOutputs in {out_dir}/: summary.md, metrics.json, "
+          f"{', '.join(p.name for p in plots)}, rank<r>.events.jsonl")
+    return 0
+
+
+def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """The two configs of `ab` as (JSON text, name) and their labels."""
+    if args.config_a is not None or args.config_b is not None:
+        if args.config_a is None or args.config_b is None:
+            missing = "--config-b" if args.config_a is not None else "--config-a"
+            raise UsageError(f"{missing}: required when the other of --config-a/--config-b "
+                             "is given (ab compares two configs)")
+        return ([read_config_arg(args.config_a, "--config-a"),
+                 read_config_arg(args.config_b, "--config-b")], ("A", "B"))
+    if args.additional_config is None:
+        on_text, source = json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"
+    else:
+        on_text, source = read_config_arg(args.additional_config)
+    try:
+        on = json.loads(on_text)
+    except ValueError:
+        on = None  # check_config names the JSON error
+    if not isinstance(on, dict):
+        return [(on_text, source), (on_text, source)], ("DyntraLB off", "DyntraLB on")
+    off = copy.deepcopy(on)
+    scheduler = off.get("scheduler_config")
+    lb = scheduler.get("dyntra_lb_config") if isinstance(scheduler, dict) else None
+    if not isinstance(lb, dict) or lb.get("enabled") is not True:
+        raise UsageError(f"{source}: does not enable DyntraLB "
+                         "(scheduler_config.dyntra_lb_config.enabled is not true), so both "
+                         "runs of ab would be the same; enable it, or compare two configs "
+                         "with --config-a and --config-b")
+    lb["enabled"] = False
+    return ([(json.dumps(off), f"{source} with DyntraLB disabled"), (on_text, source)],
+            ("DyntraLB off", "DyntraLB on"))
+
+
+def cmd_ab(args) -> int:
+    from emu.metrics import load_run
+    from emu.report import ab_table, write_ab_plots, write_ab_summary_md
+
+    sources, labels = _ab_sources(args)
+    prepared = prepare(args, sources)
+    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", _AB_RUN_DIRS)
+    metrics = []
+    for name, label, config in zip(_AB_RUN_DIRS, labels, prepared.configs, strict=True):
+        metrics.append(run_one(args, prepared, config, out_dir / name,
+                               f"{name.upper()} ({label})"))
+    runs = [load_run(out_dir / name) for name in _AB_RUN_DIRS]
+    plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
+    write_ab_summary_md(out_dir / "summary.md", metrics[0], metrics[1], labels,
+                        title=f"dyntra-emu ab: {prepared.workload_label}, dp={args.dp}",
+                        plots=plots)
+    print(ab_table(metrics[0], metrics[1], labels))
+    print()
+    print(_ab_headline(metrics[0], metrics[1], labels))
+    print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
+          f"a/ and b/ (metrics.json and event logs of each run)")
+    return 0
+
+
+def _ab_headline(a: dict, b: dict, labels) -> str:
+    """The few numbers a reader looks at first, A -> B."""
+    rows = [
+        ("DP bubble ratio", a["bubble_ratio"], b["bubble_ratio"], 100, " %"),
+        ("balance ratio", a["balance_ratio"], b["balance_ratio"], 1, ""),
+        ("throughput (tok/s)", a["throughput_tok_s"], b["throughput_tok_s"], 1, ""),
+        ("TPOT p50 (ms)", a["tpot_ms"]["p50"], b["tpot_ms"]["p50"], 1, ""),
+        ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
+        ("virtual time (s)", a["virtual_time_s"], b["virtual_time_s"], 1, ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"Key metrics, {labels[0]} -> {labels[1]}:"]
+    for name, va, vb, scale, unit in rows:
+        if va is None or vb is None:
+            lines.append(f"  {name:<{width}}  -")
+            continue
+        rel = f" ({(vb - va) / abs(va) * 100:+.1f} %)" if va else ""
+        lines.append(f"  {name:<{width}}  {va * scale:.3f}{unit} -> {vb * scale:.3f}{unit}"
+                     f"{rel}")
+    return "\n".join(lines)
+
+
+def cmd_validate(args) -> int:
+    problems: list[str] = []
+    sources = []
+    try:
+        sources = _config_sources(args)
+    except UsageError as exc:  # unreadable @file: still check the workload
+        problems += exc.problems
+    try:
+        prepared = prepare(args, sources)
+        if not problems:
+            build_spec(args, prepared, prepared.configs[0], Path("."))
+    except UsageError as exc:
+        problems += exc.problems
+    if problems:
+        for problem in problems:
+            print(f"problem: {problem}")
+        print(f"{len(problems)} problem(s) found")
+        return EXIT_FAILED
+    print(f"OK: {sources[0][1]} ({_describe_config(prepared.configs[0])}) and workload "
+          f"{prepared.workload_label} ({len(prepared.trace)} requests) are valid for "
+          f"dp={args.dp}")
+    return 0
+
+
+# ----------------------------------------------------------------------- parser
+
+
+_TOP_EPILOG = """\
+examples:
+  dyntra-emu run                                 # bundled default workload, dp=4, DyntraLB static
+  dyntra-emu run --workload longtail --out runs/lt
+  dyntra-emu ab --workload longtail              # DyntraLB off vs on, side by side
+  dyntra-emu validate --additional-config @decode.json --dp 8
+  dyntra-emu <command> --help                    # options of one command
+
+Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
+Metrics are documented in docs/metrics.md.
+"""
+
+_RUN_EPILOG = """\
+examples:
+  dyntra-emu run
+      bundled default workload, 4 ranks, DyntraLB static mode from step 0
+  dyntra-emu run --workload longtail --dp 2 --out runs/longtail
+  dyntra-emu run --workload my_trace.jsonl --additional-config @decode_node.json
+  dyntra-emu run --additional-config \\
+      '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "dynamic"}}}'
+  dyntra-emu run --no-dyntra-lb                  # plain DP, same as --additional-config '{}'
+
+The output directory gets rank<r>.events.jsonl (event logs), rank<r>.wall.jsonl
+(wall-clock times), rank<r>.log (DyntraLB log), metrics.json (docs/metrics.md),
+summary.md and the plots load.png, bubble.png, tpot.png.
+Without --out it is runs/<date>-<time>-run under the current directory.
+"""
+
+_AB_EPILOG = """\
+examples:
+  dyntra-emu ab --workload longtail
+      DyntraLB off (A) vs the default config, static mode from step 0 (B)
+  dyntra-emu ab --additional-config @decode_node.json
+      the config with DyntraLB disabled (A) vs as given (B)
+  dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
+
+The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
+a/ and b/ with each run's event logs and metrics.json.
+"""
+
+_VALIDATE_EPILOG = """\
+examples:
+  dyntra-emu validate                            # the defaults `dyntra-emu run` would use
+  dyntra-emu validate --additional-config @decode_node.json --dp 8
+  dyntra-emu validate --workload my_trace.jsonl --dp 2 --block-size 16
+
+Exit code 0 and an "OK" line when everything is valid; 1 and one "problem:" line per
+problem otherwise; 2 for a bad flag.
+"""
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 88)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=34)
+
+
+def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) -> None:
+    d = SPEC_DEFAULTS
+    parser.add_argument(
+        "--workload", metavar="FILE|NAME", default=DEFAULT_WORKLOAD,
+        help="trace file (JSON Lines, see fixtures/README.md) or the name of a bundled "
+             f"workload: {', '.join(bundled_workloads()) or 'none installed'} "
+             f"(default: {DEFAULT_WORKLOAD})")
+    parser.add_argument("--dp", type=_int_type(1), metavar="N",
+                        help=f"number of DP ranks, one process each (default: {DEFAULT_DP}; "
+                             "under torchrun: WORLD_SIZE)")
+    if single_config:
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(
+            "--additional-config", metavar="JSON|@FILE",
+            help="vllm-ascend's --additional-config for the decode node, as JSON or @file "
+                 "(default: DyntraLB static mode from step 0)")
+        group.add_argument("--no-dyntra-lb", action="store_true",
+                           help="plain DP without DyntraLB (same as --additional-config '{}')")
+    parser.add_argument("--max-num-seqs", type=_int_type(1), metavar="N",
+                        help=f"vLLM max_num_seqs per rank (default: {d['max_num_seqs']})")
+    parser.add_argument("--block-size", type=_int_type(1), metavar="N",
+                        help=f"tokens per KV block (default: {d['block_size']})")
+    parser.add_argument("--num-gpu-blocks", type=_int_type(1), metavar="N",
+                        help=f"KV blocks per rank (default: {d['num_gpu_blocks']})")
+    parser.add_argument("--max-num-batched-tokens", type=_int_type(1), metavar="N",
+                        help="token budget per step per rank "
+                             f"(default: {d['max_num_batched_tokens']})")
+    parser.add_argument("--router", choices=ROUTERS,
+                        help="how unpinned requests are assigned to ranks: round_robin, or "
+                             "least_loaded (vLLM's front end: lowest waiting*4 + running) "
+                             f"(default: {d['router']})")
+    parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
+                        help=f"vLLM scheduling policy (default: {d['scheduling_policy']})")
+    parser.add_argument("--device", choices=DEVICE_CHOICES,
+                        help="where the ranks' lockstep collective runs: cpu (gloo), npu "
+                             "(HCCL, needs torch_npu), auto = npu when usable "
+                             f"(default: {d['device']})")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=_int_type(0, 2**32 - 1), metavar="N",
+                        help=f"seed of every rank's RNGs (default: {SPEC_DEFAULTS['seed']})")
+    parser.add_argument("--out", metavar="DIR",
+                        help="output directory (default: runs/<date>-<time>-<command>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous run's files in --out DIR")
+    parser.add_argument("--collective-timeout", type=_seconds, metavar="S",
+                        help="a collective that waits longer than S seconds fails the run "
+                             f"(default: {SPEC_DEFAULTS['collective_timeout_s']:g})")
+    parser.add_argument("--run-timeout", type=_seconds, metavar="S",
+                        help="stop the run after S seconds of wall-clock time (default: none)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar or status lines on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=_Formatter, allow_abbrev=False, epilog=_TOP_EPILOG,
+        description=_wrap("Emulated vLLM data-parallel decode cluster with the DyntraLB load "
+                          "balancer: run a workload on N rank processes and measure what "
+                          "DyntraLB does to the DP bubble, balance and latency."))
+    sub = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+
+    run = sub.add_parser(
+        "run", help="run the cluster on a workload; print a summary, write metrics and plots",
+        description=_wrap("Run the emulated DP cluster on a workload: progress while it runs, a "
+                          "summary table at the end, and the run's files in an output directory."),
+        formatter_class=_Formatter, allow_abbrev=False, epilog=_RUN_EPILOG)
+    _add_input_options(run, single_config=True)
+    _add_run_options(run)
+    run.set_defaults(func=cmd_run, parser=run)
+
+    ab = sub.add_parser(
+        "ab", help="run a workload with DyntraLB off and on (or two configs), compare",
+        description=_wrap("A/B comparison: the same workload and seed, run once per config, one "
+                          "after the other; every metric side by side with its absolute and "
+                          "relative change, and plots overlaying both runs."),
+        formatter_class=_Formatter, allow_abbrev=False, epilog=_AB_EPILOG)
+    _add_input_options(ab, single_config=False)
+    ab.add_argument("--additional-config", metavar="JSON|@FILE",
+                    help="config of run B; run A is the same config with DyntraLB disabled "
+                         "(default: DyntraLB static mode from step 0)")
+    ab.add_argument("--config-a", metavar="JSON|@FILE",
+                    help="config of run A (with --config-b; instead of --additional-config)")
+    ab.add_argument("--config-b", metavar="JSON|@FILE", help="config of run B")
+    _add_run_options(ab)
+    ab.set_defaults(func=cmd_ab, parser=ab)
+
+    validate = sub.add_parser(
+        "validate", help="check a config and a trace for a DP size; list every problem",
+        description=_wrap("Check what `dyntra-emu run` with the same flags would run, without "
+                          "starting anything: the additional config (including vllm-ascend's "
+                          "deployment checks for a decode node), every line of the trace, and "
+                          "how both fit the DP size and KV settings."),
+        formatter_class=_Formatter, allow_abbrev=False, epilog=_VALIDATE_EPILOG)
+    _add_input_options(validate, single_config=True)
+    validate.set_defaults(func=cmd_validate, parser=validate)
+
+    for module in ("emu.replay", "emu.explain"):
+        try:
+            mod = __import__(module, fromlist=["add_parser"])
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        offline = mod.add_parser(sub)
+        offline.set_defaults(parser=offline)
+    return parser
+
+
+def _check_combinations(args) -> None:
+    if args.command == "ab":
+        if args.additional_config is not None and (args.config_a or args.config_b):
+            raise UsageError("--additional-config: not allowed with --config-a/--config-b "
+                             "(give either one config for B, or both A and B)")
 
 
 def main(argv=None) -> int:
-    print("dyntra-emu: the emulator CLI is not built yet", file=sys.stderr)
-    return 2
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(getattr(args, "parser", parser), extras)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    prog = f"{PROG} {args.command}"
+    try:
+        if args.command in ("run", "ab", "validate"):
+            _resolve_dp(args)
+            _check_combinations(args)
+        return args.func(args)
+    except UsageError as exc:
+        _print_problems(prog, exc.problems)
+        return EXIT_USAGE
+    except ClusterFailed as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted; every rank was stopped", file=sys.stderr)
+        return 130
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> None:
+    """argparse's error for unknown arguments, from the subcommand's parser (its usage),
+    with the closest known flag suggested."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    flags = [f for action in parser._actions for f in action.option_strings]
+    unknown = next((e.split("=")[0] for e in extras if e.startswith("--")), None)
+    close = difflib.get_close_matches(unknown, flags, n=1) if unknown else []
+    if close:
+        message += f" (did you mean {close[0]}?)"
+    parser.error(message)
+
+
+def _print_problems(prog: str, problems: list[str]) -> None:
+    if len(problems) == 1:
+        print(f"{prog}: error: {problems[0]}", file=sys.stderr)
+        return
+    print(f"{prog}: error: {len(problems)} problems, nothing was started:", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+

@@ -1,0 +1,146 @@
+"""pytest plugin (entry point ``pytest11: dyntra_lb``): emulated DP clusters in a few lines.
+
+Installed with the package, so any test suite in the same environment gets:
+
+- the ``dp(n)`` marker: the number of DP ranks of the test's clusters (default 2);
+- the ``dyntra_cluster`` fixture: a function that runs one real cluster (``n`` rank
+  processes joined by gloo groups, via ``emu.cluster.run_cluster``) in the test's
+  ``tmp_path`` and returns a ``ClusterRun``:
+
+      @pytest.mark.dp(2)
+      def test_balances(dyntra_cluster):
+          run = dyntra_cluster(workload="uniform", max_num_seqs=8, additional_config={
+              "scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static",
+                                                        "start_step": 0}}})
+          assert run.metrics["requests_finished"] == 200
+
+Heavy modules (torch, matplotlib) are imported only when the fixture runs a cluster, so
+loading the plugin costs nothing in test sessions that do not use it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+DEFAULT_DP = 2
+
+
+@dataclass
+class ClusterRun:
+    """What one ``dyntra_cluster(...)`` call produced.
+
+    - ``result``: the ``emu.cluster.RunResult`` (per-rank summaries, file paths);
+    - ``metrics``: the metrics.json dictionary (docs/metrics.md) of the run;
+    - ``events``: the parsed event log of every rank, ``events[rank]`` in file order;
+    - ``out_dir``: where the run's files are (inside the test's ``tmp_path``).
+    """
+
+    result: Any
+    metrics: dict
+    events: list[list[dict]]
+    out_dir: pathlib.Path
+    spec: Any = field(repr=False, default=None)
+
+    def steps(self, rank: int) -> list[dict]:
+        """Step records of ``rank``."""
+        return [e for e in self.events[rank] if e["kind"] == "step"]
+
+    def requests(self, rank: int | None = None) -> list[dict]:
+        """Request records of ``rank`` (of every rank when None)."""
+        ranks = range(len(self.events)) if rank is None else [rank]
+        return [e for r in ranks for e in self.events[r] if e["kind"] == "request"]
+
+
+def _trace_from(trace, workload):
+    """The TraceRequest list for ``trace`` (TraceRequests, dicts in the trace-file schema,
+    or a path) or ``workload`` (a file or a bundled workload name)."""
+    from emu.workload import TraceRequest, load_trace
+
+    if (trace is None) == (workload is None):
+        raise ValueError("dyntra_cluster: pass exactly one of trace=... or workload=...")
+    if workload is not None:
+        from emu.cli import UsageError, resolve_workload
+
+        try:
+            return load_trace(resolve_workload(str(workload)))
+        except UsageError as exc:
+            raise ValueError(f"dyntra_cluster: {exc}") from None
+    if isinstance(trace, (str, pathlib.Path)):
+        return load_trace(trace)
+    return [r if isinstance(r, TraceRequest) else TraceRequest(**r) for r in trace]
+
+
+class ClusterFactory:
+    """The ``dyntra_cluster`` fixture's value: call it to run a cluster."""
+
+    def __init__(self, dp_size: int, tmp_path: pathlib.Path):
+        self.dp_size = dp_size
+        self._tmp_path = tmp_path
+        self._runs = 0
+
+    def __call__(self, trace=None, *, workload=None, additional_config=None,
+                 dp_size: int | None = None, seed: int = 0, **spec_fields) -> ClusterRun:
+        """Run one cluster to completion and return its ``ClusterRun``.
+
+        ``trace``: TraceRequests, dicts with the trace-file fields (``request_id``,
+        ``arrival_s``, ``prompt_tokens``, ``output_tokens``, optional ``rank``,
+        ``priority``) or a trace file; or ``workload``: a file or bundled name
+        ("default", "uniform", "longtail", "bimodal"). ``additional_config``:
+        vllm-ascend's additional config (None: DyntraLB off). ``dp_size`` overrides the
+        ``dp`` marker. Other keyword arguments are ``emu.cluster.RunSpec`` fields
+        (``max_num_seqs``, ``block_size``, ``num_gpu_blocks``, ``device``, ...).
+        Raises ValueError for a bad spec and ``emu.launcher.ClusterError`` when a rank
+        fails."""
+        from emu.cluster import RunSpec, run_cluster
+        from emu.metrics import compute_metrics, load_run
+
+        self._runs += 1
+        out_dir = self._tmp_path / f"dyntra-cluster-{self._runs}"
+        spec = RunSpec(trace=_trace_from(trace, workload),
+                       dp_size=self.dp_size if dp_size is None else dp_size,
+                       out_dir=out_dir, additional_config=additional_config, seed=seed,
+                       **spec_fields)
+        result = run_cluster(spec)
+        metrics = compute_metrics(load_run(out_dir), config=_json_ready(additional_config),
+                                  seed=seed)
+        events = [result.events(rank) for rank in range(spec.dp_size)]
+        return ClusterRun(result=result, metrics=metrics, events=events, out_dir=out_dir,
+                          spec=spec)
+
+
+def _json_ready(config):
+    return json.loads(config) if isinstance(config, str) else config
+
+
+def _dp_from_marker(node) -> int:
+    marker = node.get_closest_marker("dp")
+    if marker is None:
+        return DEFAULT_DP
+    if len(marker.args) != 1 or marker.kwargs:
+        raise pytest.UsageError(f"{node.nodeid}: @pytest.mark.dp takes one argument, the "
+                                f"number of DP ranks, e.g. @pytest.mark.dp(2)")
+    n = marker.args[0]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise pytest.UsageError(f"{node.nodeid}: @pytest.mark.dp expects an integer >= 1, "
+                                f"got {n!r}")
+    return n
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "dp(n): number of DP ranks of the clusters the dyntra_cluster fixture starts "
+        f"(default {DEFAULT_DP})")
+
+
+@pytest.fixture
+def dyntra_cluster(request, tmp_path) -> ClusterFactory:
+    """Runs emulated DP clusters for this test: ``dyntra_cluster(trace=... or
+    workload=..., additional_config=..., **RunSpec fields) -> ClusterRun``. The number
+    of ranks comes from ``@pytest.mark.dp(n)`` (default 2); files go under tmp_path."""
+    return ClusterFactory(_dp_from_marker(request.node), tmp_path)

@@ -1,0 +1,67 @@
+"""`dyntra-emu ab`: two real cluster runs and their side-by-side report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_ab_off_against_default_config(cli, tiny_trace, tmp_path, clikit):
+    out = tmp_path / "ab"
+
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--seed", "3", "--out", out)
+
+    assert proc.returncode == 0, proc.stderr
+    assert "A (DyntraLB off): 2 ranks" in proc.stderr
+    assert "B (DyntraLB on): 2 ranks" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("metric") and lines[0].endswith("delta  delta %")
+    assert "DyntraLB off" in lines[0] and "DyntraLB on" in lines[0]
+    rows = {line.split()[0]: line.split() for line in lines[2:] if line.strip()}
+    # Every metric, with absolute and relative deltas.
+    for name in ("throughput_tok_s", "bubble_ratio", "balance_ratio", "tpot_ms.p99",
+                 "ttft_ms.p50", "itl_ms.p90", "e2e_ms.mean", "plan_churn.active_steps",
+                 "pauses.total", "per_rank.1.utilisation"):
+        assert name in rows, name
+    assert rows["requests_finished"][1:3] == ["10", "10"]
+    assert rows["requests_finished"][3] == "+0"
+    assert rows["plan_churn.active_steps"][1] == "0"
+    assert int(rows["plan_churn.active_steps"][2]) > 0
+    assert "Key metrics, DyntraLB off -> DyntraLB on:" in proc.stdout
+
+    metrics_a = json.loads((out / "a" / "metrics.json").read_text())
+    metrics_b = json.loads((out / "b" / "metrics.json").read_text())
+    assert metrics_a["seed"] == metrics_b["seed"] == 3
+    off = {"scheduler_config": {"dyntra_lb_config": {
+        **clikit.STATIC["scheduler_config"]["dyntra_lb_config"], "enabled": False}}}
+    assert metrics_a["config"]["additional_config"] == off
+    assert metrics_b["config"]["additional_config"] == clikit.STATIC
+    for run in ("a", "b"):
+        assert (out / run / "rank1.events.jsonl").exists()
+    for png in ("load_ab.png", "bubble_ab.png", "tpot_ab.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
+    summary = (out / "summary.md").read_text()
+    assert "A = `DyntraLB off`, B = `DyntraLB on`" in summary
+    assert "](bubble_ab.png)" in summary
+
+
+def test_ab_two_configs(cli, tiny_trace, tmp_path, clikit):
+    dynamic = {"scheduler_config": {"dyntra_lb_config": {
+        "enabled": True, "mode": "dynamic", "start_step": 0, "long_req_block_threshold": 5}}}
+    path = tmp_path / "dynamic.json"
+    path.write_text(json.dumps(dynamic))
+    out = tmp_path / "modes"
+
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--quiet", "--out", out,
+               "--config-a", json.dumps(clikit.STATIC), "--config-b", f"@{path}")
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.splitlines()[0].split()[:3] == ["metric", "A", "B"]
+    metrics_b = json.loads((out / "b" / "metrics.json").read_text())
+    assert metrics_b["config"]["additional_config"] == dynamic

@@ -1,0 +1,167 @@
+"""`dyntra-emu run` end to end: real CLI in a subprocess, real rank processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emu import cli as emu_cli
+
+pytestmark = pytest.mark.integration
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
+    out = tmp_path / "out"
+    out.mkdir()
+    # A stale rank log of an earlier dp=3 run: --overwrite must remove it, or the
+    # metrics would mix a third rank into this dp=2 run.
+    (out / "rank2.events.jsonl").write_text("stale\n")
+
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--seed", "7", "--out", out,
+               "--overwrite")
+
+    assert proc.returncode == 0, proc.stderr
+    # Not a terminal: no bar, but a start line and a finish line on stderr.
+    assert "run: 2 ranks, workload" in proc.stderr
+    assert "(10 requests), DyntraLB static mode from step 0, seed 7" in proc.stderr
+    assert "finished in" in proc.stderr
+    # The summary table on stdout.
+    for row in ("DP bubble ratio", "requests finished", "10 / 10", "TPOT",
+                "steps with a plan applied"):
+        assert row in proc.stdout, row
+    assert f"Outputs in {out}/" in proc.stdout
+
+    names = {p.name for p in out.iterdir()}
+    for rank in (0, 1):
+        assert {f"rank{rank}.events.jsonl", f"rank{rank}.wall.jsonl",
+                f"rank{rank}.log"} <= names
+    assert "rank2.events.jsonl" not in names
+    for png in ("load.png", "bubble.png", "tpot.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["seed"] == 7
+    assert metrics["dp_size"] == 2
+    assert metrics["requests_finished"] == 10
+    assert metrics["config"]["additional_config"] == clikit.STATIC
+    assert metrics["config"]["block_size"] == 16
+    assert metrics["config"]["max_num_seqs"] == 4
+    assert metrics["config"]["workload"] == str(tiny_trace)
+    assert metrics["plan_churn"]["active_steps"] > 0  # DyntraLB ran from step 0
+
+    summary = (out / "summary.md").read_text()
+    assert "## Latency (ms)" in summary
+    for png in ("load.png", "bubble.png", "tpot.png"):
+        assert f"]({png})" in summary
+
+
+def test_run_plain_dp_as_module_into_runs_dir(cli, tiny_trace, tmp_path, clikit):
+    """`python -m emu run --no-dyntra-lb --quiet` without --out: runs/<stamp>-run in the
+    working directory, nothing on stderr, no DyntraLB activity."""
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--no-dyntra-lb", "--quiet",
+               module=True)
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    (out,) = (tmp_path / "runs").iterdir()
+    assert out.name.endswith("-run")
+    assert f"Outputs in runs/{out.name}/" in proc.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["additional_config"] == {}
+    assert metrics["plan_churn"]["active_steps"] == 0
+    assert metrics["requests_finished"] == 10
+    assert metrics["seed"] == 0
+
+
+def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
+    """--additional-config @file takes a decode node's config as is."""
+    config = {"scheduler_config": {"dyntra_lb_config": {
+        "enabled": True, "mode": "dynamic", "start_step": 0, "long_req_block_threshold": 5,
+        "dynamic_max_step": 8}}}
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "dyn"
+
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--additional-config",
+               f"@{path}", "--out", out)
+
+    assert proc.returncode == 0, proc.stderr
+    assert "DyntraLB dynamic mode from step 0, long requests > 5 blocks" in proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["additional_config"] == config
+
+
+def test_spec_defaults_shown_in_help_match_runspec():
+    from emu.cluster import RunSpec
+
+    fields = {f.name: f.default for f in dataclasses.fields(RunSpec)
+              if f.default is not dataclasses.MISSING}
+    for name, value in emu_cli.SPEC_DEFAULTS.items():
+        assert fields[name] == value, name
+
+
+@pytest.mark.parametrize("command", [None, "run", "ab", "validate"])
+def test_help_explains_and_gives_examples(cli, command):
+    proc = cli(*([command] if command else []), "--help")
+    assert proc.returncode == 0
+    assert "examples:" in proc.stdout
+    assert "dyntra-emu" in proc.stdout
+    if command is None:
+        for name in ("run", "ab", "validate"):
+            assert f"\n    {name} " in proc.stdout
+    else:
+        assert "--workload FILE|NAME" in proc.stdout
+
+
+def test_python_dash_m_emu_is_the_same_cli(cli):
+    proc = cli("--help", module=True)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: dyntra-emu")
+
+
+def test_run_under_torchrun(cli, tiny_trace, tmp_path, clikit):
+    """torchrun starts the ranks (each one `python -m emu run`); rank 0 reports."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = tmp_path / "tr"
+    small = list(clikit.SMALL)
+    del small[small.index("--dp"):small.index("--dp") + 2]  # the DP size is WORLD_SIZE
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "emu", "run",
+         "--workload", str(tiny_trace), *small, "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("DP bubble ratio") == 1  # only rank 0 prints the summary
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dp_size"] == 2
+    assert metrics["requests_finished"] == 10
+    assert (out / "load.png").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--dp", "3", "--out", "x"], "--dp 3: under torchrun the DP size is WORLD_SIZE=2"),
+    ([], "--out: required under torchrun"),
+])
+def test_torchrun_environment_errors(tmp_path, tiny_trace, clikit, args, fragment):
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "emu", "run", "--workload", str(tiny_trace),
+                           *args], cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    clikit.assert_user_error(proc, fragment)
+
+
+@pytest.mark.parametrize("command", ["replay", "explain"])
+def test_offline_commands_are_wired_in(cli, command):
+    pytest.importorskip(f"emu.{command}")
+    proc = cli(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: dyntra-emu {command}")

@@ -1,0 +1,82 @@
+"""`dyntra-emu validate`: every problem listed, exit 1; an OK line and exit 0 otherwise.
+Nothing is started."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_defaults_are_valid(cli):
+    proc = cli("validate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("OK: the default config (DyntraLB static mode from step 0) "
+                                  "and workload default (300 requests) are valid for dp=4")
+
+
+def test_own_trace_and_config_are_valid(cli, tiny_trace, clikit):
+    proc = cli("validate", "--workload", tiny_trace, "--dp", "2", "--additional-config",
+               json.dumps(clikit.STATIC))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("OK: --additional-config (DyntraLB static mode")
+    assert "(10 requests) are valid for dp=2" in proc.stdout
+
+
+def test_every_problem_is_listed(cli, tmp_path, clikit):
+    lines = [
+        '{"request_id": "a", "arrival_s": 0, "prompt_tokens": 3.0, "output_tokens": 5}',
+        '{"request_id": "a", "arrival_s": 1, "prompt_tokens": 3, "output_tokens": 5}',
+        "",
+        '{"request_id": "c", "arrival_s": 0.5, "prompt_tokens": 9, "output_tokens": 5, '
+        '"rank": 2}',
+        "not json",
+    ]
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    config = '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "fast"}}}'
+
+    proc = cli("validate", "--workload", trace, "--dp", "2", "--additional-config", config)
+
+    assert proc.returncode == 1
+    problems = [ln for ln in proc.stdout.splitlines() if ln.startswith("problem: ")]
+    expected = [
+        "--additional-config: dyntra_lb_config.mode must be one of ['dynamic', 'static'], "
+        "got 'fast'.",
+        f"{trace}:1: field 'prompt_tokens': expected an integer >= 1, got 3.0",
+        f"{trace}:2: field 'request_id': duplicate id 'a' (first used on line 1)",
+        f"{trace}:4: field 'rank': expected an integer in 0..1 for dp_size=2, got 2",
+        f"{trace}:4: field 'arrival_s': arrivals must be non-decreasing",
+        f"{trace}:5: invalid JSON",
+    ]
+    for fragment in expected:
+        assert any(fragment in p for p in problems), (fragment, problems)
+    assert len(problems) == len(expected)
+    assert proc.stdout.rstrip().endswith(f"{len(expected)} problem(s) found")
+    assert "Traceback" not in proc.stderr
+
+
+def test_problems_that_depend_on_the_cluster_size(cli, tmp_path, clikit):
+    """dp=1 with DyntraLB on, and a request larger than a rank's KV pool."""
+    trace = clikit.write_trace(tmp_path / "big.jsonl", [
+        {"request_id": "small", "arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5},
+        {"request_id": "huge", "arrival_s": 0, "prompt_tokens": 5000, "output_tokens": 100}])
+
+    proc = cli("validate", "--workload", trace, "--dp", "1", "--block-size", "16",
+               "--num-gpu-blocks", "100")
+
+    assert proc.returncode == 1
+    assert ("problem: --dp 1: DyntraLB requires data_parallel_size > 1. DyntraLB is enabled "
+            "by the default config; use --dp 2 or more") in proc.stdout
+    assert (f"problem: {trace}:2: request 'huge' needs 319 KV blocks (5000 prompt + 100 "
+            "output tokens, --block-size 16) but a rank has --num-gpu-blocks 100") in proc.stdout
+    assert "2 problem(s) found" in proc.stdout
+
+
+def test_unreadable_config_file_and_bad_trace_both_reported(cli, tmp_path, clikit):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "a", "arrival_s": 0, "prompt_tokens": 1}\n')
+
+    proc = cli("validate", "--workload", trace, "--additional-config", "@missing.json")
+
+    assert proc.returncode == 1
+    assert "problem: --additional-config @missing.json: cannot read missing.json" in proc.stdout
+    assert f"problem: {trace}:1: field 'output_tokens': missing (required)" in proc.stdout
