@@ -1,0 +1,253 @@
+"""Run one emulated DP cluster: ``run_cluster(RunSpec(...)) -> RunResult``.
+
+The single entry point the CLI, the pytest plugin, the tests and the benchmarks use.
+Everything in the spec is validated here, in the calling process, before any rank
+starts: a bad config or trace is one ``ValueError`` naming the field and what was
+expected. Then the launcher starts ``dp_size`` rank processes, each runs an
+``EngineCore`` over the whole trace, and the result lists every rank's summary and the
+paths of the files it wrote into ``out_dir``:
+
+- ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
+- ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
+- ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import pathlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dyntra_lb.blocks import num_blocks
+from dyntra_lb.config import AdditionalConfig, check_deployment, load_additional_config
+from emu.clock import StepCostModel
+from emu.device import DEVICE_CHOICES
+from emu.engine import EngineCore, RankSummary
+from emu.launcher import launch
+from emu.scheduler import SCHEDULING_POLICIES
+from emu.workload import ROUTERS, TraceRequest, check_ranks
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one emulated run depends on. Same spec -> byte-identical event logs.
+
+    - ``trace``: the workload (every rank sees all of it; ``router`` assigns each
+      unpinned request to a rank).
+    - ``additional_config``: vllm-ascend's ``--additional-config`` (dict, JSON text or
+      None); DyntraLB lives in ``scheduler_config.dyntra_lb_config``. The node is a
+      ``kv_consumer`` (decode) node with synchronous scheduling.
+    - scheduler: ``max_num_seqs``, ``max_num_batched_tokens`` (token budget per step),
+      ``block_size`` (tokens per KV block), ``num_gpu_blocks`` (KV pool per rank),
+      ``scheduling_policy`` ("fcfs" | "priority").
+    - ``cost_model``: prices each step (see ``emu.clock.StepCostModel``).
+    - ``kv_latency_fixed_s`` + ``kv_latency_per_block_s`` * blocks: virtual time for a
+      prompt's KV to arrive from the prefill node.
+    - ``seed``: every rank seeds Python's and numpy's RNG with it before the run.
+    - ``device``: "cpu", "npu" or "auto" (where the lockstep collective runs).
+    - ``collective_timeout_s``: a collective that waits longer fails the run;
+      ``run_timeout_s``: wall-clock limit for the whole run (None: none).
+    - ``max_steps``: safety limit on non-idle iterations per rank; a run that reaches
+      it stops on every rank and is reported ``truncated``.
+    """
+
+    trace: Sequence[TraceRequest]
+    dp_size: int
+    out_dir: str | pathlib.Path
+    additional_config: dict | str | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 8192
+    block_size: int = 128
+    num_gpu_blocks: int = 4096
+    scheduling_policy: str = "fcfs"
+    cost_model: StepCostModel = field(default_factory=StepCostModel)
+    kv_latency_fixed_s: float = 0.002
+    kv_latency_per_block_s: float = 20e-6
+    router: str = "round_robin"
+    seed: int = 0
+    device: str = "auto"
+    collective_timeout_s: float = 60.0
+    run_timeout_s: float | None = None
+    max_steps: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Summaries (by rank) and the files each rank wrote."""
+
+    out_dir: pathlib.Path
+    ranks: list[RankSummary]
+    event_logs: list[pathlib.Path]
+    wall_logs: list[pathlib.Path]
+    logs: list[pathlib.Path]
+
+    @property
+    def truncated(self) -> bool:
+        return any(r.truncated for r in self.ranks)
+
+    def events(self, rank: int) -> list[dict]:
+        """Parsed records of ``rank``'s event log, in file order."""
+        with open(self.event_logs[rank]) as f:
+            return [json.loads(line) for line in f]
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"RunSpec.{name} must be an int >= 1, got {value!r}")
+
+
+def _non_negative(name: str, value) -> None:
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value) or value < 0):
+        raise ValueError(f"RunSpec.{name} must be a finite number >= 0 (seconds), "
+                         f"got {value!r}")
+
+
+def validate(spec: RunSpec) -> AdditionalConfig:
+    """Check the whole spec; returns the parsed additional config. Raises ValueError
+    (``TraceError`` for trace problems) naming the field; nothing has started yet."""
+    _positive_int("dp_size", spec.dp_size)
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+                 "max_steps"):
+        _positive_int(name, getattr(spec, name))
+    if spec.scheduling_policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"RunSpec.scheduling_policy must be one of "
+                         f"{list(SCHEDULING_POLICIES)}, got {spec.scheduling_policy!r}")
+    if spec.router not in ROUTERS:
+        raise ValueError(f"RunSpec.router must be one of {list(ROUTERS)}, got {spec.router!r}")
+    if spec.device not in DEVICE_CHOICES:
+        raise ValueError(f"RunSpec.device must be one of {list(DEVICE_CHOICES)}, "
+                         f"got {spec.device!r}")
+    if not isinstance(spec.cost_model, StepCostModel):
+        raise ValueError(f"RunSpec.cost_model must be a StepCostModel, "
+                         f"got {type(spec.cost_model).__name__}")
+    _non_negative("kv_latency_fixed_s", spec.kv_latency_fixed_s)
+    _non_negative("kv_latency_per_block_s", spec.kv_latency_per_block_s)
+    if not isinstance(spec.seed, int) or isinstance(spec.seed, bool):
+        raise ValueError(f"RunSpec.seed must be an int, got {spec.seed!r}")
+    timeout = spec.collective_timeout_s
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+        raise ValueError(f"RunSpec.collective_timeout_s must be > 0, got {timeout!r}")
+    run_timeout = spec.run_timeout_s
+    if run_timeout is not None and (not isinstance(run_timeout, (int, float))
+                                    or isinstance(run_timeout, bool) or not run_timeout > 0):
+        raise ValueError(f"RunSpec.run_timeout_s must be > 0 or None, got {run_timeout!r}")
+    if spec.out_dir is None:
+        raise ValueError("RunSpec.out_dir must be a directory path, got None")
+
+    _validate_trace(spec)
+
+    config = load_additional_config(spec.additional_config)
+    variant = check_deployment(config, kv_role="kv_consumer",
+                               data_parallel_size=spec.dp_size)
+    if variant != "plain":
+        raise ValueError(
+            f"the emulator runs vLLM's plain synchronous scheduler; the additional config "
+            f"selects the {variant!r} scheduler (scheduler_config.recompute_scheduler_enable "
+            "is not supported)")
+    return config
+
+
+def _validate_trace(spec: RunSpec) -> None:
+    trace = spec.trace
+    if isinstance(trace, (str, bytes)) or not isinstance(trace, Sequence):
+        raise ValueError("RunSpec.trace must be a list of TraceRequest "
+                         "(load a file with emu.workload.load_trace)")
+    if not trace:
+        raise ValueError("RunSpec.trace is empty (expected at least one request)")
+    seen: set[str] = set()
+    previous = 0.0
+    for i, request in enumerate(trace):
+        where = f"RunSpec.trace[{i}]"
+        if not isinstance(request, TraceRequest):
+            raise ValueError(f"{where} must be a TraceRequest, got {type(request).__name__}")
+        if request.request_id in seen:
+            raise ValueError(f"{where}: duplicate request_id {request.request_id!r}")
+        seen.add(request.request_id)
+        if request.arrival_s < previous:
+            raise ValueError(f"{where}: arrival_s must be non-decreasing, got "
+                             f"{request.arrival_s} after {previous}")
+        previous = request.arrival_s
+        needed = num_blocks(request.prompt_tokens + request.output_tokens, spec.block_size)
+        if needed > spec.num_gpu_blocks:
+            raise ValueError(
+                f"{where}: request {request.request_id!r} needs {needed} KV blocks "
+                f"({request.prompt_tokens} prompt + {request.output_tokens} output tokens, "
+                f"block_size {spec.block_size}) but a rank has num_gpu_blocks="
+                f"{spec.num_gpu_blocks}; it could never run")
+    check_ranks(list(trace), spec.dp_size)
+
+
+def run_cluster(spec: RunSpec) -> RunResult:
+    """Validate ``spec``, run the cluster to completion and return its result. Raises
+    ValueError before anything starts, ``emu.launcher.ClusterError`` when a rank fails
+    (every rank is stopped), ``emu.device.DeviceError`` for an unusable device."""
+    config = validate(spec)
+    out_dir = pathlib.Path(spec.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = launch(
+        _rank_main,
+        (spec, config),
+        dp_size=spec.dp_size,
+        device=spec.device,
+        out_dir=out_dir,
+        collective_timeout_s=spec.collective_timeout_s,
+        run_timeout_s=spec.run_timeout_s,
+    )
+    ranks = range(spec.dp_size)
+    return RunResult(
+        out_dir=out_dir,
+        ranks=list(summaries),
+        event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
+        wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
+        logs=[out_dir / f"rank{r}.log" for r in ranks],
+    )
+
+
+def _setup_rank_logging(out_dir: pathlib.Path, rank: int) -> None:
+    """Send this rank's ``dyntra_lb`` log to ``rank<r>.log`` with a fixed prefix (no
+    timestamps, so the file is as deterministic as the event log)."""
+    handler = logging.FileHandler(out_dir / f"rank{rank}.log", mode="w")
+    handler.setFormatter(logging.Formatter(f"(EngineCore_DP{rank}) %(levelname)s %(message)s"))
+    log = logging.getLogger("dyntra_lb")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _rank_main(ctx, args) -> RankSummary:
+    """Body of each rank process (the launcher's target)."""
+    spec, config = args
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    out_dir = pathlib.Path(ctx.out_dir)
+    _setup_rank_logging(out_dir, ctx.rank)
+    return make_engine(ctx, spec, config, out_dir).run()
+
+
+def make_engine(ctx, spec: RunSpec, config: AdditionalConfig,
+                out_dir: pathlib.Path) -> EngineCore:
+    """This rank's engine for ``spec`` (validated), writing its logs into ``out_dir``."""
+    return EngineCore(
+        ctx,
+        trace=spec.trace,
+        config=config,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        block_size=spec.block_size,
+        num_gpu_blocks=spec.num_gpu_blocks,
+        scheduling_policy=spec.scheduling_policy,
+        cost_model=spec.cost_model,
+        kv_latency_fixed_s=spec.kv_latency_fixed_s,
+        kv_latency_per_block_s=spec.kv_latency_per_block_s,
+        router=spec.router,
+        max_steps=spec.max_steps,
+        event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
+        wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
+    )

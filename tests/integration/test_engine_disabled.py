@@ -1,0 +1,56 @@
+"""Issue 3, property 6: with DyntraLB disabled the engine behaves like a plain DP
+engine, and no DyntraLB collective is ever issued."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("dp_size", [2, 4])
+def test_disabled_issues_no_dyntra_lb_collectives(shared_run, kit, dp_size):
+    result = shared_run("disabled", dp_size)
+    for rank in range(dp_size):
+        records = kit.steps(result, rank)
+        assert records
+        for s in records:
+            assert not any(x.startswith("dyntra_lb") for x in kit.sites(s))
+            assert s["plan_applied"] is None and s["plan_generated"] is None
+            assert not s["lb_active"] and s["paused"] == [] and s["paused_kv_blocks"] == {}
+        assert result.ranks[rank].num_plans == 0
+        assert result.logs[rank].read_text() == ""  # no DyntraLB diagnostics either
+
+
+def test_disabled_equals_plain_engine(shared_run, kit):
+    """A config that disables DyntraLB (other keys set) and no config at all give
+    byte-identical event logs."""
+    disabled = shared_run("disabled", 2)
+    plain = shared_run("plain", 2)
+    for rank in range(2):
+        assert disabled.event_logs[rank].read_bytes() == plain.event_logs[rank].read_bytes()
+
+
+@pytest.mark.parametrize("dp_size", [2, 4])
+def test_dynamic_before_activation_equals_disabled(shared_run, kit, dp_size):
+    """Until the first long request, dynamic mode only adds its flag all-reduce: the
+    schedule, clock and every other record field equal the plain engine's."""
+    dynamic = shared_run("dynamic", dp_size)
+    disabled = shared_run("disabled", dp_size)
+    for rank in range(dp_size):
+        dyn, off = kit.steps(dynamic, rank), kit.steps(disabled, rank)
+        activation = next(s["iter"] for s in dyn if s["lb_active"])
+        assert dyn[activation]["clock_s"] >= kit.LONG_ARRIVALS["long1"]
+        assert activation > 20
+        for a, b in zip(dyn[:activation], off[:activation], strict=True):
+            assert _without_dyntra_lb(a) == _without_dyntra_lb(b)
+            assert kit.sites(a).count("dyntra_lb.flag") == 1
+
+
+def _without_dyntra_lb(record):
+    record = dict(record)
+    record["collectives"] = [
+        {k: v for k, v in c.items() if k != "seq"}
+        for c in record["collectives"] if not c["site"].startswith("dyntra_lb")
+    ]
+    return record

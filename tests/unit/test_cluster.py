@@ -1,0 +1,84 @@
+"""RunSpec validation: every bad input is one ValueError naming the field, raised
+before any rank process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from emu import cluster
+from emu.clock import StepCostModel
+from emu.cluster import RunSpec, run_cluster, validate
+from emu.workload import TraceError, TraceRequest
+
+TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10, rank=1)]
+LB = {"scheduler_config": {"dyntra_lb_config": {"enabled": True}}}
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a rank was started for an invalid spec")
+
+    monkeypatch.setattr(cluster, "launch", forbidden)
+
+
+def _spec(tmp_path, **kwargs):
+    kwargs.setdefault("trace", TRACE)
+    kwargs.setdefault("dp_size", 2)
+    return RunSpec(out_dir=tmp_path, **kwargs)
+
+
+def test_valid_spec_returns_the_parsed_config(tmp_path):
+    config = validate(_spec(tmp_path, additional_config=LB))
+    assert config.dyntra_lb.enabled is True
+    assert validate(_spec(tmp_path)).dyntra_lb.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dp_size": 0}, "RunSpec.dp_size must be an int >= 1"),
+        ({"max_num_seqs": 0}, "RunSpec.max_num_seqs"),
+        ({"block_size": True}, "RunSpec.block_size"),
+        ({"num_gpu_blocks": 2.0}, "RunSpec.num_gpu_blocks"),
+        ({"max_steps": -1}, "RunSpec.max_steps"),
+        ({"scheduling_policy": "lifo"}, "RunSpec.scheduling_policy"),
+        ({"router": "random"}, "RunSpec.router"),
+        ({"device": "gpu"}, "RunSpec.device"),
+        ({"cost_model": {"fixed_s": 0.02}}, "RunSpec.cost_model"),
+        ({"kv_latency_fixed_s": -0.1}, "RunSpec.kv_latency_fixed_s"),
+        ({"kv_latency_per_block_s": float("nan")}, "RunSpec.kv_latency_per_block_s"),
+        ({"seed": "1"}, "RunSpec.seed"),
+        ({"collective_timeout_s": 0}, "RunSpec.collective_timeout_s"),
+        ({"run_timeout_s": -5}, "RunSpec.run_timeout_s"),
+        ({"trace": []}, "RunSpec.trace is empty"),
+        ({"trace": "trace.jsonl"}, "RunSpec.trace must be a list"),
+        ({"trace": [TRACE[0], TRACE[0]]}, r"RunSpec.trace\[1\]: duplicate request_id 'a'"),
+        ({"trace": [TRACE[1], TRACE[0]]}, r"RunSpec.trace\[1\]: arrival_s must be"),
+        ({"trace": [{"request_id": "a"}]}, r"RunSpec.trace\[0\] must be a TraceRequest"),
+        ({"trace": [TraceRequest("x", 0.0, 4000, 100)], "block_size": 16,
+          "num_gpu_blocks": 100}, "needs 257 KV blocks"),
+        ({"additional_config": {"scheduler_config": {"dyntra_lb_config": {"mode": "x"}}}},
+         "dyntra_lb_config.mode must be one of"),
+        ({"additional_config": "{not json"}, "additional_config is not valid JSON"),
+        ({"additional_config": LB, "dp_size": 1, "trace": TRACE[:1]},
+         "DyntraLB requires data_parallel_size > 1."),
+        ({"additional_config": {"scheduler_config": {"dyntra_lb_config": {"enabled": True},
+                                                     "enable_balance_scheduling": True}}},
+         "enable_balance_scheduling only supports PD-mixed mode"),
+        ({"additional_config": {"scheduler_config": {"recompute_scheduler_enable": True}}},
+         "the emulator runs vLLM's plain synchronous scheduler"),
+    ],
+)
+def test_invalid_spec_is_rejected_before_launch(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run_cluster(_spec(tmp_path, **kwargs))
+
+
+def test_pinned_rank_beyond_dp_size(tmp_path):
+    with pytest.raises(TraceError, match="expected an integer in 0..0 for dp_size=1"):
+        run_cluster(_spec(tmp_path, dp_size=1))
+
+
+def test_default_cost_model_is_documented_default():
+    assert RunSpec(trace=TRACE, dp_size=2, out_dir="x").cost_model == StepCostModel()
