@@ -34,6 +34,7 @@ from pathlib import Path
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
+from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, load_trace, validate_trace
 
@@ -100,14 +101,43 @@ def _int_type(minimum: int, maximum: int | None = None):
     return parse
 
 
+def _capped_int(minimum: int, maximum: int, why: str):
+    """_int_type(minimum) with an upper bound for values that would exhaust the machine
+    once the ranks start."""
+    at_least = _int_type(minimum)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum} and at most {maximum:,} ({why}), "
+                f"got {text!r}")
+        return value
+
+    return parse
+
+
+# Longest timeout a flag accepts: larger values overflow the C timeouts of the launcher
+# and of gloo once the ranks run.
+MAX_SECONDS = 1e6
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds > 0 (at most {MAX_SECONDS:g}), got {text!r}")
     return value
+
+
+def _fault(text: str):
+    try:
+        return parse_fault(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # ----------------------------------------------------------------------- inputs
@@ -255,6 +285,10 @@ def _spec_kwargs(args) -> dict:
         kwargs["collective_timeout_s"] = args.collective_timeout
     if getattr(args, "run_timeout", None) is not None:
         kwargs["run_timeout_s"] = args.run_timeout
+    if getattr(args, "strict", False):
+        kwargs["strict"] = True
+    if getattr(args, "fault", None):
+        kwargs["faults"] = FaultPlan(tuple(args.fault))
     return kwargs
 
 
@@ -276,11 +310,22 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
         args.workload, args.dp, _effective(args, "block_size"),
         _effective(args, "num_gpu_blocks"))
     problems += trace_problems
+    if getattr(args, "fault", None) and trace is not None and configs and configs[0]:
+        problems += check_faults(args.fault, args.dp, trace, configs[0])
     problems += check_device(_effective(args, "device"), _local_ranks(args))
     if problems:
         raise UsageError(*dict.fromkeys(problems))
     label = args.workload if path.parent == WORKLOADS_DIR else str(path)
     return Prepared(trace, label, configs)
+
+
+def check_faults(faults, dp: int, trace, cfg) -> list[str]:
+    """The --fault values against the run they would be injected into (emu.faults.
+    plan_problems: ranks, request ids, collective sites the config enters)."""
+    lb = cfg.dyntra_lb
+    problems = plan_problems(faults, dp_size=dp, trace=trace,
+                             lb_mode=lb.mode if lb.enabled else None)
+    return [f"--fault {faults[i].spec()}: {problem}" for i, problem in problems]
 
 
 def build_spec(args, prepared: Prepared, config, out_dir: Path):
@@ -475,7 +520,8 @@ def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     if any(s.truncated for s in summaries):
         print(f"{PROG}: warning: the run hit max_steps and was cut short; metrics cover "
               "the steps run", file=sys.stderr)
-    metrics = compute_metrics(load_run(out_dir), config=_recorded_config(spec, prepared),
+    metrics = compute_metrics(load_run(out_dir),
+                              config=_recorded_config(spec, prepared, summaries[0].device),
                               seed=spec.seed)
     write_metrics(metrics, out_dir / "metrics.json")
     return metrics
@@ -488,16 +534,11 @@ def _launch(spec, *, torchrun: bool) -> list:
         from emu.cluster import run_cluster
 
         return run_cluster(spec).ranks
-    # Under torchrun this process is one rank. emu.cluster has no public per-rank entry
-    # point yet, so its rank body is used directly.
-    from emu.cluster import _rank_main, validate
-    from emu.launcher import join_from_env
+    # Under torchrun this process is one rank.
+    from emu.cluster import join_cluster
 
-    config = validate(spec)
     try:
-        summary = join_from_env(_rank_main, (spec, config), device=spec.device,
-                                out_dir=spec.out_dir,
-                                collective_timeout_s=spec.collective_timeout_s)
+        summary = join_cluster(spec)
     except Exception as exc:  # torchrun stops the other ranks and reports the failure
         rank = os.environ.get("RANK")
         raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
@@ -535,7 +576,7 @@ def _resolve_dp(args) -> None:
                          "the same directory (on several nodes: a shared directory)")
 
 
-def _recorded_config(spec, prepared: Prepared) -> dict:
+def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
     """The `config` of metrics.json: what produced the run."""
     return {
         "additional_config": spec.additional_config,
@@ -547,7 +588,7 @@ def _recorded_config(spec, prepared: Prepared) -> dict:
         "num_gpu_blocks": spec.num_gpu_blocks,
         "router": spec.router,
         "scheduling_policy": spec.scheduling_policy,
-        "device": spec.device,
+        "device": device,  # the one used ("cpu" / "npu"), never "auto"
     }
 
 
@@ -757,7 +798,7 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
         help="trace file (JSON Lines, see fixtures/README.md) or the name of a bundled "
              f"workload: {', '.join(bundled_workloads()) or 'none installed'} "
              f"(default: {DEFAULT_WORKLOAD})")
-    parser.add_argument("--dp", type=_int_type(1), metavar="N",
+    parser.add_argument("--dp", type=_capped_int(1, 1024, "rank processes"), metavar="N",
                         help=f"number of DP ranks, one process each (default: {DEFAULT_DP}; "
                              "under torchrun: WORLD_SIZE)")
     if single_config:
@@ -768,11 +809,14 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
                  "(default: DyntraLB static mode from step 0)")
         group.add_argument("--no-dyntra-lb", action="store_true",
                            help="plain DP without DyntraLB (same as --additional-config '{}')")
-    parser.add_argument("--max-num-seqs", type=_int_type(1), metavar="N",
+    parser.add_argument("--max-num-seqs", type=_capped_int(1, 65536, "requests per rank"),
+                        metavar="N",
                         help=f"vLLM max_num_seqs per rank (default: {d['max_num_seqs']})")
     parser.add_argument("--block-size", type=_int_type(1), metavar="N",
                         help=f"tokens per KV block (default: {d['block_size']})")
-    parser.add_argument("--num-gpu-blocks", type=_int_type(1), metavar="N",
+    parser.add_argument("--num-gpu-blocks",
+                        type=_capped_int(1, 1_000_000, "each rank keeps every block id"),
+                        metavar="N",
                         help=f"KV blocks per rank (default: {d['num_gpu_blocks']})")
     parser.add_argument("--max-num-batched-tokens", type=_int_type(1), metavar="N",
                         help="token budget per step per rank "
@@ -801,8 +845,22 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              f"(default: {SPEC_DEFAULTS['collective_timeout_s']:g})")
     parser.add_argument("--run-timeout", type=_seconds, metavar="S",
                         help="stop the run after S seconds of wall-clock time (default: none)")
+    parser.add_argument("--strict", action="store_true",
+                        help="check invariants every step on every rank (requests and KV "
+                             "blocks conserved, paused requests keep their KV, admission "
+                             "only from the plan's set); slower")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or status lines on stderr")
+
+
+def _add_fault_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fault", type=_fault, action="append", metavar="KIND:KEY=VALUE,...",
+        help="inject a fault (repeatable; emu/faults.py): kill:rank=R,step=S | "
+             "slow:rank=R,extra_ms=X | kv_fail:request=ID | kv_never:request=ID"
+             "[,timeout_s=T] | not_ready:request=ID,lookups=N | "
+             f"delay:rank=R,site=SITE,step=S,seconds=X with SITE one of "
+             f"{', '.join(COLLECTIVE_SITES)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -820,6 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter, allow_abbrev=False, epilog=_RUN_EPILOG)
     _add_input_options(run, single_config=True)
     _add_run_options(run)
+    _add_fault_option(run)
     run.set_defaults(func=cmd_run, parser=run)
 
     ab = sub.add_parser(
@@ -846,6 +905,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "how both fit the DP size and KV settings."),
         formatter_class=_Formatter, allow_abbrev=False, epilog=_VALIDATE_EPILOG)
     _add_input_options(validate, single_config=True)
+    _add_fault_option(validate)
     validate.set_defaults(func=cmd_validate, parser=validate)
 
     for module in ("emu.replay", "emu.explain"):

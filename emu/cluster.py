@@ -1,6 +1,7 @@
 """Run one emulated DP cluster: ``run_cluster(RunSpec(...)) -> RunResult``.
 
-The single entry point the CLI, the pytest plugin, the tests and the benchmarks use.
+The single entry point the CLI, the pytest plugin, the tests and the benchmarks use
+(under torchrun, each rank process calls ``join_cluster(spec)`` instead).
 Everything in the spec is validated here, in the calling process, before any rank
 starts: a bad config or trace is one ``ValueError`` naming the field and what was
 expected. Then the launcher starts ``dp_size`` rank processes, each runs an
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import pathlib
 import random
 from collections.abc import Sequence
@@ -29,9 +31,13 @@ from dyntra_lb.config import AdditionalConfig, check_deployment, load_additional
 from emu.clock import StepCostModel
 from emu.device import DEVICE_CHOICES
 from emu.engine import EngineCore, RankSummary
-from emu.launcher import launch
+from emu.faults import FaultPlan, check_plan
+from emu.launcher import join_from_env, launch
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, TraceRequest, check_ranks
+
+# Where the engine runs DyntraLB's collectives; all but "correct" are for tests only.
+LB_PLACEMENTS = ("correct", "in_schedule", "before_sync")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,14 @@ class RunSpec:
       ``run_timeout_s``: wall-clock limit for the whole run (None: none).
     - ``max_steps``: safety limit on non-idle iterations per rank; a run that reaches
       it stops on every rank and is reported ``truncated``.
+    - ``faults``: an ``emu.faults.FaultPlan`` (kill, slow, KV and collective faults),
+      or None for a run without faults.
+    - ``strict``: every rank checks the strict-mode invariants every step (requests and
+      KV blocks conserved, paused requests keep their blocks, admission limited to the
+      plan's set); a violation fails the run with ``emu.guard.InvariantError``.
+    - ``lb_placement``: TEST-ONLY. "correct" (the default, spec B.2) or a wrong place
+      for DyntraLB's collectives, "in_schedule" or "before_sync", which reproduces the
+      reference's known deadlocks (see ``emu.engine.EngineCore``).
     """
 
     trace: Sequence[TraceRequest]
@@ -75,6 +89,9 @@ class RunSpec:
     collective_timeout_s: float = 60.0
     run_timeout_s: float | None = None
     max_steps: int = 1_000_000
+    faults: FaultPlan | None = None
+    strict: bool = False
+    lb_placement: str = "correct"
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,11 @@ class RunResult:
     @property
     def truncated(self) -> bool:
         return any(r.truncated for r in self.ranks)
+
+    @property
+    def device(self) -> str:
+        """Where the lockstep collective ran: "cpu" or "npu"."""
+        return self.ranks[0].device
 
     def events(self, rank: int) -> list[dict]:
         """Parsed records of ``rank``'s event log, in file order."""
@@ -119,6 +141,11 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if spec.scheduling_policy not in SCHEDULING_POLICIES:
         raise ValueError(f"RunSpec.scheduling_policy must be one of "
                          f"{list(SCHEDULING_POLICIES)}, got {spec.scheduling_policy!r}")
+    if not isinstance(spec.strict, bool):
+        raise ValueError(f"RunSpec.strict must be a bool, got {spec.strict!r}")
+    if spec.lb_placement not in LB_PLACEMENTS:
+        raise ValueError(f"RunSpec.lb_placement must be one of {list(LB_PLACEMENTS)}, "
+                         f"got {spec.lb_placement!r}")
     if spec.router not in ROUTERS:
         raise ValueError(f"RunSpec.router must be one of {list(ROUTERS)}, got {spec.router!r}")
     if spec.device not in DEVICE_CHOICES:
@@ -151,6 +178,10 @@ def validate(spec: RunSpec) -> AdditionalConfig:
             f"the emulator runs vLLM's plain synchronous scheduler; the additional config "
             f"selects the {variant!r} scheduler (scheduler_config.recompute_scheduler_enable "
             "is not supported)")
+    if spec.faults is not None:
+        lb = config.dyntra_lb
+        check_plan(spec.faults, dp_size=spec.dp_size, trace=spec.trace,
+                   lb_mode=lb.mode if lb.enabled else None)
     return config
 
 
@@ -221,6 +252,21 @@ def _setup_rank_logging(out_dir: pathlib.Path, rank: int) -> None:
     log.propagate = False
 
 
+def join_cluster(spec: RunSpec) -> RankSummary:
+    """Run this process as one rank of ``spec``'s cluster, started by torchrun (or any
+    launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); returns
+    this rank's summary. Validates first (ValueError before any group is made). The
+    launcher's watchdog is not there: torchrun owns the processes, a hang ends with the
+    collective timeout, and failures propagate as exceptions."""
+    config = validate(spec)
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and world != str(spec.dp_size):
+        raise ValueError(f"RunSpec.dp_size is {spec.dp_size} but this process is one of "
+                         f"WORLD_SIZE={world} ranks")
+    return join_from_env(_rank_main, (spec, config), device=spec.device,
+                         out_dir=spec.out_dir, collective_timeout_s=spec.collective_timeout_s)
+
+
 def _rank_main(ctx, args) -> RankSummary:
     """Body of each rank process (the launcher's target)."""
     spec, config = args
@@ -250,4 +296,7 @@ def make_engine(ctx, spec: RunSpec, config: AdditionalConfig,
         max_steps=spec.max_steps,
         event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
         wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
+        faults=spec.faults.for_rank(ctx.rank) if spec.faults is not None else None,
+        strict=spec.strict,
+        lb_placement=spec.lb_placement,
     )

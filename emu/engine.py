@@ -18,7 +18,10 @@ One iteration, as ``run_busy_loop`` does it:
 4. at a wave end: ``current_wave += 1`` and ``step_counter = 0``.
 
 Each non-idle iteration appends one step record to the rank's event log, and each
-request that finishes its record; wall-clock measurements go to a separate file.
+request that finishes its record; wall-clock measurements go to a separate file. In
+strict mode the iteration then checks the invariants (``_check_invariants``). Every
+collective goes through the rank's ``emu.guard.CollectiveRecorder``, which publishes it
+with this iteration, ``step_counter`` and ``current_wave`` for the launcher's watchdog.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import AdditionalConfig
 from dyntra_lb.coordinator import DyntraLBCoordinator
 from emu.clock import LockstepClock, StepCostModel
-from emu.guard import CollectiveRecorder
+from emu.guard import CollectiveRecorder, InvariantError
 from emu.kv import RemoteKVConnector
-from emu.scheduler import Request, Scheduler
+from emu.scheduler import Request, RequestStatus, Scheduler
 from emu.workload import TraceRequest, arrival_us, make_router
 
 logger = logging.getLogger("dyntra_lb")
@@ -59,7 +62,8 @@ class RankSummary:
     ``steps``: non-idle iterations (step records), ``dummy_steps`` among them;
     ``waves``: waves completed; ``clock_s``: virtual time at the end; ``num_plans``:
     DyntraLB plans generated; ``num_collectives``: every collective issued (all groups);
-    ``truncated``: stopped by ``max_steps``; ``loop_wall_s``: wall time of the loop.
+    ``truncated``: stopped by ``max_steps``; ``loop_wall_s``: wall time of the loop;
+    ``device``: where the lockstep collective ran ("cpu" or "npu").
     """
 
     rank: int
@@ -73,6 +77,7 @@ class RankSummary:
     num_collectives: int
     truncated: bool
     loop_wall_s: float
+    device: str
 
 
 # One encoder for every record: json.dumps with options would build a new one per call.
@@ -86,7 +91,16 @@ class EngineCore:
     ``ctx`` is the launcher's ``RankContext``. ``event_log`` / ``wall_log`` are the
     paths of ``rank<r>.events.jsonl`` and ``rank<r>.wall.jsonl`` (None: not written).
     ``max_steps`` stops the run after that many non-idle iterations on every rank (the
-    iteration count is lockstep, so all ranks stop together).
+    iteration count is lockstep, so all ranks stop together). ``strict`` checks the
+    invariants of ``_check_invariants`` every iteration.
+
+    ``lb_placement`` is for tests only: "correct" runs DyntraLB's protocol right after
+    the wave sync (B.2); "in_schedule" and "before_sync" put it where the reference's
+    earlier design had its gather, to reproduce the two deadlocks that design had on
+    NPU: inside ``schedule()`` (a rank without work runs a dummy step instead and never
+    joins the gather), and before the wave sync, gated on the rank's own unfinished
+    requests because the global answer is not known yet (at the tail of a wave a rank
+    that has drained skips the gather a busy rank waits in).
     """
 
     def __init__(
@@ -107,19 +121,28 @@ class EngineCore:
         max_steps: int,
         event_log: pathlib.Path | None,
         wall_log: pathlib.Path | None,
+        faults: Any = None,
+        strict: bool = False,
+        lb_placement: str = "correct",
     ):
         self.dp_rank = ctx.rank
         self.dp_size = ctx.dp_size
         self.dp_group = ctx.dp_group
         self.trace = list(trace)
         self.block_size = block_size
-        self.cost_model = cost_model
+        # faults: this rank's emu.faults.FaultInjector, or None (then no fault work).
+        self.faults = faults
+        self.cost_model = cost_model if faults is None else faults.cost_model(cost_model)
         self.max_steps = max_steps
         self.router = make_router(router, ctx.dp_size)
-        self.recorder = CollectiveRecorder()
+        self.recorder = CollectiveRecorder(ctx.guard, where=self)
+        if faults is not None:
+            self.recorder = faults.wrap_recorder(self.recorder)
 
         lb_config = config.dyntra_lb
-        self.connector = RemoteKVConnector(kv_latency_fixed_s, kv_latency_per_block_s)
+        self.connector = (
+            RemoteKVConnector(kv_latency_fixed_s, kv_latency_per_block_s) if faults is None
+            else faults.make_connector(kv_latency_fixed_s, kv_latency_per_block_s))
         self.scheduler = Scheduler(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
@@ -130,6 +153,8 @@ class EngineCore:
             enable_diagnostics=lb_config.enabled and lb_config.enable_diagnostics,
             policy=scheduling_policy,
         )
+        if faults is not None:
+            faults.attach(self.scheduler)
         self.clock = LockstepClock(
             ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size, device=ctx.device,
             observe=self.recorder,
@@ -138,6 +163,10 @@ class EngineCore:
         if lb_config.enabled:
             if ctx.rank == 0 and lb_config.enable_diagnostics:
                 logger.info(diagnostics.enable_line())
+            if lb_config.enable_diagnostics:
+                # vLLM does not log these; `dyntra-emu replay` of this log reads them here.
+                logger.info(f"emulated engine: max_num_seqs={max_num_seqs} "
+                            f"block_size={block_size}")
             # The DP group is gloo, so DyntraLB's buffers stay on the CPU (as in vLLM).
             self.coordinator = DyntraLBCoordinator(
                 config,
@@ -170,6 +199,14 @@ class EngineCore:
         self._events: Any = None
         self._wall: Any = None
 
+        self.device = ctx.device.type
+        self.lb_placement = lb_placement
+        # Strict mode (``_check_invariants``): what it remembers across iterations.
+        self.strict = strict
+        self.num_arrived = 0
+        self._finished_ids: set[str] = set()
+        self._paused_blocks: dict[str, int] = {}
+
     # ------------------------------------------------------------------ loop
 
     def run(self) -> RankSummary:
@@ -200,6 +237,12 @@ class EngineCore:
         coordinator = self.coordinator
         events = self._events
         wall = self._wall
+        faults = self.faults
+        strict = self.strict
+        # Test-only (RunSpec.lb_placement): the DyntraLB collectives at a wrong point.
+        lb_in_schedule = coordinator is not None and self.lb_placement == "in_schedule"
+        lb_before_sync = coordinator is not None and self.lb_placement == "before_sync"
+        lb_after_sync = coordinator is not None and self.lb_placement == "correct"
 
         while True:
             iter_start = time.perf_counter()
@@ -222,8 +265,15 @@ class EngineCore:
 
             # 2. _process_engine_step (+ dummy batch)
             clock_us = self.clock_us
+            if faults is not None:
+                faults.before_step(self.iteration, clock_us)
             now_s = clock_us / 1e6
             plan_applied = lb.modifications if lb is not None else None
+            if lb_in_schedule and scheduler.has_requests():
+                # Wrong placement (A): inside schedule(), which a rank without work (a
+                # dummy step) never calls.
+                coordinator.after_dp_sync(True, step_counter=self.step_counter + 1,
+                                          current_wave=self.current_wave)
             output = scheduler.schedule(now_s) if scheduler.has_requests() else None
             executed = output is not None and output.total_num_scheduled_tokens > 0
             if executed:
@@ -244,8 +294,14 @@ class EngineCore:
             # 3. _has_global_unfinished_reqs, with DyntraLB's hook around it (B.2)
             if coordinator is not None:
                 coordinator.before_dp_sync(self.step_counter)
+                if lb_before_sync:
+                    # Wrong placement (B): before the sync, so each rank goes by its own
+                    # view of whether the wave continues.
+                    coordinator.after_dp_sync(local_unfinished,
+                                              step_counter=self.step_counter + 1,
+                                              current_wave=self.current_wave)
             self.engines_running = self._has_global_unfinished_reqs(local_unfinished)
-            if coordinator is not None:
+            if lb_after_sync or (coordinator is not None and not self.engines_running):
                 coordinator.after_dp_sync(self.engines_running, step_counter=self.step_counter,
                                           current_wave=self.current_wave)
 
@@ -258,6 +314,8 @@ class EngineCore:
             if coordinator is not None and coordinator.last_plan_generated is not None:
                 self.num_plans += 1
             self.num_finished += len(finished)
+            if strict:
+                self._check_invariants(output, finished)
 
             # 4. wave end
             if not self.engines_running:
@@ -272,6 +330,7 @@ class EngineCore:
     def _add_request(self, trace_request: TraceRequest) -> None:
         """ADD from the input queue: DyntraLB's arming sees the block count before the
         request enters the scheduler (B.4)."""
+        self.num_arrived += 1
         if self.coordinator is not None:
             self.coordinator.on_add_request(
                 num_blocks(trace_request.prompt_tokens, self.block_size))
@@ -282,6 +341,94 @@ class EngineCore:
             arrival_time=trace_request.arrival_s,
             priority=trace_request.priority,
         ))
+
+    def _check_invariants(self, output: Any, finished: list[Request]) -> None:
+        """Strict mode, at the end of every non-idle iteration (after the DyntraLB hook,
+        which may start KV loads): requests conserved, KV blocks conserved, paused
+        requests keep their blocks, admission limited to the plan's set. Raises
+        InvariantError naming this rank, the iteration and the request. That every rank
+        reaches each collective with the same descriptor, ``step_counter`` and
+        ``current_wave`` is checked across ranks by the launcher's watchdog (emu.guard)."""
+        scheduler = self.scheduler
+        requests = scheduler.requests
+        for request in finished:
+            rid = request.request_id
+            if rid in self._finished_ids:
+                self._violation(f"request {rid!r} finished a second time")
+            if rid in requests:
+                self._violation(f"request {rid!r} finished but is still in the scheduler")
+            self._finished_ids.add(rid)
+        if self.num_arrived != len(self._finished_ids) + len(requests):
+            self._violation(f"requests not conserved: {self.num_arrived} arrived, "
+                            f"{len(self._finished_ids)} finished, {len(requests)} in flight")
+        queued = [*scheduler.running, *scheduler.waiting, *scheduler.skipped_waiting]
+        queued_ids = {r.request_id for r in queued}
+        if len(queued) != len(requests) or queued_ids != requests.keys():
+            lost = sorted(requests.keys() - queued_ids)
+            extra = sorted(queued_ids - requests.keys())
+            twice = sorted({r.request_id for r in queued
+                            if sum(q is r for q in queued) > 1})
+            self._violation(f"requests in flight and queues disagree: in no queue {lost}, "
+                            f"queued but not in flight {extra}, in two queues {twice}")
+        if len(scheduler.running) > scheduler.max_num_running_reqs:
+            self._violation(f"{len(scheduler.running)} requests running, more than "
+                            f"max_num_seqs={scheduler.max_num_running_reqs}")
+
+        lb = scheduler.lb
+        kv = scheduler.kv_cache_manager
+        paused = lb.paused_req_ids if lb is not None else set()
+        held_total = 0
+        for rid, request in requests.items():
+            held = kv.num_blocks_of(request)
+            held_total += held
+            if held * self.block_size < request.num_computed_tokens:
+                self._violation(f"request {rid!r} ({request.status.name}) has "
+                                f"{request.num_computed_tokens} computed tokens but holds "
+                                f"{held} KV blocks")
+            if held and not (request.status == RequestStatus.RUNNING or rid in paused
+                             or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                             or request.num_computed_tokens > 0):
+                self._violation(f"request {rid!r} ({request.status.name}; not running, "
+                                f"paused or loading) holds {held} KV blocks")
+        used = kv.pool.num_used_blocks
+        if used != held_total:
+            gone = sorted(set(kv._blocks) - requests.keys())
+            self._violation(f"KV blocks not conserved: the pool has {used} in use, the "
+                            f"requests in flight hold {held_total}; blocks held by requests "
+                            f"no longer in flight: {gone}")
+
+        if lb is None:
+            return
+        paused_blocks = self._paused_blocks
+        if output is not None:
+            for rid in output.paused_req_ids:
+                paused_blocks[rid] = kv.num_blocks_of(requests[rid])
+        for rid in list(paused_blocks):
+            if rid not in paused:
+                del paused_blocks[rid]
+        for rid in paused:
+            request = requests.get(rid)
+            if request is None:
+                self._violation(f"paused request {rid!r} is not in flight")
+            held = kv.num_blocks_of(request)
+            if request.status != RequestStatus.PREEMPTED or held == 0:
+                self._violation(f"paused request {rid!r} is {request.status.name} and holds "
+                                f"{held} KV blocks")
+            expected = paused_blocks.setdefault(rid, held)
+            if held != expected:
+                self._violation(f"paused request {rid!r} held {expected} KV blocks when "
+                                f"paused, now {held}")
+        admit = lb.admit_req_ids
+        if output is not None and admit is not None:
+            for rid in (*output.new_req_ids, *output.resumed_req_ids):
+                if rid not in admit:
+                    self._violation(f"request {rid!r} was admitted under a plan whose "
+                                    f"admission set is {sorted(admit)}")
+
+    def _violation(self, what: str) -> None:
+        raise InvariantError(
+            f"strict invariant violated on rank {self.dp_rank} at iteration {self.iteration} "
+            f"(wave {self.current_wave}, step_counter {self.step_counter}): {what}")
 
     def _num_waiting(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.skipped_waiting)
@@ -346,6 +493,8 @@ class EngineCore:
         for request in finished:
             lines.append(self._request_line(request))
         self._events.write("\n".join(lines) + "\n")
+        if finished:  # a progress display counts request records in the file
+            self._events.flush()
 
     def _request_line(self, request: Request) -> str:
         record = request.record()
@@ -385,4 +534,5 @@ class EngineCore:
             num_collectives=self.recorder.seq,
             truncated=self.truncated,
             loop_wall_s=self.loop_wall_s,
+            device=self.device,
         )

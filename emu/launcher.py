@@ -8,16 +8,21 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
   the rendezvous TCPStore on a free port (so parallel runs never collide), and it turns
   any rank failure into one `ClusterError`: a rank that raises sends its traceback, a
   rank that dies is seen through its process sentinel, a run that exceeds
-  `run_timeout_s` is stopped. The first failure is reported, except that an error
-  raised inside a torch.distributed call (how a rank sees a peer die) gives way to
-  another rank's own failure arriving within a short grace. Every rank is then stopped
+  `run_timeout_s` is stopped, and the collective watchdog (`emu.guard`) reads what every
+  rank publishes about its collectives and stops a run that hangs or whose ranks
+  disagree on a collective. The first failure is reported, except that an error raised
+  inside a torch.distributed call (how a rank sees a peer die or a collective time out)
+  gives way to another rank's own failure or a watchdog finding arriving within a short
+  grace. The report names, for every rank that recorded collectives, its last entered
+  and last completed one. Every rank is then stopped
   (SIGTERM, which makes it dump its Python stack; SIGKILL after a grace period) and
   joined, so no process survives. Ranks also die with SIGKILL if this process dies
   (Linux PR_SET_PDEATHSIG).
 * `join_from_env(target, args)` — one rank under `torchrun` (or any launcher that sets
   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), e.g. several NPU machines or
   an Ascend job system. torchrun then owns the processes and their failure handling;
-  this function only sets the rank up, runs the target and tears the groups down.
+  this function only sets the rank up, runs the target and tears the groups down (no
+  watchdog: a hang ends with the collective timeout).
 
 In each rank: one intra-op and one inter-op thread, the default process group (gloo,
 CPU tensors) is the DP group that carries wave sync and the DyntraLB collectives, and a
@@ -48,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from emu.device import bind_rank_device, select_device
+from emu.guard import GuardSlot, Watchdog
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
 _STOP_GRACE_S = 3.0
@@ -72,27 +78,34 @@ class RankContext:
     device_group: Any  # ProcessGroup, gloo on CPU / HCCL on NPU: the lockstep collective
     device: torch.device  # cpu, or npu:<local_rank>
     out_dir: pathlib.Path | None
+    guard: GuardSlot | None = None  # where the collective recorder publishes (launch only)
 
 
 class ClusterError(RuntimeError):
     """A run failed: `rank` is the first rank that failed on its own (None when the run
-    timed out with no rank failing), `message` one line about it, `details` a text per
-    rank (traceback, exit status, or the Python stack it had when stopped) and
-    `failed_ranks` every rank that failed before the launcher stopped it, `rank` first."""
+    timed out, hung or its ranks disagreed on a collective, with no rank failing),
+    `message` one line about it, `details` a text per rank (its last entered and
+    completed collective when it recorded any, then its traceback, exit status, or the
+    Python stack it had when stopped) and `failed_ranks` every rank that failed before
+    the launcher stopped it, `rank` first. `collectives` holds, per rank that recorded
+    any, `emu.guard.Watchdog.records` (last entered / completed collective)."""
 
     def __init__(self, rank: int | None, message: str, details: dict[int, str],
-                 failed_ranks: list[int] | None = None):
+                 failed_ranks: list[int] | None = None,
+                 collectives: dict[int, dict] | None = None):
         self.rank = rank
         self.message = message
         self.details = details
         self.failed_ranks = failed_ranks if failed_ranks is not None else []
+        self.collectives = collectives if collectives is not None else {}
         head = message if rank is None else f"rank {rank} failed: {message}"
         order = sorted(details, key=lambda r: (r != rank, r))
         body = "\n".join(f"--- rank {r} ---\n{details[r].rstrip()}" for r in order)
         super().__init__(f"{head}\n{body}" if body else head)
 
     def __reduce__(self):
-        return type(self), (self.rank, self.message, self.details, self.failed_ranks)
+        return type(self), (self.rank, self.message, self.details, self.failed_ranks,
+                            self.collectives)
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,6 +122,7 @@ class _RankSpec:
     collective_timeout_s: float
     parent_pid: int
     stack_path: str
+    guard_path: str
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -166,7 +180,7 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn) -> None:
             rank=spec.rank, world_size=spec.dp_size,
         )
         ctx = RankContext(spec.rank, spec.dp_size, spec.rank, dp_group, device_group, device,
-                          spec.out_dir)
+                          spec.out_dir, GuardSlot.attach(spec.guard_path, spec.rank))
         result = target(ctx, args)
         conn.send(("ok", result))
     except BaseException as exc:
@@ -314,34 +328,38 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     mp = multiprocessing.get_context("spawn")
     ranks: list[_Rank] = []
     with tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-") as tmp:
+        guard_path = os.path.join(tmp, "guard")
+        watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         try:
             for rank in range(dp_size):
                 stack_path = os.path.join(tmp, f"rank{rank}.stack")
                 spec = _RankSpec(rank, dp_size, store.port, device_kind, out_dir,
-                                 collective_timeout_s, os.getpid(), stack_path)
+                                 collective_timeout_s, os.getpid(), stack_path, guard_path)
                 parent_conn, child_conn = mp.Pipe()
                 process = mp.Process(target=_rank_main, args=(spec, payload, child_conn),
                                      name=f"dyntra-emu-rank{rank}", daemon=True)
                 process.start()
                 child_conn.close()
                 ranks.append(_Rank(rank, process, parent_conn, stack_path))
-            _supervise(ranks, deadline, run_timeout_s)
+            _supervise(ranks, deadline, run_timeout_s, watchdog)
             _release(ranks)
         except _Failure as failure:
             _stop(ranks)
-            raise _cluster_error(ranks, failure) from None
+            raise _cluster_error(ranks, failure, watchdog) from None
         finally:
             _stop(ranks)  # no-op on success; covers KeyboardInterrupt and start errors
             for r in ranks:
                 r.conn.close()
+            watchdog.close()
     return [r.result for r in ranks]
 
 
 def _supervise(ranks: list[_Rank], deadline: float | None,
-               run_timeout_s: float | None) -> None:
+               run_timeout_s: float | None, watchdog: Watchdog) -> None:
     """Wait until every rank has returned its result; raise _Failure on the first rank
-    failure (a collective-error echo yields to a root cause seen within _ECHO_GRACE_S)
-    or when the deadline passes."""
+    failure, on a finding of the collective watchdog (a hang or ranks disagreeing on a
+    collective), or when the deadline passes. A collective-error echo yields to a root
+    cause or a watchdog finding seen within _ECHO_GRACE_S."""
     by_conn = {r.conn: r for r in ranks}
     by_sentinel = {r.process.sentinel: r for r in ranks}
     failed: list[_Rank] = []
@@ -353,14 +371,17 @@ def _supervise(ranks: list[_Rank], deadline: float | None,
         root = next((r for r in failed if not _is_echo(r)), None)
         if root is not None:
             raise _Failure(root.rank, _failure_summary(root))
+        finding = watchdog.poll(now, {r.rank for r in ranks if r.result_received})
+        if finding is not None:
+            raise _Failure(None, finding)
         if failed and now - echo_since >= _ECHO_GRACE_S:
             raise _Failure(failed[0].rank, _failure_summary(failed[0]))
-        timeouts = []
+        timeouts = [watchdog.POLL_S]
         if deadline is not None:
             timeouts.append(deadline - now)
         if failed:
             timeouts.append(echo_since + _ECHO_GRACE_S - now)
-        timeout = max(0.0, min(timeouts)) if timeouts else None
+        timeout = max(0.0, min(timeouts))
         for obj in wait(list(by_conn) + list(by_sentinel), timeout):
             if obj in by_conn:
                 rank = by_conn[obj]
@@ -377,6 +398,9 @@ def _supervise(ranks: list[_Rank], deadline: float | None,
                 failed.append(rank)
                 if echo_since is None:
                     echo_since = time.monotonic()
+    finding = watchdog.finish()
+    if finding is not None:
+        raise _Failure(None, finding)
 
 
 def _is_echo(rank: _Rank) -> bool:
@@ -419,7 +443,7 @@ def _stop(ranks: list[_Rank]) -> None:
         r.process.join()
 
 
-def _cluster_error(ranks: list[_Rank], failure: _Failure) -> ClusterError:
+def _cluster_error(ranks: list[_Rank], failure: _Failure, watchdog: Watchdog) -> ClusterError:
     for r in ranks:
         r.drain()
     failed = [r.rank for r in ranks if r.error is not None or
@@ -427,8 +451,13 @@ def _cluster_error(ranks: list[_Rank], failure: _Failure) -> ClusterError:
     if failure.rank in failed:
         failed.remove(failure.rank)
         failed.insert(0, failure.rank)
-    return ClusterError(failure.rank, failure.message, {r.rank: r.detail() for r in ranks},
-                        failed)
+    details, collectives = {}, {}
+    for r in ranks:
+        where = watchdog.describe(r.rank)
+        details[r.rank] = f"{where}\n{r.detail()}" if where else r.detail()
+        if where:
+            collectives[r.rank] = watchdog.records(r.rank)
+    return ClusterError(failure.rank, failure.message, details, failed, collectives)
 
 
 # ---------------------------------------------------------------------------------------

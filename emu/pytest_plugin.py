@@ -84,7 +84,8 @@ class ClusterFactory:
         self._runs = 0
 
     def __call__(self, trace=None, *, workload=None, additional_config=None,
-                 dp_size: int | None = None, seed: int = 0, **spec_fields) -> ClusterRun:
+                 dp_size: int | None = None, seed: int = 0, faults=None, strict: bool = True,
+                 **spec_fields) -> ClusterRun:
         """Run one cluster to completion and return its ``ClusterRun``.
 
         ``trace``: TraceRequests, dicts with the trace-file fields (``request_id``,
@@ -92,19 +93,25 @@ class ClusterFactory:
         ``priority``) or a trace file; or ``workload``: a file or bundled name
         ("default", "uniform", "longtail", "bimodal"). ``additional_config``:
         vllm-ascend's additional config (None: DyntraLB off). ``dp_size`` overrides the
-        ``dp`` marker. Other keyword arguments are ``emu.cluster.RunSpec`` fields
+        ``dp`` marker. ``faults``: faults to inject (``emu.faults`` objects or
+        ``--fault`` strings such as ``"kill:rank=1,step=50"``, or a ``FaultPlan``).
+        ``strict`` (on by default in tests) checks the emulator's invariants every step.
+        Other keyword arguments are ``emu.cluster.RunSpec`` fields
         (``max_num_seqs``, ``block_size``, ``num_gpu_blocks``, ``device``, ...).
         Raises ValueError for a bad spec and ``emu.launcher.ClusterError`` when a rank
         fails."""
         from emu.cluster import RunSpec, run_cluster
+        from emu.faults import FaultPlan
         from emu.metrics import compute_metrics, load_run
 
+        if faults is not None:
+            spec_fields["faults"] = FaultPlan.of(faults)
         self._runs += 1
         out_dir = self._tmp_path / f"dyntra-cluster-{self._runs}"
         spec = RunSpec(trace=_trace_from(trace, workload),
                        dp_size=self.dp_size if dp_size is None else dp_size,
                        out_dir=out_dir, additional_config=additional_config, seed=seed,
-                       **spec_fields)
+                       strict=strict, **spec_fields)
         result = run_cluster(spec)
         metrics = compute_metrics(load_run(out_dir), config=_json_ready(additional_config),
                                   seed=seed)

@@ -137,6 +137,9 @@ def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[st
         except ValueError:  # an integer literal over Python's 4300-digit limit
             problems.append(f"{where}: invalid JSON: a number has too many digits")
             continue
+        except RecursionError:
+            problems.append(f"{where}: invalid JSON: nested too deeply")
+            continue
         if not isinstance(obj, dict):
             problems.append(
                 f"{where}: expected a JSON object per line, got {_json_type(obj)}"

@@ -85,7 +85,7 @@ def spec(name: str, dp_size: int, out_dir: pathlib.Path) -> RunSpec:
     """The named runs the tests share."""
     common = dict(dp_size=dp_size, out_dir=out_dir, block_size=BLOCK_SIZE,
                   num_gpu_blocks=NUM_GPU_BLOCKS, device="cpu", max_steps=20_000,
-                  collective_timeout_s=60.0, run_timeout_s=240.0)
+                  collective_timeout_s=60.0, run_timeout_s=240.0, strict=True)
     if name in ("static", "static-again"):
         return RunSpec(trace=static_trace(dp_size), additional_config=STATIC_CONFIG,
                        max_num_seqs=2, **common)

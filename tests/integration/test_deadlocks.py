@@ -1,0 +1,161 @@
+"""The two deadlocks of the reference's earlier balance-scheduling design, reproduced with
+the test-only ``RunSpec.lb_placement``, and turned by the guard into named failures with
+every rank stopped; and the correct placement (right after the wave sync) running
+through 1,000 wave boundaries under skewed, bursty arrivals.
+
+(A) the gather inside ``schedule()``: a rank without work runs a dummy step instead and
+    never reaches the gather a busy rank waits in;
+(B) the gather before the wave sync: each rank decides from its own unfinished requests
+    whether to gather, so at the tail of a wave a rank that has drained goes on (to its
+    next lockstep step) while a busy rank waits in the gather.
+
+Real rank processes and gloo groups throughout; strict mode is on.
+"""
+
+from __future__ import annotations
+
+import random
+
+import psutil
+import pytest
+
+from emu.cluster import RunSpec, run_cluster
+from emu.launcher import ClusterError
+from emu.workload import TraceRequest
+
+pytestmark = pytest.mark.integration
+
+BLOCK_SIZE = 16
+STATIC = {"scheduler_config": {"dyntra_lb_config": {
+    "enabled": True, "mode": "static", "start_step": 0, "bubble_threshold": 1.0}}}
+# Short: the stuck disagreement is found after min(2 s, timeout / 2) of standstill.
+COLLECTIVE_TIMEOUT_S = 10.0
+SOAK_WAVES = 1000
+
+
+def _children() -> set[int]:
+    """Live child processes of this test process, without multiprocessing's resource
+    tracker (started once by the spawn method, it lives as long as this process)."""
+    pids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any("resource_tracker" in part for part in child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        pids.add(child.pid)
+    return pids
+
+
+@pytest.fixture
+def no_leftover_processes():
+    before = _children()
+    yield
+    assert _children() - before == set()
+
+
+def _spec(trace, out_dir, placement, **fields) -> RunSpec:
+    return RunSpec(trace=trace, dp_size=2, out_dir=out_dir, additional_config=STATIC,
+                   max_num_seqs=4, block_size=BLOCK_SIZE, device="cpu", strict=True,
+                   lb_placement=placement, collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+                   run_timeout_s=600.0, **fields)
+
+
+def bursty_trace(num_bursts: int, seed: int = 0) -> list[TraceRequest]:
+    """``num_bursts`` bursts, 3 s apart (longer than a wave lasts, so each burst starts a
+    wave of its own). Each burst is skewed and ragged: rank 0 gets 1-4 requests, rank 1
+    0-2 (none in about a third of the bursts), arriving over the first 0.3 s of the
+    burst, with 1-24 output tokens, so ranks drain at different steps and sometimes a
+    rank has no work for the whole wave."""
+    rng = random.Random(seed)
+    trace = []
+    for burst in range(num_bursts):
+        t0 = 3.0 * burst
+        for rank, count in ((0, rng.randint(1, 4)), (1, rng.choice([0, 0, 1, 1, 2, 2]))):
+            for i in range(count):
+                trace.append(TraceRequest(
+                    f"b{burst}-r{rank}-{i}", round(t0 + rng.uniform(0.0, 0.3), 4),
+                    rng.randint(16, 600), rng.randint(1, 24), rank=rank))
+    trace.sort(key=lambda r: r.arrival_s)
+    return trace
+
+
+def _assert_named_gather_deadlock(err: ClusterError) -> None:
+    """The report names the disagreement: one rank waits in DyntraLB's all-gather on
+    the DP group, the other in the lockstep all-reduce on the device group, at the same
+    collective number; every rank's last collectives and Python stack are there."""
+    assert err.rank is None
+    assert err.message.startswith("collective mismatch: ")
+    sites = {r: c["entered"]["site"] for r, c in err.collectives.items()}
+    assert sorted(sites.values()) == ["dyntra_lb.allgather", "engine.lockstep"]
+    assert all(c["inside"] for c in err.collectives.values())
+    assert len({c["entered"]["seq"] for c in err.collectives.values()}) == 1
+    for rank, site in sites.items():
+        detail = err.details[rank]
+        seq = err.collectives[rank]["entered"]["seq"]
+        assert detail.startswith(f"last entered collective: seq {seq} {site} (")
+        completed = f"seq {seq - 1} " if seq > 0 else "none"
+        assert f"\nlast completed collective: {completed}" in detail
+        assert "Python stack:" in detail
+        # the stack shows the rank inside that very collective
+        assert ("_all_gather" if site == "dyntra_lb.allgather" else "clock.py") in detail
+    gatherer = next(r for r, s in sites.items() if s == "dyntra_lb.allgather")
+    assert f"rank {gatherer} waits in seq" in err.message
+
+
+def test_gather_inside_schedule_deadlocks_as_a_named_failure(tmp_path, no_leftover_processes):
+    # Rank 1 has nothing to do in the first wave: it runs dummy steps, never schedule().
+    trace = [TraceRequest("busy", 0.0, 200, 20, rank=0),
+             TraceRequest("late", 5.0, 200, 5, rank=1)]
+    with pytest.raises(ClusterError) as info:
+        run_cluster(_spec(trace, tmp_path, "in_schedule"))
+    err = info.value
+    _assert_named_gather_deadlock(err)
+    assert err.collectives[0]["entered"]["site"] == "dyntra_lb.allgather"
+    # the very first collective: the gather rank 0 runs inside its first schedule()
+    assert err.collectives[0]["entered"]["seq"] == 0
+    assert err.collectives[1]["entered"]["iteration"] == 0
+
+
+def test_gather_before_wave_sync_deadlocks_at_the_wave_tail(tmp_path, no_leftover_processes):
+    # Both ranks start busy; rank 1 drains after 3 tokens, rank 0 still has work.
+    trace = [TraceRequest("long", 0.0, 200, 20, rank=0),
+             TraceRequest("short", 0.0, 200, 3, rank=1)]
+    with pytest.raises(ClusterError) as info:
+        run_cluster(_spec(trace, tmp_path, "before_sync"))
+    err = info.value
+    _assert_named_gather_deadlock(err)
+    gather = err.collectives[0]["entered"]
+    lockstep = err.collectives[1]["entered"]
+    assert gather["site"] == "dyntra_lb.allgather"
+    # rank 1 believed the wave over and went on to the next step's lockstep
+    assert lockstep["iteration"] == gather["iteration"] + 1
+    assert gather["wave"] == lockstep["wave"] == 0
+    # until then both gathered every step: the plans of the earlier steps exist
+    assert gather["iteration"] >= 2
+
+
+@pytest.mark.parametrize("placement", ["in_schedule", "before_sync"])
+def test_soak_workload_reaches_both_deadlocks(placement, tmp_path, no_leftover_processes):
+    """The workload of the 1,000-wave test is not tame: with either wrong placement it
+    deadlocks, and the guard names it."""
+    with pytest.raises(ClusterError) as info:
+        run_cluster(_spec(bursty_trace(SOAK_WAVES), tmp_path, placement))
+    _assert_named_gather_deadlock(info.value)
+
+
+@pytest.mark.soak  # about 1.5 min on 2 cores (36,000 steps per rank); .ci runs it
+def test_correct_placement_survives_1000_wave_boundaries(tmp_path, no_leftover_processes):
+    trace = bursty_trace(SOAK_WAVES)
+    result = run_cluster(_spec(trace, tmp_path, "correct"))
+    assert [r.waves for r in result.ranks] == [SOAK_WAVES] * 2
+    assert sum(r.num_finished for r in result.ranks) == len(trace)
+    assert not result.truncated
+    # the hazard was there: many waves where one rank had no work at all, and
+    # DyntraLB planned on every non-idle iteration
+    steps = {rank: [e for e in result.events(rank) if e["kind"] == "step"] for rank in (0, 1)}
+    idle_waves = {s["wave"] for s in steps[1]} - {s["wave"] for s in steps[1] if not s["dummy"]}
+    assert len(idle_waves) > SOAK_WAVES // 5
+    assert all(r.num_plans == r.steps - SOAK_WAVES for r in result.ranks)

@@ -1,0 +1,165 @@
+"""Strict mode in real clusters: the shared workloads (pauses, plan-limited admission, KV
+loads) run clean under it, and each invariant, broken on purpose inside one rank, stops
+the run with a ClusterError naming that rank, the iteration and the request."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from emu import replay
+from emu.cluster import RunSpec, make_engine, run_cluster, validate
+from emu.launcher import ClusterError, launch
+from emu.workload import TraceRequest
+
+pytestmark = pytest.mark.integration
+
+STATIC = {"scheduler_config": {"dyntra_lb_config": {
+    "enabled": True, "mode": "static", "start_step": 0, "bubble_threshold": 1.0}}}
+STATIC_DIAGNOSTICS = {"scheduler_config": {"dyntra_lb_config": {
+    **STATIC["scheduler_config"]["dyntra_lb_config"], "enable_diagnostics": True}}}
+DYNAMIC = {"scheduler_config": {"dyntra_lb_config": {
+    "enabled": True, "mode": "dynamic", "start_step": 0, "long_req_block_threshold": 20,
+    "dynamic_max_step": 4}}}
+
+
+def _spec(trace, out_dir, config=STATIC, max_num_seqs=2) -> RunSpec:
+    return RunSpec(trace=trace, dp_size=2, out_dir=out_dir, additional_config=config,
+                   max_num_seqs=max_num_seqs, block_size=16, num_gpu_blocks=1024,
+                   device="cpu", strict=True, collective_timeout_s=30.0, run_timeout_s=240.0)
+
+
+# --- sabotage inside one rank (module level: spawn pickles targets by name) ------------
+
+
+def _leak_blocks_of_finished(engine, request_id):
+    kv = engine.scheduler.kv_cache_manager
+    free = kv.free
+
+    def leaky_free(request):
+        if not (request.request_id == request_id and request.is_finished()):
+            free(request)
+
+    kv.free = leaky_free
+
+
+def _lose_request(engine, request_id):
+    scheduler = engine.scheduler
+    add = scheduler.add_request
+
+    def add_request(request):
+        if request.request_id == request_id:  # known to the scheduler, in no queue
+            scheduler.requests[request.request_id] = request
+        else:
+            add(request)
+
+    scheduler.add_request = add_request
+
+
+def _drop_kv_of_paused(engine, request_id):
+    policy = engine.scheduler.lb
+    pause = policy._pause_request
+
+    def pause_request(request):
+        pause(request)
+        engine.scheduler.kv_cache_manager.free(request)  # as a preemption would
+        request.num_computed_tokens = 0
+
+    policy._pause_request = pause_request
+
+
+def _admit_everything(engine, request_id):
+    engine.scheduler.lb.can_admit = lambda request: True
+
+
+SABOTAGE = {"leak": _leak_blocks_of_finished, "lose": _lose_request,
+            "unpause": _drop_kv_of_paused, "admit": _admit_everything}
+
+
+def sabotaged_target(ctx, args):
+    spec, config, broken_rank, kind, request_id = args
+    engine = make_engine(ctx, spec, config, pathlib.Path(ctx.out_dir))
+    if ctx.rank == broken_rank:
+        SABOTAGE[kind](engine, request_id)
+    return engine.run()
+
+
+def _run_sabotaged(spec, broken_rank, kind, request_id=None) -> ClusterError:
+    config = validate(spec)
+    with pytest.raises(ClusterError) as info:
+        launch(sabotaged_target, (spec, config, broken_rank, kind, request_id),
+               dp_size=spec.dp_size, device="cpu", out_dir=spec.out_dir,
+               collective_timeout_s=spec.collective_timeout_s,
+               run_timeout_s=spec.run_timeout_s)
+    err = info.value
+    assert err.rank == broken_rank
+    assert err.message.startswith(f"emu.guard.InvariantError: strict invariant violated on rank "
+                                  f"{broken_rank} at iteration ")
+    # the report also has every rank's collectives, and the failing rank's traceback
+    assert "in _check_invariants" in err.details[broken_rank]
+    assert all(d.startswith("last entered collective: seq ") for d in err.details.values())
+    return err
+
+
+def _small_trace():
+    return [TraceRequest("victim", 0.0, 100, 6, rank=1),
+            TraceRequest("other", 0.0, 300, 12, rank=1),
+            TraceRequest("ghost", 0.0, 50, 4, rank=0),
+            TraceRequest("busy", 0.0, 50, 10, rank=0)]
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+def test_shared_workloads_run_clean_in_strict_mode(kit, tmp_path):
+    static = run_cluster(_spec(kit.static_trace(2), tmp_path / "static", STATIC_DIAGNOSTICS))
+    steps = [e for r in (0, 1) for e in static.events(r) if e["kind"] == "step"]
+    # what the invariants are about did happen: pauses, admissions under a plan
+    assert any(s["paused"] for s in steps)
+    assert any(s["admitted"] and s["plan_applied"] is not None for s in steps)
+    # the rank log says max_num_seqs, so replaying it needs no flag
+    report = replay.replay(replay.read_log(static.logs[0]))
+    assert report.assumptions == []
+    assert {r.max_num_seqs for r in report.results} == {2}
+    assert report.summary()["reproduced"] == report.summary()["snapshots"] > 0
+    trace = [TraceRequest(f"r{i}", 0.05 * i, 64 + (97 * i) % 500, 10 + i % 25)
+             for i in range(60)]
+    dynamic = run_cluster(_spec(trace, tmp_path / "dynamic", DYNAMIC, max_num_seqs=4))
+    assert sum(r.num_finished for r in dynamic.ranks) == len(trace)
+    assert dynamic.ranks[0].num_plans > 0
+
+
+def test_leaked_kv_blocks_are_named(tmp_path):
+    err = _run_sabotaged(_spec(_small_trace(), tmp_path), 1, "leak", "victim")
+    # named at the very step victim finished (its step record is the last one written)
+    with open(tmp_path / "rank1.events.jsonl") as f:
+        last = json.loads(f.readlines()[-2])  # the step record, then victim's record
+    assert last["finished"] == ["victim"]
+    assert re.fullmatch(
+        rf"emu\.guard\.InvariantError: strict invariant violated on rank 1 at iteration "
+        rf"{last['iter']} \(wave 0, step_counter {last['step_counter']}\): KV blocks not "
+        r"conserved: the pool has \d+ in use, the requests in flight hold \d+; blocks held "
+        r"by requests no longer in flight: \['victim'\]",
+        err.message)
+
+
+def test_a_request_lost_from_the_queues_is_named(tmp_path):
+    err = _run_sabotaged(_spec(_small_trace(), tmp_path), 0, "lose", "ghost")
+    assert err.message.endswith(
+        "at iteration 0 (wave 0, step_counter 1): requests in flight and queues disagree: "
+        "in no queue ['ghost'], queued but not in flight [], in two queues []")
+
+
+def test_a_paused_request_losing_its_kv_is_named(kit, tmp_path):
+    err = _run_sabotaged(_spec(kit.static_trace(2), tmp_path), 0, "unpause")
+    assert re.search(r": paused request '[\w-]+' is PREEMPTED and holds 0 KV blocks$",
+                     err.message)
+
+
+def test_admission_outside_the_plan_is_named(kit, tmp_path):
+    err = _run_sabotaged(_spec(kit.static_trace(2), tmp_path), 1, "admit")
+    assert re.search(r": request '[\w-]+' was admitted under a plan whose admission set "
+                     r"is \[.*\]$", err.message)
