@@ -35,6 +35,7 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
+from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, load_trace, validate_trace
 
@@ -115,11 +116,6 @@ def _capped_int(minimum: int, maximum: int, why: str):
         return value
 
     return parse
-
-
-# Longest timeout a flag accepts: larger values overflow the C timeouts of the launcher
-# and of gloo once the ranks run.
-MAX_SECONDS = 1e6
 
 
 def _seconds(text: str) -> float:
@@ -798,7 +794,7 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
         help="trace file (JSON Lines, see fixtures/README.md) or the name of a bundled "
              f"workload: {', '.join(bundled_workloads()) or 'none installed'} "
              f"(default: {DEFAULT_WORKLOAD})")
-    parser.add_argument("--dp", type=_capped_int(1, 1024, "rank processes"), metavar="N",
+    parser.add_argument("--dp", type=_capped_int(1, MAX_DP_SIZE, "rank processes"), metavar="N",
                         help=f"number of DP ranks, one process each (default: {DEFAULT_DP}; "
                              "under torchrun: WORLD_SIZE)")
     if single_config:
@@ -809,13 +805,13 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
                  "(default: DyntraLB static mode from step 0)")
         group.add_argument("--no-dyntra-lb", action="store_true",
                            help="plain DP without DyntraLB (same as --additional-config '{}')")
-    parser.add_argument("--max-num-seqs", type=_capped_int(1, 65536, "requests per rank"),
+    parser.add_argument("--max-num-seqs", type=_capped_int(1, MAX_NUM_SEQS, "requests per rank"),
                         metavar="N",
                         help=f"vLLM max_num_seqs per rank (default: {d['max_num_seqs']})")
     parser.add_argument("--block-size", type=_int_type(1), metavar="N",
                         help=f"tokens per KV block (default: {d['block_size']})")
     parser.add_argument("--num-gpu-blocks",
-                        type=_capped_int(1, 1_000_000, "each rank keeps every block id"),
+                        type=_capped_int(1, MAX_GPU_BLOCKS, "each rank keeps every block id"),
                         metavar="N",
                         help=f"KV blocks per rank (default: {d['num_gpu_blocks']})")
     parser.add_argument("--max-num-batched-tokens", type=_int_type(1), metavar="N",

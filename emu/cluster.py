@@ -33,6 +33,7 @@ from emu.device import DEVICE_CHOICES
 from emu.engine import EngineCore, RankSummary
 from emu.faults import FaultPlan, check_plan
 from emu.launcher import join_from_env, launch
+from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, TraceRequest, check_ranks
 
@@ -119,9 +120,11 @@ class RunResult:
             return [json.loads(line) for line in f]
 
 
-def _positive_int(name: str, value) -> None:
+def _positive_int(name: str, value, upper: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"RunSpec.{name} must be an int >= 1, got {value!r}")
+    if upper is not None and value > upper:
+        raise ValueError(f"RunSpec.{name} must be at most {upper}, got {value!r}")
 
 
 def _non_negative(name: str, value) -> None:
@@ -134,9 +137,10 @@ def _non_negative(name: str, value) -> None:
 def validate(spec: RunSpec) -> AdditionalConfig:
     """Check the whole spec; returns the parsed additional config. Raises ValueError
     (``TraceError`` for trace problems) naming the field; nothing has started yet."""
-    _positive_int("dp_size", spec.dp_size)
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
-                 "max_steps"):
+    _positive_int("dp_size", spec.dp_size, MAX_DP_SIZE)
+    _positive_int("max_num_seqs", spec.max_num_seqs, MAX_NUM_SEQS)
+    _positive_int("num_gpu_blocks", spec.num_gpu_blocks, MAX_GPU_BLOCKS)
+    for name in ("max_num_batched_tokens", "block_size", "max_steps"):
         _positive_int(name, getattr(spec, name))
     if spec.scheduling_policy not in SCHEDULING_POLICIES:
         raise ValueError(f"RunSpec.scheduling_policy must be one of "
@@ -159,12 +163,16 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if not isinstance(spec.seed, int) or isinstance(spec.seed, bool):
         raise ValueError(f"RunSpec.seed must be an int, got {spec.seed!r}")
     timeout = spec.collective_timeout_s
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-        raise ValueError(f"RunSpec.collective_timeout_s must be > 0, got {timeout!r}")
+    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+            or not 0 < timeout <= MAX_SECONDS):
+        raise ValueError(f"RunSpec.collective_timeout_s must be > 0 and at most "
+                         f"{MAX_SECONDS:g}, got {timeout!r}")
     run_timeout = spec.run_timeout_s
     if run_timeout is not None and (not isinstance(run_timeout, (int, float))
-                                    or isinstance(run_timeout, bool) or not run_timeout > 0):
-        raise ValueError(f"RunSpec.run_timeout_s must be > 0 or None, got {run_timeout!r}")
+                                    or isinstance(run_timeout, bool)
+                                    or not 0 < run_timeout <= MAX_SECONDS):
+        raise ValueError(f"RunSpec.run_timeout_s must be > 0 and at most {MAX_SECONDS:g}, "
+                         f"or None, got {run_timeout!r}")
     if spec.out_dir is None:
         raise ValueError("RunSpec.out_dir must be a directory path, got None")
 
