@@ -67,6 +67,9 @@ class RunSpec:
     - ``strict``: every rank checks the strict-mode invariants every step (requests and
       KV blocks conserved, paused requests keep their blocks, admission limited to the
       plan's set); a violation fails the run with ``emu.guard.InvariantError``.
+    - ``stall_steps``: a rank that holds unfinished requests but schedules no token for
+      this many consecutive steps fails the run with ``emu.engine.StallError`` naming
+      its requests (instead of spinning in dummy steps until ``max_steps``).
     - ``lb_placement``: TEST-ONLY. "correct" (the default, spec B.2) or a wrong place
       for DyntraLB's collectives, "in_schedule" or "before_sync", which reproduces the
       reference's known deadlocks (see ``emu.engine.EngineCore``).
@@ -93,6 +96,7 @@ class RunSpec:
     faults: FaultPlan | None = None
     strict: bool = False
     lb_placement: str = "correct"
+    stall_steps: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     _positive_int("dp_size", spec.dp_size, MAX_DP_SIZE)
     _positive_int("max_num_seqs", spec.max_num_seqs, MAX_NUM_SEQS)
     _positive_int("num_gpu_blocks", spec.num_gpu_blocks, MAX_GPU_BLOCKS)
-    for name in ("max_num_batched_tokens", "block_size", "max_steps"):
+    for name in ("max_num_batched_tokens", "block_size", "max_steps", "stall_steps"):
         _positive_int(name, getattr(spec, name))
     if spec.scheduling_policy not in SCHEDULING_POLICIES:
         raise ValueError(f"RunSpec.scheduling_policy must be one of "
@@ -307,4 +311,5 @@ def make_engine(ctx, spec: RunSpec, config: AdditionalConfig,
         faults=spec.faults.for_rank(ctx.rank) if spec.faults is not None else None,
         strict=spec.strict,
         lb_placement=spec.lb_placement,
+        stall_steps=spec.stall_steps,
     )

@@ -80,6 +80,11 @@ class RankSummary:
     device: str
 
 
+class StallError(RuntimeError):
+    """A rank holds unfinished requests but has scheduled nothing for ``stall_steps``
+    iterations."""
+
+
 # One encoder for every record: json.dumps with options would build a new one per call.
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
@@ -92,7 +97,11 @@ class EngineCore:
     paths of ``rank<r>.events.jsonl`` and ``rank<r>.wall.jsonl`` (None: not written).
     ``max_steps`` stops the run after that many non-idle iterations on every rank (the
     iteration count is lockstep, so all ranks stop together). ``strict`` checks the
-    invariants of ``_check_invariants`` every iteration.
+    invariants of ``_check_invariants`` every iteration. ``stall_steps`` names a stuck
+    rank: one that holds unfinished requests but has scheduled no token for that many
+    consecutive iterations raises ``StallError`` (vLLM would spin in dummy steps
+    forever, e.g. when paused requests hold the KV a preempted head-of-line request
+    needs).
 
     ``lb_placement`` is for tests only: "correct" runs DyntraLB's protocol right after
     the wave sync (B.2); "in_schedule" and "before_sync" put it where the reference's
@@ -124,6 +133,7 @@ class EngineCore:
         faults: Any = None,
         strict: bool = False,
         lb_placement: str = "correct",
+        stall_steps: int = 10_000,
     ):
         self.dp_rank = ctx.rank
         self.dp_size = ctx.dp_size
@@ -201,6 +211,8 @@ class EngineCore:
 
         self.device = ctx.device.type
         self.lb_placement = lb_placement
+        self.stall_steps = stall_steps
+        self._last_progress = 0  # iteration of this rank's last step with tokens
         # Strict mode (``_check_invariants``): what it remembers across iterations.
         self.strict = strict
         self.num_arrived = 0
@@ -290,6 +302,10 @@ class EngineCore:
                 step_us = clock.step(own_cost_us, self._num_waiting(), len(scheduler.running))
                 self.num_dummy_steps += 1
             local_unfinished = scheduler.has_unfinished_requests()
+            if executed or not local_unfinished:
+                self._last_progress = self.iteration
+            elif self.iteration - self._last_progress >= self.stall_steps:
+                self._stalled()
 
             # 3. _has_global_unfinished_reqs, with DyntraLB's hook around it (B.2)
             if coordinator is not None:
@@ -326,6 +342,21 @@ class EngineCore:
             if self.iteration >= self.max_steps:
                 self.truncated = True
                 break
+
+    def _stalled(self) -> None:
+        """Name the stuck rank and what its requests are waiting in."""
+        scheduler = self.scheduler
+        paused = scheduler.lb.paused_req_ids if scheduler.lb is not None else set()
+        stuck = [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting]
+        described = ", ".join(
+            f"{r.request_id} ({r.status.name}"
+            f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
+        more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+        raise StallError(
+            f"rank {self.dp_rank} is stuck: {len(stuck)} unfinished request(s) but no token "
+            f"scheduled for {self.stall_steps} steps (iteration {self.iteration}, wave "
+            f"{self.current_wave}); {described}{more}; KV blocks free: "
+            f"{scheduler.kv_cache_manager.pool.get_num_free_blocks()}")
 
     def _add_request(self, trace_request: TraceRequest) -> None:
         """ADD from the input queue: DyntraLB's arming sees the block count before the

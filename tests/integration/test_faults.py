@@ -252,6 +252,23 @@ def test_never_completing_load_ends_in_a_named_failure(dyntra_cluster, tmp_path,
     assert HANGING not in {r["request_id"] for r in records if r["kind"] == "request"}
 
 
+@pytest.mark.dp(2)
+def test_a_rank_that_schedules_nothing_for_stall_steps_is_named(dyntra_cluster,
+                                                                no_leftover_processes):
+    # A load that never lands and no KV timeout: without the stall check the wave would
+    # spin in dummy steps until max_steps.
+    with pytest.raises(ClusterError) as info:
+        dyntra_cluster(two_wave_trace(), additional_config=STATIC, max_num_seqs=4,
+                       block_size=BLOCK_SIZE, num_gpu_blocks=1024, device="cpu",
+                       stall_steps=200, run_timeout_s=240.0,
+                       faults=[f"kv_never:request={HANGING},timeout_s=100000"])
+    err = info.value
+    assert err.rank == 1
+    assert err.message.startswith("emu.engine.StallError: rank 1 is stuck: 1 unfinished "
+                                  "request(s) but no token scheduled for 200 steps")
+    assert f"{HANGING} (WAITING_FOR_REMOTE_KVS)" in err.message
+
+
 # ----------------------------------------------------------------- collective delay
 
 

@@ -42,6 +42,7 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
         ({"block_size": True}, "RunSpec.block_size"),
         ({"num_gpu_blocks": 2.0}, "RunSpec.num_gpu_blocks"),
         ({"max_steps": -1}, "RunSpec.max_steps"),
+        ({"stall_steps": 0}, "RunSpec.stall_steps must be an int >= 1"),
         ({"scheduling_policy": "lifo"}, "RunSpec.scheduling_policy"),
         ({"router": "random"}, "RunSpec.router"),
         ({"device": "gpu"}, "RunSpec.device"),
