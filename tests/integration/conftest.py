@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 
+import psutil
 import pytest
 
 from emu.cluster import RunResult, RunSpec, run_cluster
@@ -178,3 +179,27 @@ class EngineTestKit:
 @pytest.fixture(scope="session")
 def kit() -> type[EngineTestKit]:
     return EngineTestKit
+
+
+def _children() -> set[int]:
+    """Live child processes of this test process, without multiprocessing's resource
+    tracker (started once by the spawn method, it lives as long as this process)."""
+    pids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any("resource_tracker" in part for part in child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        pids.add(child.pid)
+    return pids
+
+
+@pytest.fixture
+def no_leftover_processes():
+    """Fails the test if it leaves a child process (a rank) running."""
+    before = _children()
+    yield
+    assert _children() - before == set()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 
-import psutil
 import pytest
 
 from emu.cluster import RunSpec, run_cluster
@@ -32,28 +31,6 @@ STATIC = {"scheduler_config": {"dyntra_lb_config": {
 COLLECTIVE_TIMEOUT_S = 10.0
 SOAK_WAVES = 1000
 
-
-def _children() -> set[int]:
-    """Live child processes of this test process, without multiprocessing's resource
-    tracker (started once by the spawn method, it lives as long as this process)."""
-    pids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if any("resource_tracker" in part for part in child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        pids.add(child.pid)
-    return pids
-
-
-@pytest.fixture
-def no_leftover_processes():
-    before = _children()
-    yield
-    assert _children() - before == set()
 
 
 def _spec(trace, out_dir, placement, **fields) -> RunSpec:

@@ -85,28 +85,6 @@ def bubble(result: RunResult, rank: int) -> float:
     return sum(s["step_time_s"] - s["own_cost_s"] for s in steps(result, rank))
 
 
-def _children() -> set[int]:
-    """Live child processes of this test process (multiprocessing's resource tracker,
-    which lives as long as this process, left out)."""
-    pids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if any("resource_tracker" in part for part in child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        pids.add(child.pid)
-    return pids
-
-
-@pytest.fixture
-def no_leftover_processes():
-    before = _children()
-    yield
-    assert _children() - before == set()
-
 
 # ---------------------------------------------------------------------------- kill
 

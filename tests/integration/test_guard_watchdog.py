@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,28 +20,6 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 3.0
 
-
-def _children() -> set[int]:
-    """Live child processes of this test process, without multiprocessing's resource
-    tracker (started once by the spawn method, it lives as long as this process)."""
-    pids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if any("resource_tracker" in part for part in child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        pids.add(child.pid)
-    return pids
-
-
-@pytest.fixture
-def no_leftover_processes():
-    before = _children()
-    yield
-    assert _children() - before == set()
 
 
 # --- targets (module level: the spawn start method pickles them by name) ---------------

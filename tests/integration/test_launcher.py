@@ -107,28 +107,6 @@ def pid_file_target(ctx, args):
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _children() -> set[int]:
-    """Live child processes of this test process, without multiprocessing's resource
-    tracker (started once by the spawn method, it lives as long as this process)."""
-    pids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if any("resource_tracker" in part for part in child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        pids.add(child.pid)
-    return pids
-
-
-@pytest.fixture
-def no_leftover_processes():
-    before = _children()
-    yield
-    assert _children() - before == set()
-
 
 # --- success ---------------------------------------------------------------------------
 
