@@ -9,6 +9,7 @@ diagnostics summary sums them. The block size is the scheduler's
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -17,6 +18,13 @@ def num_blocks(num_tokens: int, block_size: int) -> int:
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
         raise RuntimeError(f"Invalid DyntraLB block size: {block_size}")
     return (num_tokens + block_size - 1) // block_size
+
+
+def block_counts(requests: Iterable[Any], block_size: int) -> list[int]:
+    """Block counts of many requests, in order. The policy and the scheduler count every
+    running request and candidate on every active step, so the size is checked once."""
+    num_blocks(0, block_size)
+    return [(r.num_tokens + block_size - 1) // block_size for r in requests]
 
 
 def request_blocks(request: Any, block_size: int) -> int:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from dyntra_lb.blocks import num_blocks
+from dyntra_lb.blocks import block_counts
 from dyntra_lb.diagnostics import pause_line
 
 logger = logging.getLogger("dyntra_lb")
@@ -174,21 +174,11 @@ class DyntraLBPolicy:
 
     def running_block_counts(self) -> list[int]:
         """Block counts of the running requests, in list order (payload, spec C)."""
-        bs = self._block_size()
-        return [(r.num_tokens + bs - 1) // bs for r in self.scheduler.running]
+        return block_counts(self.scheduler.running, self.scheduler.cache_config.block_size)
 
     def candidate_block_counts(self) -> list[int]:
         """Block counts of the admission candidates, in candidate order (payload, C)."""
-        bs = self._block_size()
-        return [(r.num_tokens + bs - 1) // bs for r in self.admission_candidates]
-
-    def _block_size(self) -> int:
-        """The DyntraLB block size, validated as ``blocks.num_blocks`` does; callers
-        then apply the same ceiling inline, since they run over every request of
-        every active step."""
-        block_size = self.scheduler.cache_config.block_size
-        num_blocks(0, block_size)
-        return block_size
+        return block_counts(self.admission_candidates, self.scheduler.cache_config.block_size)
 
     def clear_plan(self) -> None:
         """Drop the plan: at a wave end and on steps where balancing is inactive.
@@ -302,21 +292,21 @@ class DyntraLBPolicy:
             self.lb_freeze = False
             return []
         self.lb_freeze = plan.freeze
-        bs = self._block_size()
-        paused = self._pause_out_matches(plan.out_blk, bs) if plan.out_blk else []
+        paused = self._pause_out_matches(plan.out_blk) if plan.out_blk else []
         remaining_in = [] if self.lb_freeze else list(plan.in_blk)
         admit: set[str] = set()
-        for request in self.admission_candidates:
-            if not remaining_in:
-                break
-            blk = (request.num_tokens + bs - 1) // bs
-            if blk in remaining_in:
-                remaining_in.remove(blk)
-                admit.add(request.request_id)
+        if remaining_in:
+            counts = self.candidate_block_counts()
+            for request, blk in zip(self.admission_candidates, counts, strict=True):
+                if blk in remaining_in:
+                    remaining_in.remove(blk)
+                    admit.add(request.request_id)
+                    if not remaining_in:
+                        break
         self.admit_req_ids = admit
         return paused
 
-    def _pause_out_matches(self, out_blk: list[int], bs: int) -> list[Any]:
+    def _pause_out_matches(self, out_blk: list[int]) -> list[Any]:
         """Out matching: by current block count, in running-list order; unmatched
         values are ignored.
 
@@ -327,16 +317,16 @@ class DyntraLBPolicy:
         running = self.scheduler.running
         remaining_out = list(out_blk)
         snapshot = list(running)
+        counts = self.running_block_counts()
         paused: list[Any] = []
         for newly_added_only in (True, False):
-            for request in snapshot:
+            for request, blk in zip(snapshot, counts, strict=True):
                 if not remaining_out:
                     return paused
                 if newly_added_only and not getattr(request, "lb_newly_added", False):
                     continue
                 if not newly_added_only and request in paused:
                     continue
-                blk = (request.num_tokens + bs - 1) // bs
                 if blk in remaining_out:
                     remaining_out.remove(blk)
                     running.remove(request)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dyntra_lb.blocks import num_blocks
+from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
 from emu.kv import BlockPool, KVCacheManager, RemoteKVConnector
@@ -242,15 +242,13 @@ class Scheduler:
         return self.has_unfinished_requests()
 
     def running_blocks(self) -> int:
-        """Sum of the DyntraLB block counts (``blocks.num_blocks``) of ``running``."""
-        bs = self.cache_config.block_size
-        return sum((r.num_tokens + bs - 1) // bs for r in self.running)
+        """Sum of the DyntraLB block counts of ``running``."""
+        return sum(block_counts(self.running, self.cache_config.block_size))
 
     def waiting_blocks(self) -> int:
         """Sum of the block counts of ``waiting`` and ``skipped_waiting``."""
         bs = self.cache_config.block_size
-        return (sum((r.num_tokens + bs - 1) // bs for r in self.waiting)
-                + sum((r.num_tokens + bs - 1) // bs for r in self.skipped_waiting))
+        return sum(block_counts(self.waiting, bs)) + sum(block_counts(self.skipped_waiting, bs))
 
     # ---------------------------------------------------------------- schedule
 

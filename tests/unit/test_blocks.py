@@ -51,3 +51,21 @@ def test_request_blocks_uses_num_tokens():
     request = SimpleNamespace(num_tokens=17, num_prompt_tokens=12)
     assert request_blocks(request, 8) == 3
     assert request_blocks(request, 16) == 2
+
+
+def test_block_counts_match_request_blocks_in_order():
+    from types import SimpleNamespace
+
+    from dyntra_lb.blocks import block_counts, request_blocks
+
+    requests = [SimpleNamespace(num_tokens=n) for n in (1, 16, 17, 33, 0)]
+    assert block_counts(requests, 16) == [request_blocks(r, 16) for r in requests]
+    assert block_counts(requests, 16) == [1, 1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 16.0, True])
+def test_block_counts_check_the_block_size_even_with_no_requests(bad):
+    from dyntra_lb.blocks import block_counts
+
+    with pytest.raises(RuntimeError, match=f"Invalid DyntraLB block size: {bad}"):
+        block_counts([], bad)
