@@ -238,7 +238,8 @@ def check_impl(args, cfg) -> list[str]:
 
     try:
         impl.check(args.impl, cfg, dp_size=args.dp, async_scheduling=args.async_scheduling,
-                   vllm_ascend=args.vllm_ascend)
+                   vllm_ascend=args.vllm_ascend,
+                   faults=FaultPlan(tuple(args.fault)) if getattr(args, "fault", None) else None)
     except ValueError as exc:
         return [f"--impl {args.impl}: {exc}"]
     return []

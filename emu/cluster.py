@@ -185,12 +185,12 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     _validate_trace(spec)
 
     config = load_additional_config(spec.additional_config)
-    impl.check(spec.impl, config, dp_size=spec.dp_size, async_scheduling=spec.async_scheduling,
-               vllm_ascend=spec.vllm_ascend)
     if spec.faults is not None:
         lb = config.dyntra_lb
         check_plan(spec.faults, dp_size=spec.dp_size, trace=spec.trace,
                    lb_mode=lb.mode if lb.enabled else None)
+    impl.check(spec.impl, config, dp_size=spec.dp_size, async_scheduling=spec.async_scheduling,
+               vllm_ascend=spec.vllm_ascend, faults=spec.faults)
     return config
 
 

@@ -2,7 +2,7 @@
 
 An implementation is a module with two functions:
 
-- ``check(config, *, dp_size, async_scheduling, vllm_ascend)`` — in the launching
+- ``check(config, *, dp_size, async_scheduling, vllm_ascend, faults)`` — in the launching
   process, before any rank starts: the decode node's startup checks and whatever else
   the implementation needs; raises ValueError naming what cannot run;
 - ``build(ctx, spec, config, out_dir)`` — in each rank process: the rank's engine, an
@@ -27,7 +27,8 @@ def get(name: str) -> ModuleType:
 
 
 def check(name: str, config, *, dp_size: int, async_scheduling: bool = False,
-          vllm_ascend=None):
-    """Run implementation ``name``'s checks (see the module docstring)."""
+          vllm_ascend=None, faults=None):
+    """Run implementation ``name``'s checks (see the module docstring); ``faults`` is
+    the run's ``emu.faults.FaultPlan`` or None."""
     return get(name).check(config, dp_size=dp_size, async_scheduling=async_scheduling,
-                           vllm_ascend=vllm_ascend)
+                           vllm_ascend=vllm_ascend, faults=faults)

@@ -7,7 +7,8 @@ import logging
 from dyntra_lb.config import check_deployment
 
 
-def check(config, *, dp_size: int, async_scheduling: bool, vllm_ascend=None) -> None:
+def check(config, *, dp_size: int, async_scheduling: bool, vllm_ascend=None,
+          faults=None) -> None:
     """The startup checks of a decode node; the kit emulates vLLM's plain synchronous
     scheduler only."""
     if async_scheduling:

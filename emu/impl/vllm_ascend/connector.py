@@ -41,13 +41,17 @@ class EmulatedRemoteKVConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        self.transfers = RemoteKVConnector(extra["latency_fixed_s"],
-                                           extra["latency_per_block_s"])
+        self.latencies = (extra["latency_fixed_s"], extra["latency_per_block_s"])
+        self.transfers = RemoteKVConnector(*self.latencies)
         self._clock: Any = None
 
-    def bind(self, clock) -> None:
-        """``clock.clock_us`` is read whenever a transfer may start."""
+    def bind(self, clock, faults=None) -> None:
+        """``clock.clock_us`` is read whenever a transfer may start; ``faults`` (the
+        rank's ``emu.faults.FaultInjector``) installs the not-ready and never-completes
+        faults into the arrival model, as in the kit."""
         self._clock = clock
+        if faults is not None:
+            self.transfers = faults.make_connector(*self.latencies)
 
     def _now(self) -> None:
         self.transfers.set_virtual_time(self._clock.clock_us / 1e6)

@@ -44,6 +44,7 @@ from emu.eventlog import EventLog, WallLog
 from emu.guard import CollectiveRecorder
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
+from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.intake import Arrivals
 
 # The token every emulated forward samples (any id below the model's vocab size).
@@ -233,19 +234,28 @@ class EmulatedRank:
 
         self.clock_us = 0
         self.iteration = 0
-        self.step_counter = 0  # mirrors of the engine's, read by the recorder
-        self.current_wave = 0
         self.truncated = False
         self.num_dummy_steps = 0
         self.num_plans = 0
         self.num_finished = 0
+        self.num_arrived = 0
+        self.strict = StrictChecker(self) if spec.strict else None
         self.records: dict[str, _RequestRecord] = {}
         self._last_progress = 0
         self._running_ids: list[str] = []  # running at the end of the last iteration
         self._new_iteration()
         self.engine = engine_class(core_module, dyntra_lb_enabled)(vllm_config, self)
         self.scheduler = self.engine.scheduler
-        self.scheduler.connector.bind(self)
+        self.scheduler.connector.bind(self, faults)
+
+    @property
+    def step_counter(self) -> int:
+        """The engine's, live (the collective recorder reads it at every collective)."""
+        return self.engine.step_counter
+
+    @property
+    def current_wave(self) -> int:
+        return self.engine.current_wave
 
     # ------------------------------------------------------------------ the loop
 
@@ -274,6 +284,7 @@ class EmulatedRank:
     def make_request(self, trace_request) -> Request:
         """The vLLM request of a trace arrival (prompt token ids are placeholders)."""
         self.records[trace_request.request_id] = _RequestRecord(trace_request)
+        self.num_arrived += 1
         params = SamplingParams(max_tokens=trace_request.output_tokens, ignore_eos=True)
         return Request(trace_request.request_id, [_SAMPLED_TOKEN] * trace_request.prompt_tokens,
                        params, None, arrival_time=trace_request.arrival_s,
@@ -293,6 +304,7 @@ class EmulatedRank:
         self._finished: list[_RequestRecord] = []
         self.planner_s = 0.0
         self.collectives_s = 0.0
+        self._admit_ids = None  # the admission set schedule() ran under (None: no plan)
 
     # ------------------------------------------------------------------ forward
 
@@ -357,6 +369,8 @@ class EmulatedRank:
                 if pauses and pauses[-1][1] is None:
                     pauses[-1][1] = now_s
         self._preempted = sorted(scheduler_output.preempted_req_ids or ())
+        admit = getattr(self.scheduler, "_lb_admit_req_ids", None)
+        self._admit_ids = set(admit) if admit is not None else None
 
     def on_output(self, output) -> None:
         """A request's output of this step (``OutputSink``)."""
@@ -374,7 +388,6 @@ class EmulatedRank:
 
     def end_iteration(self, local_unfinished: bool, plan_applied) -> None:
         """After the wave sync and DyntraLB's hook of a non-idle iteration."""
-        engine = self.engine
         scheduler = self.scheduler
         collectives_done = self.recorder.take()
         gathered = any(c["site"] == ALLGATHER_SITE for c in collectives_done)
@@ -391,8 +404,9 @@ class EmulatedRank:
                        self.planner_s if self.dyntra_lb else None,
                        self.collectives_s if self.dyntra_lb else None)
         self.num_finished += len(self._finished)
+        if self.strict is not None:
+            self.strict.check(self._paused, self._admitted + self._resumed, self._admit_ids)
         self.iteration += 1
-        self.step_counter = engine.step_counter
         self._running_ids = [r.request_id for r in scheduler.running]
         self._new_iteration()
 
