@@ -31,7 +31,7 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
 from dyntra_lb.payload import pack, payload_len, unpack
-from dyntra_lb.planner import Plan, balance_load
+from dyntra_lb.planner import Plan, balance_load, warm_up
 
 logger = logging.getLogger("dyntra_lb")
 
@@ -128,6 +128,10 @@ class DyntraLBCoordinator:
         self.last_plan_generated: Plan | None = None
         self.last_collective_s = 0.0
         self.last_planner_s = 0.0
+
+        # The compiled planner compiles (or loads numba's disk cache) here, at rank
+        # start-up, instead of inside the first planned decode step.
+        warm_up()
 
         if self._log_rank0:
             for line in diagnostics.config_lines(cfg):
