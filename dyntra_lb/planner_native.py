@@ -72,6 +72,9 @@ _NONE = -1
 
 
 _jit = njit
+# The helpers on the path of every swap, inlined into their callers by numba: a call
+# between compiled functions costs more than these bodies.
+_inline = njit(inline="always")
 
 
 def _cached_jit(fn):
@@ -85,7 +88,7 @@ def _cached_jit(fn):
         return njit(fn)
 
 
-@_jit
+@_inline
 def _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, item, waiting):
     """Append ``item`` to the running (``waiting`` False) or waiting list of card c."""
     g = ig[item]
@@ -111,7 +114,7 @@ def _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, item, waiting):
         cs[c, _MAXR] = max(cs[c, _MAXR], g)
 
 
-@_jit
+@_inline
 def _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, item, waiting):
     """Remove ``item``, the head of its queue, from its list of card c."""
     g = ig[item]
@@ -141,7 +144,7 @@ def _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, item, waiting):
             cs[c, fmax] = j
 
 
-@_jit
+@_inline
 def _earlier(seq, a, b):
     """Of two items (either may be _NONE) the one appended first to its list."""
     if a == _NONE:
@@ -151,7 +154,7 @@ def _earlier(seq, a, b):
     return b
 
 
-@_jit
+@_inline
 def _bubble(max_blk, total, n, ratio):
     """D.3, given the current maximum tot_blk."""
     avg = total / n
@@ -162,7 +165,7 @@ def _bubble(max_blk, total, n, ratio):
     return max_blk - avg
 
 
-@_jit
+@_inline
 def _sort_cards(order, cs):
     """Stable sort of ``order`` by tot_blk, largest first (an insertion sort: the order
     of the previous sort is nearly right)."""
@@ -248,7 +251,7 @@ def _first_reaching(cs, dv, rc, wc, head, seq, c, d, first_new, first_any):
     return first_new, _earlier(seq, first_any, first_new)
 
 
-@_jit
+@_inline
 def _first_waiting(head, seq, g, first):
     """Fold the waiting queue heads of size index g (none if _NONE) into ``first``."""
     if g == _NONE:
@@ -257,7 +260,7 @@ def _first_waiting(head, seq, g, first):
     return _earlier(seq, first, head[4 * g + _WAIT_NEW])
 
 
-@_jit
+@_inline
 def _perform_swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
                   r_item, w_item):
     """D.5's perform_swap on card c: log, update the totals, exchange the two items."""
@@ -500,6 +503,42 @@ def _size_indices(values, dv, dom):
 
 
 @_jit
+def _build_lists(cs, dv, rc, wc, head, tail, nxt, seq, ig, lengths, split, n):
+    """Each card's running list (the first ``split`` items of its row) and waiting list
+    (the rest) as queues, with the per-size counts and extremes. Written as one loop
+    (not one ``_push`` per item) because it touches every item of the snapshot."""
+    for c in range(n):
+        dom, first = cs[c, _DOM], cs[c, _ITEMS]
+        running = min(split[c], lengths[c])
+        cs[c, _NRUN] = running
+        cs[c, _NWAIT] = lengths[c] - running
+        cs[c, _MINR] = cs[c, _MINW] = dom + cs[c, _NDOM]
+        cs[c, _MAXR] = cs[c, _MAXW] = dom - 1
+        tot = 0
+        for item in range(first, first + lengths[c]):
+            g = ig[item]
+            seq[item] = item
+            nxt[item] = _NONE
+            if item < first + running:
+                q = 4 * g + _RUN_OLD
+                rc[g] += 1
+                tot += dv[g]
+                cs[c, _MINR] = min(cs[c, _MINR], g)
+                cs[c, _MAXR] = max(cs[c, _MAXR], g)
+            else:
+                q = 4 * g + _WAIT_OLD
+                wc[g] += 1
+                cs[c, _MINW] = min(cs[c, _MINW], g)
+                cs[c, _MAXW] = max(cs[c, _MAXW], g)
+            if tail[q] == _NONE:
+                head[q] = item
+            else:
+                nxt[tail[q]] = item
+            tail[q] = item
+        cs[c, _TOT] = tot
+
+
+@_jit
 def _cancel(log, used, other, other_used, size):
     """D.8 for one side: per value, its first min(#in, #out) occurrences cancel. Entries
     are global size indices (no two ranks share one), so one pass serves every rank.
@@ -569,14 +608,9 @@ def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio,
     flag = np.zeros(nitems, np.int64)
     owner = np.empty(size, np.int64)
     for c in range(n):
-        dom, first = cs[c, _DOM], cs[c, _ITEMS]
-        owner[dom:dom + cs[c, _NDOM]] = c
-        cs[c, _MINR] = cs[c, _MINW] = dom + cs[c, _NDOM]
-        cs[c, _MAXR] = cs[c, _MAXW] = dom - 1
-        running = min(split[c], lengths[c])
-        for i in range(first, first + lengths[c]):
-            _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, i, i >= first + running)
-        cs[c, _TOT] = dv[ig[first:first + running]].sum()
+        owner[cs[c, _DOM]:cs[c, _DOM] + cs[c, _NDOM]] = c
+    _build_lists(cs, dv, rc, wc, head, tail, nxt, seq, ig, lengths, split, n)
+    gs[_SEQ] = nitems
     gs[_TOTAL] = cs[:, _TOT].sum()
     gs[_NUM_RUN] = cs[:, _NRUN].sum()
     out_log = np.empty(64, np.int64)
