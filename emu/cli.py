@@ -23,6 +23,7 @@ import difflib
 import json
 import math
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -65,7 +66,7 @@ SPEC_DEFAULTS = {
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "workloads"
 
 # Files a run leaves in its directory; --overwrite removes exactly these.
-_RUN_FILES = ("rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
+_RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
               "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
               "load_ab.png", "bubble_ab.png", "tpot_ab.png")
 _AB_RUN_DIRS = ("a", "b")
@@ -488,10 +489,27 @@ class ClusterFailed(Exception):
     """A cluster run failed after it started; the message is ready to print."""
 
 
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped a cluster run; the message is ready to print and
+    `exit_code` is the shell's status for that signal (130, 143)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a cluster launch (which handles it itself)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     """Run one cluster into out_dir with a progress bar and write its metrics.json;
     returns the metrics (None on the ranks other than 0 under torchrun)."""
-    from emu.launcher import ClusterError
+    from emu.launcher import ClusterError, Interrupted
     from emu.metrics import compute_metrics, load_run, write_metrics
 
     spec = build_spec(args, prepared, config, out_dir)
@@ -510,6 +528,12 @@ def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     except ClusterError as exc:
         (out_dir / "error.txt").write_text(str(exc) + "\n")
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
+    except Interrupted as exc:
+        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        raise RunInterrupted(
+            f"interrupted by {exc.signal_name}; every rank was stopped. {out_dir} holds a "
+            f"partial run (run.json: interrupted); every rank's report: "
+            f"{out_dir / 'error.txt'}", exc.exit_code) from None
     if rank != 0:
         return None
     _note(args, f"{desc}: finished in {time.monotonic() - start:.1f} s wall-clock")
@@ -932,6 +956,8 @@ def main(argv=None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     prog = f"{PROG} {args.command}"
+    # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         if args.command in ("run", "ab", "validate"):
             _resolve_dp(args)
@@ -943,9 +969,13 @@ def main(argv=None) -> int:
     except ClusterFailed as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted; every rank was stopped", file=sys.stderr)
-        return 130
+    except RunInterrupted as exc:
+        print(f"\n{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+        print(f"\n{prog}: interrupted by {name}; no cluster was running", file=sys.stderr)
+        return 143 if name == "SIGTERM" else 130
 
 
 def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> None:
