@@ -33,7 +33,12 @@ from datetime import datetime
 from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
-from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
+from dyntra_lb.config import (
+    DyntraLBConfig,
+    check_deployment,
+    load_additional_config,
+    unknown_keys,
+)
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
@@ -204,6 +209,7 @@ class Prepared:
     trace: list
     workload_label: str
     configs: list  # AdditionalConfig per run
+    warnings: list  # keys of the configs that vllm-ascend ignores (config.unknown_keys)
 
 
 def _line_numbers(path: Path) -> list[int]:
@@ -299,10 +305,15 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
     UsageError listing every problem found."""
     problems: list[str] = []
     configs = []
+    ignored: dict[str, list[str]] = {}  # message -> the sources that have it
     for text, source in config_sources:
         cfg, config_problems = check_config(text, source, args.dp)
         configs.append(cfg)
         problems += config_problems
+        for message in unknown_keys(cfg) if cfg is not None else []:
+            ignored.setdefault(message, []).append(source)
+    # ab's run A is derived from B's config: name the source the user wrote (the last).
+    warnings = [f"{sources[-1]}: {message}" for message, sources in ignored.items()]
     trace, path, trace_problems = check_workload(
         args.workload, args.dp, _effective(args, "block_size"),
         _effective(args, "num_gpu_blocks"))
@@ -313,7 +324,16 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
     if problems:
         raise UsageError(*dict.fromkeys(problems))
     label = args.workload if path.parent == WORKLOADS_DIR else str(path)
-    return Prepared(trace, label, configs)
+    return Prepared(trace, label, configs, warnings)
+
+
+def warn_ignored_keys(args, prepared: Prepared) -> None:
+    """run / ab: the run goes ahead as on vllm-ascend, which ignores unknown keys, but the
+    user is told (even with --quiet; under torchrun by rank 0 only)."""
+    if args.torchrun is not None and args.torchrun[0] != 0:
+        return
+    for warning in prepared.warnings:
+        print(f"{PROG} {args.command}: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def check_faults(faults, dp: int, trace, cfg) -> list[str]:
@@ -628,6 +648,7 @@ def cmd_run(args) -> int:
     from emu.report import summary_table, write_plots, write_summary_md
 
     prepared = prepare(args, _config_sources(args))
+    warn_ignored_keys(args, prepared)
     if args.torchrun is not None and args.torchrun[0] != 0:
         # Rank 0 prepares the directory; every rank writes after the rendezvous.
         out_dir = Path(args.out)
@@ -669,10 +690,11 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     scheduler = off.get("scheduler_config")
     lb = scheduler.get("dyntra_lb_config") if isinstance(scheduler, dict) else None
     if not isinstance(lb, dict) or lb.get("enabled") is not True:
+        ignored = "".join(f"; {message}" for message in unknown_keys(on))
         raise UsageError(f"{source}: does not enable DyntraLB "
                          "(scheduler_config.dyntra_lb_config.enabled is not true), so both "
                          "runs of ab would be the same; enable it, or compare two configs "
-                         "with --config-a and --config-b")
+                         f"with --config-a and --config-b{ignored}")
     lb["enabled"] = False
     return ([(json.dumps(off), f"{source} with DyntraLB disabled"), (on_text, source)],
             ("DyntraLB off", "DyntraLB on"))
@@ -684,6 +706,7 @@ def cmd_ab(args) -> int:
 
     sources, labels = _ab_sources(args)
     prepared = prepare(args, sources)
+    warn_ignored_keys(args, prepared)
     out_dir = prepare_out_dir(args.out, args.overwrite, "ab", _AB_RUN_DIRS)
     metrics = []
     for name, label, config in zip(_AB_RUN_DIRS, labels, prepared.configs, strict=True):
@@ -733,6 +756,7 @@ def cmd_validate(args) -> int:
         problems += exc.problems
     try:
         prepared = prepare(args, sources)
+        problems += prepared.warnings
         if not problems:
             build_spec(args, prepared, prepared.configs[0], Path("."))
     except UsageError as exc:
