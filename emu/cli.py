@@ -702,7 +702,7 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
 
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
-    from emu.report import ab_table, write_ab_plots, write_ab_summary_md
+    from emu.report import ab_table, ab_wall_table, write_ab_plots, write_ab_summary_md
 
     sources, labels = _ab_sources(args)
     prepared = prepare(args, sources)
@@ -719,6 +719,10 @@ def cmd_ab(args) -> int:
                         plots=plots)
     print(ab_table(metrics[0], metrics[1], labels))
     print()
+    wall = ab_wall_table(metrics[0], metrics[1], labels)
+    if wall is not None:
+        print(wall)
+        print()
     print(_ab_headline(metrics[0], metrics[1], labels))
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
