@@ -331,15 +331,14 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     mp = multiprocessing.get_context("spawn")
     ranks: list[_Rank] = []
-    resource_tracker.ensure_running()  # see _StopSignals.deferred
-    with _StopSignals() as signals, \
-            tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-") as tmp:
-        guard_path = os.path.join(tmp, "guard")
+    resource_tracker.ensure_running()  # see _StopSignals.deferred and _LaunchFiles
+    with _StopSignals() as signals, _LaunchFiles() as files:
+        guard_path = files.path("guard")
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         try:
             with signals.armed():
                 for rank in range(dp_size):
-                    stack_path = os.path.join(tmp, f"rank{rank}.stack")
+                    stack_path = files.path(f"rank{rank}.stack")
                     spec = RankSpec(rank, dp_size, store.port, device_kind, out_dir,
                                     collective_timeout_s, os.getpid(), stack_path, guard_path)
                     parent_conn, child_conn = mp.Pipe()
@@ -364,6 +363,51 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
                 r.conn.close()
             watchdog.close()
     return [r.result for r in ranks]
+
+
+class _LaunchFiles:
+    """The launcher's scratch files (the guard's shared record, each rank's stack dump),
+    removed when the launch ends. On Linux they live in /dev/shm and are registered with
+    multiprocessing's resource tracker as shared memory: should this process die
+    without cleaning up (SIGKILL), the tracker, which outlives it, unlinks them once the
+    ranks are gone too. Elsewhere: a temporary directory."""
+
+    _SHM = "/dev/shm"
+
+    def __init__(self):
+        self._names: list[str] = []
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._prefix = ""
+
+    def __enter__(self) -> _LaunchFiles:
+        if os.path.isdir(self._SHM) and os.access(self._SHM, os.W_OK):
+            self._prefix = f"dyntra-emu-launch-{os.getpid()}-{os.urandom(4).hex()}-"
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-")
+        return self
+
+    def path(self, name: str) -> str:
+        """Create the empty file `name` (so that the tracker always finds what it was
+        told about) and return its path."""
+        if self._tmp is not None:
+            path = os.path.join(self._tmp.name, name)
+        else:
+            shm_name = self._prefix + name
+            resource_tracker.register(f"/{shm_name}", "shared_memory")
+            self._names.append(shm_name)
+            path = os.path.join(self._SHM, shm_name)
+        open(path, "ab").close()
+        return path
+
+    def __exit__(self, *exc) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        for name in self._names:
+            try:
+                os.unlink(os.path.join(self._SHM, name))
+            except FileNotFoundError:
+                pass
+            resource_tracker.unregister(f"/{name}", "shared_memory")
 
 
 class _Signalled(Exception):

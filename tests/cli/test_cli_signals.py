@@ -61,6 +61,12 @@ def _wait(condition, proc, what: str, timeout: float = 120):
         time.sleep(0.05)
 
 
+def _launch_files(tmp: Path, launcher_pid: int) -> list[Path]:
+    """The launcher's scratch files: in /dev/shm on Linux, else a directory in TMPDIR."""
+    return [*tmp.glob("dyntra-emu-launch-*"),
+            *Path("/dev/shm").glob(f"dyntra-emu-launch-{launcher_pid}-*")]
+
+
 def _importing_torch(process: psutil.Process) -> bool:
     """The rank has mapped torch's libraries: it is inside `import torch`, which takes
     seconds, and (new code) past emu.rank_boot."""
@@ -102,7 +108,7 @@ def test_sigterm_mid_run_stops_every_rank_reports_and_cleans_up(tmp_path, clikit
     for rank in (0, 1):  # where each rank was: its last collective and its stack
         assert f"--- rank {rank} ---" in report
     assert "last entered collective" in report and "engine.py" in report
-    assert list(tmp.glob("dyntra-emu-launch-*")) == []
+    assert _launch_files(tmp, proc.pid) == []
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     with pytest.raises(PartialRunError, match="interrupted"):
         load_run(out)
@@ -134,17 +140,19 @@ def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, cli
                                 "stopped."), stderr
     assert len(lines) == 2, stderr  # the start line and that one
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
-    assert list(tmp.glob("dyntra-emu-launch-*")) == []
+    assert _launch_files(tmp, proc.pid) == []
 
 
 _SUBREAPER_SCRIPT = textwrap.dedent("""
     import ctypes, json, os, signal, subprocess, sys, time
     import psutil
     sys.path.insert(0, {here!r})
-    from test_cli_signals import _importing_torch
+    import pathlib
+    from test_cli_signals import _importing_torch, _launch_files
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come here
     launcher = subprocess.Popen({command!r}, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={{**os.environ, "TMPDIR": {tmp!r}}})
     deadline = time.monotonic() + 120
     while True:
         ranks = [c for c in psutil.Process(launcher.pid).children()
@@ -155,6 +163,8 @@ _SUBREAPER_SCRIPT = textwrap.dedent("""
         time.sleep(0.01)
     started = [os.path.exists(os.path.join({out!r}, f"rank{{r}}.events.jsonl"))
                for r in (0, 1)]
+    tracker = [c for c in psutil.Process(launcher.pid).children()
+               if any("resource_tracker" in p for p in c.cmdline())]
     launcher.kill()
     launcher.wait()
     status = {{}}
@@ -162,26 +172,34 @@ _SUBREAPER_SCRIPT = textwrap.dedent("""
         _, code = os.waitpid(rank.pid, 0)
         status[rank.pid] = (os.WTERMSIG(code) if os.WIFSIGNALED(code) else None,
                             os.WEXITSTATUS(code) if os.WIFEXITED(code) else None)
-    print(json.dumps({{"started": started, "status": list(status.values())}}))
+    for helper in tracker:  # it cleans up after the launcher, then exits
+        os.waitpid(helper.pid, 0)
+    left = [str(p) for p in _launch_files(pathlib.Path({tmp!r}), launcher.pid)]
+    print(json.dumps({{"started": started, "status": list(status.values()), "left": left}}))
 """)
 
 
 def test_ranks_killed_while_importing_torch_die_with_the_launcher(tmp_path, clikit):
     """SIGKILL the launcher while its ranks are inside `import torch`: each rank is
     killed by its parent-death signal at once (SIGKILL), not left to notice it is an
-    orphan seconds later, after the import (exit code 1)."""
+    orphan seconds later, after the import (exit code 1); its scratch files go too."""
     out = tmp_path / "out"
     command = [sys.executable, "-m", "emu", "run", "--workload",
                str(_long_trace(clikit, tmp_path)), *clikit.SMALL, "--num-gpu-blocks", "8192",
                "--out", str(out)]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     script = _SUBREAPER_SCRIPT.format(here=str(Path(__file__).parent), command=command,
-                                      out=str(out))
+                                      out=str(out), tmp=str(tmp))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["started"] == [False, False]  # they were still starting
     assert result["status"] == [[signal.SIGKILL, None]] * 2
+    # Nothing left in /dev/shm: multiprocessing's resource tracker, which outlives the
+    # launcher, removed its scratch files once the ranks were gone.
+    assert result["left"] == []
     assert json.loads((out / "run.json").read_text())["state"] == "running"
     with pytest.raises(PartialRunError, match="'running'"):
         load_run(out)
