@@ -803,7 +803,9 @@ examples:
 
 The output directory gets rank<r>.events.jsonl (event logs), rank<r>.wall.jsonl
 (wall-clock times), rank<r>.log (DyntraLB log), metrics.json (docs/metrics.md),
-summary.md and the plots load.png, bubble.png, tpot.png.
+summary.md, the plots load.png, bubble.png, tpot.png, and run.json (whether the run
+finished: complete, failed, interrupted; error.txt then holds every rank's report).
+SIGINT (Ctrl-C) and SIGTERM stop every rank and exit 130 and 143.
 Without --out it is runs/<date>-<time>-run under the current directory.
 """
 

@@ -306,8 +306,10 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     """Run `target(ctx, args)` in dp_size new rank processes on this machine and return
     their results ordered by rank. `target` must be a module-level function and `args`
     picklable (ranks are started with the spawn method). Raises DeviceError (before any
-    rank starts) when the device cannot be used, and ClusterError when any rank fails or
-    the run, startup included, lasts longer than `run_timeout_s`.
+    rank starts) when the device cannot be used, ClusterError when any rank fails or
+    the run, startup included, lasts longer than `run_timeout_s`, and Interrupted (a
+    KeyboardInterrupt) when this process gets SIGINT or SIGTERM meanwhile (called from
+    the main thread; every rank is stopped first).
 
     Ranks leave through os._exit (after atexit handlers when the run succeeded), so a
     target must close its own files on the way out (`with` / `finally`).
