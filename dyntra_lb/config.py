@@ -12,6 +12,7 @@ balance-scheduling, short-request-first and recompute rejections, the batch-job 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -135,8 +136,22 @@ class AdditionalConfig:
 
 
 def _parse_json(text: str) -> Any:
+    """json.loads, except that a key given twice in one object (at any depth) is an
+    error naming it: json.loads would keep the last value without a word."""
+    duplicated: dict[int, str] = {}
+    built: list[dict] = []  # alive until the end, so that no id() is reused meanwhile
+
+    def build(pairs: list[tuple[str, Any]]) -> dict:
+        obj: dict = {}
+        built.append(obj)
+        for key, value in pairs:
+            if key in obj and id(obj) not in duplicated:
+                duplicated[id(obj)] = key
+            obj[key] = value
+        return obj
+
     try:
-        return json.loads(text)
+        value = json.loads(text, object_pairs_hook=build)
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"additional_config is not valid JSON: {exc.msg} "
@@ -146,6 +161,77 @@ def _parse_json(text: str) -> Any:
         raise ValueError(f"additional_config is not valid JSON: {exc}") from None
     except RecursionError:
         raise ValueError("additional_config is not valid JSON: nested too deeply.") from None
+    if duplicated:
+        path = _duplicate_path(value, duplicated)
+        raise ValueError(f"additional_config has the key {path} twice; JSON would keep only "
+                         "the last value. Give each key once.")
+    return value
+
+
+def _duplicate_path(value: Any, duplicated: dict[int, str], prefix: str = "") -> str | None:
+    """Dotted path of the first duplicated key, in document order."""
+    if isinstance(value, dict):
+        if id(value) in duplicated:
+            return f"{prefix}{duplicated[id(value)]}"
+        for key, child in value.items():
+            found = _duplicate_path(child, duplicated, f"{prefix}{key}.")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            found = _duplicate_path(child, duplicated, f"{prefix.rstrip('.')}[{i}].")
+            if found is not None:
+                return found
+    return None
+
+
+# What vllm-ascend (ascend_config.py, platform.py, the balance-scheduling patch) reads:
+# the top level of additional_config, including the scheduler switches it still accepts
+# there (deprecated), and scheduler_config. It ignores every other key without a word.
+ADDITIONAL_CONFIG_KEYS = frozenset({
+    "ascend_compilation_config", "ascend_fusion_config", "ascend_log_path",
+    "batch_job_sched_config", "c8_enable_reshape_optim", "draft_window_size", "dump_config",
+    "dump_config_path", "dynamic_spec_config", "enable_balance_scheduling",
+    "enable_cpu_binding", "enable_dsa_cp", "enable_fused_mc2", "enable_kv_nz",
+    "enable_mc2_hierarchy_comm", "enable_mlapo", "enable_prefill_mc2",
+    "enable_reduce_sample", "enable_shared_expert_dp", "enable_sparse_li_c8",
+    "enable_sparse_sfa_c8", "enable_transpose_kv_cache_by_block", "eplb_config",
+    "finegrained_tp_config", "mega_moe_max_tokens", "mix_placement", "msmonitor_use_daemon",
+    "multistream_dsv4_dsa_overlap", "multistream_overlap_shared_expert", "pa_shape_list",
+    "profiling_chunk_config", "recompute_scheduler_enable", "refresh",
+    "rejection_sampler_config", "rl_config", "scheduler_config", "short_request_first_config",
+    "sparse_kv_offload_config", "weight_nz_mode", "xlite_graph_config",
+})
+SCHEDULER_CONFIG_KEYS = frozenset({
+    "batch_job_sched_config", "dyntra_lb_config", "enable_balance_scheduling",
+    "profiling_chunk_config", "recompute_scheduler_enable", "short_request_first_config",
+})
+
+
+def unknown_keys(raw: Any) -> list[str]:
+    """One message per key of ``additional_config`` (top level) or of its
+    ``scheduler_config`` that vllm-ascend does not read, with the closest known key when
+    one is close: vllm-ascend ignores such keys, so a typo such as ``scheduler_confg``
+    silently runs plain DP. Unknown keys inside ``dyntra_lb_config`` are rejected by
+    ``DyntraLBConfig.from_dict`` instead. Called by the emulator's CLI to warn."""
+    if isinstance(raw, AdditionalConfig):
+        raw = raw.raw
+    if not isinstance(raw, dict):
+        return []
+    found = [(f"additional_config.{key}", key, ADDITIONAL_CONFIG_KEYS)
+             for key in raw if key not in ADDITIONAL_CONFIG_KEYS]
+    scheduler = raw.get("scheduler_config")
+    if isinstance(scheduler, dict):
+        found += [(f"additional_config.scheduler_config.{key}", key, SCHEDULER_CONFIG_KEYS)
+                  for key in scheduler if key not in SCHEDULER_CONFIG_KEYS]
+    messages = []
+    for path, key, known in found:
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        if known is ADDITIONAL_CONFIG_KEYS and key in SCHEDULER_CONFIG_KEYS:
+            hint = f" (it belongs in additional_config.scheduler_config.{key})"
+        messages.append(f"{path}: unknown key, which vllm-ascend ignores{hint}")
+    return messages
 
 
 def _bool_switch(value: Any, path: str) -> bool:

@@ -23,6 +23,7 @@ import difflib
 import json
 import math
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -32,7 +33,12 @@ from datetime import datetime
 from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
-from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
+from dyntra_lb.config import (
+    DyntraLBConfig,
+    check_deployment,
+    load_additional_config,
+    unknown_keys,
+)
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
 from emu.impl import IMPLS
@@ -67,7 +73,7 @@ SPEC_DEFAULTS = {
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "workloads"
 
 # Files a run leaves in its directory; --overwrite removes exactly these.
-_RUN_FILES = ("rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
+_RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
               "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
               "load_ab.png", "bubble_ab.png", "tpot_ab.png")
 _AB_RUN_DIRS = ("a", "b")
@@ -205,6 +211,7 @@ class Prepared:
     trace: list
     workload_label: str
     configs: list  # AdditionalConfig per run
+    warnings: list  # keys of the configs that vllm-ascend ignores (config.unknown_keys)
 
 
 def _line_numbers(path: Path) -> list[int]:
@@ -312,10 +319,15 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
     UsageError listing every problem found."""
     problems: list[str] = []
     configs = []
+    ignored: dict[str, list[str]] = {}  # message -> the sources that have it
     for text, source in config_sources:
         cfg, config_problems = check_config(text, source, args)
         configs.append(cfg)
         problems += config_problems or (check_impl(args, cfg) if cfg is not None else [])
+        for message in unknown_keys(cfg) if cfg is not None else []:
+            ignored.setdefault(message, []).append(source)
+    # ab's run A is derived from B's config: name the source the user wrote (the last).
+    warnings = [f"{sources[-1]}: {message}" for message, sources in ignored.items()]
     trace, path, trace_problems = check_workload(
         args.workload, args.dp, _effective(args, "block_size"),
         _effective(args, "num_gpu_blocks"))
@@ -326,7 +338,16 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
     if problems:
         raise UsageError(*dict.fromkeys(problems))
     label = args.workload if path.parent == WORKLOADS_DIR else str(path)
-    return Prepared(trace, label, configs)
+    return Prepared(trace, label, configs, warnings)
+
+
+def warn_ignored_keys(args, prepared: Prepared) -> None:
+    """run / ab: the run goes ahead as on vllm-ascend, which ignores unknown keys, but the
+    user is told (even with --quiet; under torchrun by rank 0 only)."""
+    if args.torchrun is not None and args.torchrun[0] != 0:
+        return
+    for warning in prepared.warnings:
+        print(f"{PROG} {args.command}: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def check_faults(faults, dp: int, trace, cfg) -> list[str]:
@@ -502,10 +523,27 @@ class ClusterFailed(Exception):
     """A cluster run failed after it started; the message is ready to print."""
 
 
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped a cluster run; the message is ready to print and
+    `exit_code` is the shell's status for that signal (130, 143)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a cluster launch (which handles it itself)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     """Run one cluster into out_dir with a progress bar and write its metrics.json;
     returns the metrics (None on the ranks other than 0 under torchrun)."""
-    from emu.launcher import ClusterError
+    from emu.launcher import ClusterError, Interrupted
     from emu.metrics import compute_metrics, load_run, write_metrics
 
     spec = build_spec(args, prepared, config, out_dir)
@@ -524,6 +562,12 @@ def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     except ClusterError as exc:
         (out_dir / "error.txt").write_text(str(exc) + "\n")
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
+    except Interrupted as exc:
+        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        raise RunInterrupted(
+            f"interrupted by {exc.signal_name}; every rank was stopped. {out_dir} holds a "
+            f"partial run (run.json: interrupted); every rank's report: "
+            f"{out_dir / 'error.txt'}", exc.exit_code) from None
     if rank != 0:
         return None
     _note(args, f"{desc}: finished in {time.monotonic() - start:.1f} s wall-clock")
@@ -629,6 +673,7 @@ def cmd_run(args) -> int:
     from emu.report import summary_table, write_plots, write_summary_md
 
     prepared = prepare(args, _config_sources(args))
+    warn_ignored_keys(args, prepared)
     if args.torchrun is not None and args.torchrun[0] != 0:
         # Rank 0 prepares the directory; every rank writes after the rendezvous.
         out_dir = Path(args.out)
@@ -670,10 +715,11 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     scheduler = off.get("scheduler_config")
     lb = scheduler.get("dyntra_lb_config") if isinstance(scheduler, dict) else None
     if not isinstance(lb, dict) or lb.get("enabled") is not True:
+        ignored = "".join(f"; {message}" for message in unknown_keys(on))
         raise UsageError(f"{source}: does not enable DyntraLB "
                          "(scheduler_config.dyntra_lb_config.enabled is not true), so both "
                          "runs of ab would be the same; enable it, or compare two configs "
-                         "with --config-a and --config-b")
+                         f"with --config-a and --config-b{ignored}")
     lb["enabled"] = False
     return ([(json.dumps(off), f"{source} with DyntraLB disabled"), (on_text, source)],
             ("DyntraLB off", "DyntraLB on"))
@@ -681,10 +727,11 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
 
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
-    from emu.report import ab_table, write_ab_plots, write_ab_summary_md
+    from emu.report import ab_table, ab_wall_table, write_ab_plots, write_ab_summary_md
 
     sources, labels = _ab_sources(args)
     prepared = prepare(args, sources)
+    warn_ignored_keys(args, prepared)
     out_dir = prepare_out_dir(args.out, args.overwrite, "ab", _AB_RUN_DIRS)
     metrics = []
     for name, label, config in zip(_AB_RUN_DIRS, labels, prepared.configs, strict=True):
@@ -697,6 +744,10 @@ def cmd_ab(args) -> int:
                         plots=plots)
     print(ab_table(metrics[0], metrics[1], labels))
     print()
+    wall = ab_wall_table(metrics[0], metrics[1], labels)
+    if wall is not None:
+        print(wall)
+        print()
     print(_ab_headline(metrics[0], metrics[1], labels))
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
@@ -734,6 +785,7 @@ def cmd_validate(args) -> int:
         problems += exc.problems
     try:
         prepared = prepare(args, sources)
+        problems += prepared.warnings
         if not problems:
             build_spec(args, prepared, prepared.configs[0], Path("."))
     except UsageError as exc:
@@ -776,7 +828,9 @@ examples:
 
 The output directory gets rank<r>.events.jsonl (event logs), rank<r>.wall.jsonl
 (wall-clock times), rank<r>.log (DyntraLB log), metrics.json (docs/metrics.md),
-summary.md and the plots load.png, bubble.png, tpot.png.
+summary.md, the plots load.png, bubble.png, tpot.png, and run.json (whether the run
+finished: complete, failed, interrupted; error.txt then holds every rank's report).
+SIGINT (Ctrl-C) and SIGTERM stop every rank and exit 130 and 143.
 Without --out it is runs/<date>-<time>-run under the current directory.
 """
 
@@ -968,6 +1022,8 @@ def main(argv=None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     prog = f"{PROG} {args.command}"
+    # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         if args.command in ("run", "ab", "validate"):
             _resolve_dp(args)
@@ -979,9 +1035,13 @@ def main(argv=None) -> int:
     except ClusterFailed as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted; every rank was stopped", file=sys.stderr)
-        return 130
+    except RunInterrupted as exc:
+        print(f"\n{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+        print(f"\n{prog}: interrupted by {name}; no cluster was running", file=sys.stderr)
+        return 143 if name == "SIGTERM" else 130
 
 
 def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> None:

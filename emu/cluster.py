@@ -10,11 +10,15 @@ paths of the files it wrote into ``out_dir``:
 
 - ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
 - ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
-- ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled).
+- ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled);
+- ``run.json``: whether the run finished (``emu.run_status``): "running" while it runs,
+  then "complete", "failed" or "interrupted".
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
@@ -36,6 +40,7 @@ from emu.faults import FaultPlan, check_plan
 from emu.impl import IMPLS
 from emu.launcher import join_from_env, launch
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
+from emu.run_status import write_status
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, TraceRequest, check_ranks
 
@@ -236,15 +241,16 @@ def run_cluster(spec: RunSpec) -> RunResult:
         # Compile the numba planner here, once, so that the ranks load numba's disk cache
         # at start-up instead of each compiling it while the others wait in a collective.
         planner.warm_up()
-    summaries = launch(
-        _rank_main,
-        (spec, config),
-        dp_size=spec.dp_size,
-        device=spec.device,
-        out_dir=out_dir,
-        collective_timeout_s=spec.collective_timeout_s,
-        run_timeout_s=spec.run_timeout_s,
-    )
+    with _status_recorded(out_dir, spec):
+        summaries = launch(
+            _rank_main,
+            (spec, config),
+            dp_size=spec.dp_size,
+            device=spec.device,
+            out_dir=out_dir,
+            collective_timeout_s=spec.collective_timeout_s,
+            run_timeout_s=spec.run_timeout_s,
+        )
     ranks = range(spec.dp_size)
     return RunResult(
         out_dir=out_dir,
@@ -266,8 +272,34 @@ def join_cluster(spec: RunSpec) -> RankSummary:
     if world is not None and world != str(spec.dp_size):
         raise ValueError(f"RunSpec.dp_size is {spec.dp_size} but this process is one of "
                          f"WORLD_SIZE={world} ranks")
-    return join_from_env(_rank_main, (spec, config), device=spec.device,
-                         out_dir=spec.out_dir, collective_timeout_s=spec.collective_timeout_s)
+    join = functools.partial(join_from_env, _rank_main, (spec, config), device=spec.device,
+                             out_dir=spec.out_dir,
+                             collective_timeout_s=spec.collective_timeout_s)
+    if os.environ.get("RANK") != "0":
+        return join()
+    out_dir = pathlib.Path(spec.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _status_recorded(out_dir, spec):
+        return join()
+
+
+@contextlib.contextmanager
+def _status_recorded(out_dir: pathlib.Path, spec: RunSpec):
+    """run.json (emu.run_status) around a launch: "running" before any rank starts, then
+    "complete", "interrupted" (SIGINT / SIGTERM) or "failed" with the reason."""
+    write_status(out_dir, "running", dp_size=spec.dp_size, requests=len(spec.trace))
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        write_status(out_dir, "interrupted", dp_size=spec.dp_size, requests=len(spec.trace),
+                     reason=str(exc).splitlines()[0] if str(exc) else "KeyboardInterrupt")
+        raise
+    except BaseException as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        write_status(out_dir, "failed", dp_size=spec.dp_size, requests=len(spec.trace),
+                     reason=reason)
+        raise
+    write_status(out_dir, "complete", dp_size=spec.dp_size, requests=len(spec.trace))
 
 
 def _rank_main(ctx, args) -> RankSummary:

@@ -22,6 +22,7 @@ from collections import Counter
 
 from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK, balance_load
 from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int, read_log
+from emu.run_status import unfinished_note
 
 
 def trace(requests_by_rank, dp_size: int, *, max_num_seqs=None, threshold=DEFAULT_THRESHOLD):
@@ -331,7 +332,8 @@ def _from_log(args) -> tuple[list, str, float, object, list[dict] | None, list[s
     if snap.requests_by_rank is None:
         raise InputError(f"--index {args.index}: snapshot at line {snap.line} cannot be "
                          f"used: {snap.problem}")
-    notes = []
+    note = unfinished_note(args.log)
+    notes = [] if note is None else [note.replace("warning:", "WARNING:", 1)]
     threshold = args.threshold
     if threshold is None:
         threshold = snap.threshold if snap.threshold is not None else DEFAULT_THRESHOLD

@@ -16,8 +16,11 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
   grace. The report names, for every rank that recorded collectives, its last entered
   and last completed one. Every rank is then stopped
   (SIGTERM, which makes it dump its Python stack; SIGKILL after a grace period) and
-  joined, so no process survives. Ranks also die with SIGKILL if this process dies
-  (Linux PR_SET_PDEATHSIG).
+  joined, so no process survives. SIGINT and SIGTERM to this process do the same
+  (raised as `Interrupted`, a KeyboardInterrupt, once every rank is stopped and the
+  temporary directory is removed). Ranks also die with SIGKILL if this process dies
+  (Linux PR_SET_PDEATHSIG, set by `emu.rank_boot` before the rank imports torch) and
+  ignore SIGINT (Ctrl-C reaches the whole process group; the launcher stops them).
 * `join_from_env(target, args)` — one rank under `torchrun` (or any launcher that sets
   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), e.g. several NPU machines or
   an Ascend job system. torchrun then owns the processes and their failure handling;
@@ -33,7 +36,6 @@ collective (gloo on CPU, HCCL on NPU). Both use the configured collective timeou
 from __future__ import annotations
 
 import atexit
-import ctypes
 import faulthandler
 import multiprocessing
 import os
@@ -42,18 +44,23 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from emu import rank_boot
 from emu.device import bind_rank_device, select_device
 from emu.guard import GuardSlot, Watchdog
+from emu.rank_boot import RankSpec
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
 _STOP_GRACE_S = 3.0
@@ -62,8 +69,6 @@ _EXIT_GRACE_S = 30.0
 # A rank's error raised inside a torch.distributed call is usually the echo of another
 # rank's death; wait this long for the root cause before reporting the echo.
 _ECHO_GRACE_S = 2.0
-
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -108,33 +113,31 @@ class ClusterError(RuntimeError):
                             self.collectives)
 
 
+class Interrupted(KeyboardInterrupt):
+    """The launching process got SIGINT (Ctrl-C) or SIGTERM (a CI runner, `timeout`)
+    while its ranks ran: every rank was stopped (each dumped its Python stack) and
+    joined, and the launcher's temporary files are gone. A KeyboardInterrupt, so code
+    that handles Ctrl-C keeps working; `signal_name` says which signal, `details` is a
+    text per rank (its last collective and the stack it had when stopped)."""
+
+    def __init__(self, signal_name: str, details: dict[int, str]):
+        self.signal_name = signal_name
+        self.details = details
+        body = "\n".join(f"--- rank {r} ---\n{details[r].rstrip()}" for r in sorted(details))
+        head = f"interrupted by {signal_name}: every rank was stopped"
+        super().__init__(f"{head}\n{body}" if body else head)
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's exit status of a process killed by that signal (130, 143)."""
+        return 128 + signal.Signals[self.signal_name].value
+
+    def __reduce__(self):
+        return type(self), (self.signal_name, self.details)
+
+
 # ---------------------------------------------------------------------------------------
 # Inside a rank process
-
-
-@dataclass(frozen=True)
-class _RankSpec:
-    rank: int
-    dp_size: int
-    store_port: int
-    device_kind: str
-    out_dir: pathlib.Path | None
-    collective_timeout_s: float
-    parent_pid: int
-    stack_path: str
-    guard_path: str
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this rank when its parent goes away (best effort: other
-    systems have no PR_SET_PDEATHSIG and rely on the parent's own cleanup)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _limit_threads() -> None:
@@ -162,10 +165,10 @@ def _in_torch_distributed(exc: BaseException) -> bool:
     return bool(frames) and frames[-1].filename.startswith(dist_dir)
 
 
-def _rank_main(spec: _RankSpec, payload: bytes, conn) -> None:
-    """Entry point of a spawned rank: set up, run the target, report to the parent, then
-    wait for the parent's go-ahead (every rank finished) before tearing the groups down."""
-    _die_with_parent(spec.parent_pid)
+def _rank_main(spec: RankSpec, payload: bytes, conn) -> None:
+    """Called by `emu.rank_boot.main` in a spawned rank (already tied to its parent):
+    set up, run the target, report to the parent, then wait for the parent's go-ahead
+    (every rank finished) before tearing the groups down."""
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
     faulthandler.enable(stack_file, all_threads=True)
     # SIGTERM from the launcher: write the Python stack, then die of SIGTERM.
@@ -267,7 +270,8 @@ class _Rank:
             lines = pathlib.Path(self.stack_path).read_text().splitlines()
         except OSError:
             return ""
-        bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py", '"<string>"')
+        bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py", '"<string>"',
+                     "emu/rank_boot.py")
         return "\n".join(ln for ln in lines if not any(b in ln for b in bootstrap)).strip()
 
     def detail(self) -> str:
@@ -302,8 +306,10 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     """Run `target(ctx, args)` in dp_size new rank processes on this machine and return
     their results ordered by rank. `target` must be a module-level function and `args`
     picklable (ranks are started with the spawn method). Raises DeviceError (before any
-    rank starts) when the device cannot be used, and ClusterError when any rank fails or
-    the run, startup included, lasts longer than `run_timeout_s`.
+    rank starts) when the device cannot be used, ClusterError when any rank fails or
+    the run, startup included, lasts longer than `run_timeout_s`, and Interrupted (a
+    KeyboardInterrupt) when this process gets SIGINT or SIGTERM meanwhile (called from
+    the main thread; every rank is stopped first).
 
     Ranks leave through os._exit (after atexit handlers when the run succeeded), so a
     target must close its own files on the way out (`with` / `finally`).
@@ -327,31 +333,175 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     mp = multiprocessing.get_context("spawn")
     ranks: list[_Rank] = []
-    with tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-") as tmp:
-        guard_path = os.path.join(tmp, "guard")
+    resource_tracker.ensure_running()  # see _StopSignals.deferred and _LaunchFiles
+    with _StopSignals() as signals, _LaunchFiles() as files:
+        guard_path = files.path("guard")
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         try:
-            for rank in range(dp_size):
-                stack_path = os.path.join(tmp, f"rank{rank}.stack")
-                spec = _RankSpec(rank, dp_size, store.port, device_kind, out_dir,
-                                 collective_timeout_s, os.getpid(), stack_path, guard_path)
-                parent_conn, child_conn = mp.Pipe()
-                process = mp.Process(target=_rank_main, args=(spec, payload, child_conn),
-                                     name=f"dyntra-emu-rank{rank}", daemon=True)
-                process.start()
-                child_conn.close()
-                ranks.append(_Rank(rank, process, parent_conn, stack_path))
-            _supervise(ranks, deadline, run_timeout_s, watchdog)
-            _release(ranks)
+            with signals.armed():
+                for rank in range(dp_size):
+                    stack_path = files.path(f"rank{rank}.stack")
+                    spec = RankSpec(rank, dp_size, store.port, device_kind, out_dir,
+                                    collective_timeout_s, os.getpid(), stack_path, guard_path)
+                    parent_conn, child_conn = mp.Pipe()
+                    process = mp.Process(target=rank_boot.main,
+                                         args=(spec, payload, child_conn),
+                                         name=f"dyntra-emu-rank{rank}", daemon=True)
+                    with signals.deferred():  # a started rank is always in `ranks`
+                        process.start()
+                        child_conn.close()
+                        ranks.append(_Rank(rank, process, parent_conn, stack_path))
+                _supervise(ranks, deadline, run_timeout_s, watchdog)
+                _release(ranks)
         except _Failure as failure:
             _stop(ranks)
             raise _cluster_error(ranks, failure, watchdog) from None
+        except _Signalled as signalled:
+            _stop(ranks)
+            raise _interrupted(ranks, signalled.signum, watchdog) from None
         finally:
-            _stop(ranks)  # no-op on success; covers KeyboardInterrupt and start errors
+            _stop(ranks)  # no-op on success; covers start errors
             for r in ranks:
                 r.conn.close()
             watchdog.close()
     return [r.result for r in ranks]
+
+
+class _LaunchFiles:
+    """The launcher's scratch files (the guard's shared record, each rank's stack dump),
+    removed when the launch ends. On Linux they live in /dev/shm and are registered with
+    multiprocessing's resource tracker as shared memory: should this process die
+    without cleaning up (SIGKILL), the tracker, which outlives it, unlinks them once the
+    ranks are gone too. Elsewhere: a temporary directory."""
+
+    _SHM = "/dev/shm"
+
+    def __init__(self):
+        self._names: list[str] = []
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._prefix = ""
+
+    def __enter__(self) -> _LaunchFiles:
+        if os.path.isdir(self._SHM) and os.access(self._SHM, os.W_OK):
+            self._prefix = f"dyntra-emu-launch-{os.getpid()}-{os.urandom(4).hex()}-"
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-")
+        return self
+
+    def path(self, name: str) -> str:
+        """Create the empty file `name` (so that the tracker always finds what it was
+        told about) and return its path."""
+        if self._tmp is not None:
+            path = os.path.join(self._tmp.name, name)
+        else:
+            shm_name = self._prefix + name
+            resource_tracker.register(f"/{shm_name}", "shared_memory")
+            self._names.append(shm_name)
+            path = os.path.join(self._SHM, shm_name)
+        open(path, "ab").close()
+        return path
+
+    def __exit__(self, *exc) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        for name in self._names:
+            try:
+                os.unlink(os.path.join(self._SHM, name))
+            except FileNotFoundError:
+                pass
+            resource_tracker.unregister(f"/{name}", "shared_memory")
+
+
+class _Signalled(Exception):
+    """Internal: SIGINT or SIGTERM arrived; turned into Interrupted once every rank is
+    stopped."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+class _StopSignals:
+    """While `launch` runs (in the main thread) SIGINT and SIGTERM are caught, so that a
+    terminated launcher stops its ranks, reports and removes its temporary directory
+    exactly as after Ctrl-C. Inside `armed()` (starting and supervising the ranks) the
+    first signal raises _Signalled, except inside `deferred()` (a rank being started:
+    it must land in the rank list first), where the raise waits until the block ends.
+    Only the first signal counts, so a second Ctrl-C cannot cut the cleanup short. A
+    signal that arrived outside `armed()` (during cleanup) is delivered again once the
+    previous handlers are back."""
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._raised = False
+        self._armed = False
+        self._defer = False
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self._SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if self.received is not None and not self._raised:
+            signal.raise_signal(self.received)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            return
+        self.received = signum
+        if self._armed and not self._defer:
+            self._raise()
+
+    def _raise(self) -> None:
+        self._raised = True
+        raise _Signalled(self.received)
+
+    @contextmanager
+    def armed(self):
+        self._armed = True
+        if self.received is not None:  # arrived while the launch was being set up
+            self._raise()
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    @contextmanager
+    def deferred(self):
+        """Around starting a rank. SIGINT is also ignored meanwhile, which the new
+        process inherits through exec (Python then installs no KeyboardInterrupt
+        handler): a Ctrl-C in its first moments cannot interrupt it. Here SIGINT is
+        blocked too, so one arriving meanwhile stays pending (Linux never discards a
+        blocked signal) and reaches the handler once the block is lifted. The caller
+        has started multiprocessing's resource tracker already: starting it unblocks
+        SIGINT."""
+        self._defer = True
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if self._previous else None
+        try:
+            yield
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            self._defer = False
+        if self.received is not None and self._armed:
+            self._raise()
+
+
+def _interrupted(ranks: list[_Rank], signum: int, watchdog: Watchdog) -> Interrupted:
+    for r in ranks:
+        r.drain()
+    details = {}
+    for r in ranks:
+        where = watchdog.describe(r.rank)
+        details[r.rank] = f"{where}\n{r.detail()}" if where else r.detail()
+    return Interrupted(signal.Signals(signum).name, details)
 
 
 def _supervise(ranks: list[_Rank], deadline: float | None,

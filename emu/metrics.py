@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from emu.run_status import describe_unfinished, read_status
+
 SCHEMA_VERSION = 1
 
 _EVENTS_FILE = re.compile(r"^rank(\d+)\.events\.jsonl$")
@@ -25,6 +27,11 @@ _EVENTS_FILE = re.compile(r"^rank(\d+)\.events\.jsonl$")
 
 class RunError(ValueError):
     """The output directory does not hold a readable, consistent set of event logs."""
+
+
+class PartialRunError(RunError):
+    """The directory holds a run that did not finish (its run.json is not "complete");
+    `load_run(dir, allow_partial=True)` reads what it wrote."""
 
 
 @dataclass
@@ -37,6 +44,9 @@ class Run:
     steps: list[list[dict]]
     requests: list[dict]
     wall: list[list[dict]] | None = None
+    # run.json's state ("complete", "interrupted", ...; None: no run.json). A partial
+    # run's request records include those of requests still in flight (`unfinished`).
+    state: str | None = None
 
 
 @dataclass
@@ -52,12 +62,25 @@ class StepSeries:
     lb_active: list[bool]  # a plan was applied on some rank in this step
 
 
-def load_run(out_dir) -> Run:
+def load_run(out_dir, *, allow_partial: bool = False) -> Run:
     """Read every `rank<r>.events.jsonl` (and `rank<r>.wall.jsonl` if present) under
-    `out_dir`. Ranks must be 0..dp-1 with identical iteration sequences (lockstep)."""
+    `out_dir`. Ranks must be 0..dp-1 with identical iteration sequences (lockstep).
+
+    A run whose run.json (emu.run_status) is not "complete" raises PartialRunError,
+    unless `allow_partial`: then the logs are read as far as every rank got (the last,
+    partly written line of a log and the iterations not every rank logged are left
+    out), and each request seen in a step record without a request record (the engine
+    writes those when a request finishes or the run ends) gets a synthesized record
+    with `"unfinished": true`, no tokens and no finish. `Run.state` tells which."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise RunError(f"{out_dir}: not a directory with a run's event logs")
+    status = read_status(out_dir)
+    state = status["state"] if status is not None else None
+    partial = state not in (None, "complete")
+    if partial and not allow_partial:
+        raise PartialRunError(f"{describe_unfinished(out_dir, status)}; its event logs are "
+                              "partial (load_run(..., allow_partial=True) reads them)")
     ranks = sorted(int(m.group(1)) for p in out_dir.iterdir()
                    if (m := _EVENTS_FILE.match(p.name)))
     if not ranks:
@@ -69,7 +92,7 @@ def load_run(out_dir) -> Run:
     requests: list[dict] = []
     for rank in ranks:
         rank_steps = []
-        for where, rec in _read_jsonl(out_dir / f"rank{rank}.events.jsonl"):
+        for where, rec in _read_jsonl(out_dir / f"rank{rank}.events.jsonl", partial):
             kind = rec.get("kind")
             if kind == "step":
                 rank_steps.append(rec)
@@ -80,6 +103,10 @@ def load_run(out_dir) -> Run:
                                "or 'request'")
         rank_steps.sort(key=lambda s: s["iter"])
         steps.append(rank_steps)
+    if partial:
+        common = min(len(rank_steps) for rank_steps in steps)
+        steps = [rank_steps[:common] for rank_steps in steps]
+        requests += _unfinished_requests(steps, requests)
     iters0 = [s["iter"] for s in steps[0]]
     for rank in ranks[1:]:
         iters = [s["iter"] for s in steps[rank]]
@@ -93,8 +120,29 @@ def load_run(out_dir) -> Run:
     wall = None
     wall_paths = [out_dir / f"rank{rank}.wall.jsonl" for rank in ranks]
     if any(p.exists() for p in wall_paths):
-        wall = [[rec for _, rec in _read_jsonl(p)] if p.exists() else [] for p in wall_paths]
-    return Run(dp_size=len(ranks), steps=steps, requests=requests, wall=wall)
+        wall = [[rec for _, rec in _read_jsonl(p, partial)] if p.exists() else []
+                for p in wall_paths]
+    return Run(dp_size=len(ranks), steps=steps, requests=requests, wall=wall, state=state)
+
+
+def _unfinished_requests(steps: list[list[dict]], requests: list[dict]) -> list[dict]:
+    """Records for the requests a partial run's step records show (admitted, paused,
+    resumed, preempted) but whose request record was never written."""
+    recorded = {(r["rank"], r["request_id"]) for r in requests}
+    out = []
+    for rank, rank_steps in enumerate(steps):
+        seen: dict[str, dict] = {}
+        for s in rank_steps:
+            for key in ("admitted", "resumed", "paused", "preempted"):
+                for rid in s.get(key, ()):
+                    if (rank, rid) not in recorded and rid not in seen:
+                        seen[rid] = {"kind": "request", "rank": rank, "request_id": rid,
+                                     "first_scheduled_s": None, "arrival_s": None,
+                                     "prompt_tokens": None, "output_tokens": None,
+                                     "token_times_s": [], "finish_s": None, "pauses": [],
+                                     "unfinished": True}
+        out += seen.values()
+    return out
 
 
 def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
@@ -144,8 +192,10 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
         "steps": n_steps,
         "virtual_time_s": virtual_time_s,
         "busy_time_s": busy_time_s,
+        "run_state": run.state,
         "requests_total": len(run.requests),
         "requests_finished": len(finished),
+        "requests_unfinished": len(run.requests) - len(finished),
         "output_tokens": output_tokens,
         "throughput_tok_s": _ratio(output_tokens, virtual_time_s),
         "bubble_ratio": bubble_ratio(run),
@@ -293,9 +343,13 @@ def _wall(wall: list[list[dict]] | None) -> dict | None:
     return out
 
 
-def _read_jsonl(path: Path):
-    with open(path, encoding="utf-8") as f:
+def _read_jsonl(path: Path, partial: bool = False):
+    """The JSON objects of a JSON Lines file with their `file:line`; with `partial`, a
+    last line without its newline (cut off when the writer was stopped) is skipped."""
+    with open(path, encoding="utf-8", errors="replace" if partial else "strict") as f:
         for lineno, line in enumerate(f, start=1):
+            if partial and not line.endswith("\n"):
+                return
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dyntra_lb.planner import balance_load
+from emu.run_status import unfinished_note
 
 DEFAULT_THRESHOLD = 5.0  # DyntraLBConfig.bubble_threshold default (spec A.2)
 MAX_SNAPSHOT_PLOTS = 200  # per-snapshot bar charts written besides overview.png
@@ -779,6 +780,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"dyntra-emu replay: cannot read {args.log}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
+    note = unfinished_note(args.log)
+    if note is not None:
+        print(f"dyntra-emu replay: {note}", file=sys.stderr)
     report = replay(scan, threshold=args.threshold, max_num_seqs=args.max_num_seqs)
     emit(json.dumps(report.to_dict(), indent=1) if args.json else format_report(report))
     if args.plot:

@@ -33,9 +33,15 @@ _AB_ORDER = (
     "throughput_tok_s", "bubble_ratio", "balance_ratio", "balance_steps", "steps",
     "virtual_time_s", "busy_time_s", "requests_finished", "requests_total",
     "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "pauses",
-    "plan_churn", "per_rank", "wall",
+    "plan_churn", "per_rank",
 )
-_NOT_METRICS = ("config", "seed", "schema_version", "dp_size")
+# Not compared: `wall` (measured wall-clock time, noise between two runs of the same
+# virtual-time work) is shown side by side by `ab_wall_table`, without deltas.
+_NOT_METRICS = ("config", "seed", "schema_version", "dp_size", "wall")
+# The wall-clock figures `ab_wall_table` shows.
+_WALL_ROWS = ("step_wall_ms.p50", "step_wall_ms.p99", "planner_ms.p50", "planner_ms.p99",
+              "lb_comm_ms.p50", "lb_comm_ms.p99", "step_wall_total_s", "planner_total_s",
+              "lb_comm_total_s")
 
 # Steps averaged in the smoothed bubble curve.
 BUBBLE_WINDOW = 32
@@ -61,8 +67,32 @@ def summary_table(metrics: dict) -> str:
 
 def ab_table(metrics_a: dict, metrics_b: dict, labels=("A", "B")) -> str:
     """Every metric of two runs side by side with the absolute and relative change
-    from A to B (printed by `dyntra-emu ab`)."""
+    from A to B (printed by `dyntra-emu ab`). Wall-clock figures are not among them:
+    see `ab_wall_table`."""
     return _text_table(["metric", *labels, "delta", "delta %"], _ab_rows(metrics_a, metrics_b))
+
+
+def ab_wall_table(metrics_a: dict, metrics_b: dict, labels=("A", "B")) -> str | None:
+    """The measured wall-clock times of both runs side by side, with no change column:
+    they vary from run to run of the same work, so an A/B delta of them means nothing.
+    None when neither run has wall-clock logs."""
+    rows = _wall_rows(metrics_a, metrics_b, _WALL_ROWS)
+    if rows is None:
+        return None
+    return ("Wall-clock time of the emulator itself (measured, varies between runs; not "
+            "compared):\n" + _text_table(["wall-clock", *labels], rows))
+
+
+def _wall_rows(a: dict, b: dict, names=None) -> list[tuple] | None:
+    flat = [_flatten(m, ["wall"]) if "wall" in m else {} for m in (a, b)]
+    if all(v is None for f in flat for v in f.values()):
+        return None
+    keys = list(flat[0]) + [k for k in flat[1] if k not in flat[0]]
+    keys = [k[len("wall."):] for k in keys if k.startswith("wall.")]
+    if names is not None:
+        keys = [k for k in names if k in keys]
+    return [(k, _num(flat[0].get(f"wall.{k}"), 3), _num(flat[1].get(f"wall.{k}"), 3))
+            for k in keys]
 
 
 def write_summary_md(path, metrics: dict, *, title: str = "dyntra-emu run",
@@ -87,6 +117,12 @@ def write_ab_summary_md(path, metrics_a: dict, metrics_b: dict, labels=("A", "B"
     lines = [f"# {title}", "", f"A = `{labels[0]}`, B = `{labels[1]}`", ""]
     lines += [_md_table(["metric", *labels, "delta", "delta %"],
                         _ab_rows(metrics_a, metrics_b))]
+    wall = _wall_rows(metrics_a, metrics_b)
+    if wall is not None:
+        lines += ["", "## Wall-clock time (measured, not compared)", "",
+                  "The emulator's own wall-clock time per step; it varies between runs of "
+                  "the same work, so the two columns are not compared.", "",
+                  _md_table(["wall-clock", *labels], wall)]
     for label, m in zip(labels, (metrics_a, metrics_b), strict=True):
         lines += _md_config(m, heading=f"Config of {label}")
     lines += _md_plots(path, plots)
@@ -164,9 +200,10 @@ def _ab_rows(a: dict, b: dict) -> list[tuple]:
     return rows
 
 
-def _flatten(metrics: dict) -> dict:
-    """Numeric leaves as dotted names ('ttft_ms.p50', 'per_rank.2.utilisation'), in the
-    A/B display order; None leaves are kept (shown as '-')."""
+def _flatten(metrics: dict, keys: list[str] | None = None) -> dict:
+    """Numeric leaves as dotted names ('ttft_ms.p50', 'per_rank.2.utilisation') of the
+    top-level `keys` (default: every metric the A/B table compares, in its display
+    order); None leaves are kept (shown as '-')."""
     out: dict = {}
 
     def walk(prefix, value):
@@ -181,8 +218,9 @@ def _flatten(metrics: dict) -> dict:
         elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
             out[prefix] = value
 
-    keys = [k for k in _AB_ORDER if k in metrics]
-    keys += sorted(k for k in metrics if k not in _AB_ORDER and k not in _NOT_METRICS)
+    if keys is None:
+        keys = [k for k in _AB_ORDER if k in metrics]
+        keys += sorted(k for k in metrics if k not in _AB_ORDER and k not in _NOT_METRICS)
     for key in keys:
         walk(key, metrics[key])
     return out

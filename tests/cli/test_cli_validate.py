@@ -80,3 +80,56 @@ def test_unreadable_config_file_and_bad_trace_both_reported(cli, tmp_path, cliki
     assert proc.returncode == 1
     assert "problem: --additional-config @missing.json: cannot read missing.json" in proc.stdout
     assert f"problem: {trace}:1: field 'output_tokens': missing (required)" in proc.stdout
+
+
+def _typo(key_path: list[str]) -> str:
+    """The DyntraLB-enabling config with its keys spelled as in key_path."""
+    return json.dumps({key_path[0]: {key_path[1]: {"enabled": True}}})
+
+
+def test_a_misspelled_config_key_is_a_problem_not_plain_dp(cli, tiny_trace):
+    for path, fragment in [
+        (["scheduler_confg", "dyntra_lb_config"],
+         "additional_config.scheduler_confg: unknown key, which vllm-ascend ignores (did "
+         "you mean scheduler_config?)"),
+        (["scheduler_config", "dyntra_lb_confg"],
+         "additional_config.scheduler_config.dyntra_lb_confg: unknown key, which "
+         "vllm-ascend ignores (did you mean dyntra_lb_config?)"),
+    ]:
+        proc = cli("validate", "--dp", "2", "--workload", tiny_trace, "--additional-config",
+                   _typo(path))
+        assert proc.returncode == 1, proc.stdout
+        assert f"problem: --additional-config: {fragment}" in proc.stdout
+        assert "OK" not in proc.stdout
+
+
+def test_a_duplicate_config_key_is_a_problem(cli, tiny_trace):
+    text = '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "enabled": false}}}'
+    proc = cli("validate", "--dp", "2", "--workload", tiny_trace, "--additional-config", text)
+    assert proc.returncode == 1, proc.stdout
+    assert ("problem: --additional-config: additional_config has the key "
+            "scheduler_config.dyntra_lb_config.enabled twice") in proc.stdout
+    proc = cli("run", "--dp", "2", "--workload", tiny_trace, "--additional-config", text)
+    assert proc.returncode == 2 and "enabled twice" in proc.stderr
+
+
+def test_run_warns_about_a_misspelled_key_and_runs_as_vllm_ascend_would(
+        cli, tiny_trace, tmp_path, clikit):
+    out = tmp_path / "typo"
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--quiet", "--out", out,
+               "--additional-config", _typo(["scheduler_config", "dyntra_lb_confg"]))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (
+        "dyntra-emu run: warning: --additional-config: additional_config.scheduler_config."
+        "dyntra_lb_confg: unknown key, which vllm-ascend ignores (did you mean "
+        "dyntra_lb_config?)\n")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["plan_churn"]["active_steps"] == 0  # plain DP, as on the node
+
+
+def test_ab_names_the_misspelled_key_when_nothing_enables_dyntra_lb(cli, tiny_trace, clikit):
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--additional-config",
+               _typo(["scheduler_confg", "dyntra_lb_config"]))
+    clikit.assert_user_error(proc, "does not enable DyntraLB",
+                             "additional_config.scheduler_confg: unknown key, which "
+                             "vllm-ascend ignores (did you mean scheduler_config?)")

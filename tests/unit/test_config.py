@@ -13,6 +13,7 @@ from dyntra_lb.config import (
     check_deployment,
     diagnostics_enabled,
     load_additional_config,
+    unknown_keys,
 )
 
 
@@ -632,3 +633,47 @@ def test_diagnostics_enabled(raw, expected):
 def test_diagnostics_enabled_accepts_loaded_config():
     cfg = load_additional_config(_additional({"enable_diagnostics": True}))
     assert diagnostics_enabled(cfg) is True
+
+
+# ------------------------------------------- keys vllm-ascend ignores, duplicates (issue 12)
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ({"scheduler_confg": {"dyntra_lb_config": {"enabled": True}}},
+     ["additional_config.scheduler_confg: unknown key, which vllm-ascend ignores "
+      "(did you mean scheduler_config?)"]),
+    ({"scheduler_config": {"dyntra_lb_confg": {"enabled": True}}},
+     ["additional_config.scheduler_config.dyntra_lb_confg: unknown key, which vllm-ascend "
+      "ignores (did you mean dyntra_lb_config?)"]),
+    ({"dyntra_lb_config": {"enabled": True}},
+     ["additional_config.dyntra_lb_config: unknown key, which vllm-ascend ignores (it "
+      "belongs in additional_config.scheduler_config.dyntra_lb_config)"]),
+    ({"DYNTRA_LB_ENABLE": 1},
+     ["additional_config.DYNTRA_LB_ENABLE: unknown key, which vllm-ascend ignores"]),
+])
+def test_keys_vllm_ascend_ignores_are_named_with_the_closest_known_key(raw, expected):
+    assert unknown_keys(raw) == expected
+    # ... and still ignored, as on vllm-ascend: plain DP.
+    assert load_additional_config(raw).dyntra_lb.enabled is False
+
+
+def test_keys_vllm_ascend_reads_are_not_reported():
+    raw = {"enable_shared_expert_dp": True, "eplb_config": {}, "recompute_scheduler_enable":
+           False, "scheduler_config": {"dyntra_lb_config": {"enabled": True},
+                                       "enable_balance_scheduling": False,
+                                       "batch_job_sched_config": {}}}
+    assert unknown_keys(raw) == []
+    assert unknown_keys(load_additional_config(raw)) == []
+
+
+@pytest.mark.parametrize("text, path", [
+    ('{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "enabled": false}}}',
+     "scheduler_config.dyntra_lb_config.enabled"),
+    ('{"scheduler_config": {}, "scheduler_config": {"dyntra_lb_config": {}}}',
+     "scheduler_config"),
+    ('{"eplb_config": {"a": [{"k": 1, "k": 2}]}}', "eplb_config.a[0].k"),
+])
+def test_a_key_given_twice_at_any_depth_is_an_error_naming_it(text, path):
+    with pytest.raises(ValueError, match=re.escape(f"additional_config has the key {path} "
+                                                   "twice")):
+        load_additional_config(text)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from emu.metrics import (
+    PartialRunError,
     RunError,
     compute_metrics,
     distribution,
@@ -14,6 +15,7 @@ from emu.metrics import (
     tpot_values_ms,
     write_metrics,
 )
+from emu.run_status import unfinished_note, write_status
 
 approx = pytest.approx
 
@@ -264,3 +266,60 @@ def test_load_run_errors(tmp_path):
     odd = _write_run(tmp_path / "odd", [[{"kind": "wave"}]])
     with pytest.raises(RunError, match="unknown record kind 'wave'"):
         load_run(odd)
+
+
+# ------------------------------------------------------------- partial runs (issue 12)
+
+
+def _interrupted_run(tmp_path, state="interrupted"):
+    """A run stopped mid-way: rank 1 got one step further than rank 0, rank 0's last
+    line is cut off, and only A's request record was written (B, C were in flight)."""
+    rank0 = [step(0, 1, 0.0, 0.02, 0.03, 10), request(0, "A", 0.0, 0.0, [0.03], 0.03),
+             step(0, 2, 0.03, 0.03, 0.03, 20)]
+    rank0[2]["admitted"] = ["B"]
+    rank1 = [step(1, 1, 0.0, 0.03, 0.03, 30), step(1, 2, 0.03, 0.01, 0.03, 0, paused=["C"]),
+             step(1, 3, 0.06, 0.01, 0.03, 0)]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = _write_run(tmp_path / "partial", [rank0, rank1])
+    with open(path / "rank0.events.jsonl", "a") as f:
+        f.write('{"kind": "step", "rank": 0, "it')  # the write the SIGTERM cut short
+    write_status(path, state, reason="interrupted by SIGTERM: every rank was stopped")
+    return path
+
+
+def test_an_unfinished_run_is_refused_by_default(tmp_path):
+    path = _interrupted_run(tmp_path)
+    with pytest.raises(PartialRunError, match=r"run\.json says 'interrupted': interrupted "
+                                              r"by SIGTERM.*allow_partial=True"):
+        load_run(path)
+    with pytest.raises(PartialRunError, match="still running, or its launcher"):
+        load_run(_interrupted_run(tmp_path / "again", state="running"))
+
+
+def test_an_unfinished_run_read_as_partial_keeps_its_requests_in_flight(tmp_path):
+    run = load_run(_interrupted_run(tmp_path), allow_partial=True)
+    assert run.state == "interrupted"
+    assert [[s["iter"] for s in rank] for rank in run.steps] == [[1, 2], [1, 2]]
+    unfinished = {(r["rank"], r["request_id"]): r for r in run.requests if r.get("unfinished")}
+    assert sorted(unfinished) == [(0, "B"), (1, "C")]
+    m = compute_metrics(run)
+    assert m["run_state"] == "interrupted"
+    assert (m["requests_total"], m["requests_finished"], m["requests_unfinished"]) == (3, 1, 2)
+    assert m["steps"] == 2
+
+
+def test_a_complete_run_and_a_directory_without_run_json_read_as_before(tmp_path):
+    legacy = _write_run(tmp_path / "legacy", [RANK0, RANK1])
+    assert load_run(legacy).state is None
+    assert compute_metrics(load_run(legacy))["run_state"] is None
+    write_status(legacy, "complete")
+    assert compute_metrics(load_run(legacy))["run_state"] == "complete"
+
+
+def test_offline_tools_flag_a_log_of_an_unfinished_run(tmp_path):
+    path = _interrupted_run(tmp_path)
+    (path / "rank0.log").write_text("")
+    note = unfinished_note(path / "rank0.log")
+    assert note.startswith("warning: ") and "interrupted" in note and "rank0.log is partial" in note
+    write_status(path, "complete")
+    assert unfinished_note(path / "rank0.log") is None

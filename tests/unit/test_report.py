@@ -1,5 +1,6 @@
 """Tables, summary.md and plots (emu/report.py) on hand-written and synthetic runs."""
 
+import re
 import struct
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from emu.metrics import Run, compute_metrics
 from emu.report import (
     ab_table,
+    ab_wall_table,
     summary_table,
     write_ab_plots,
     write_ab_summary_md,
@@ -136,8 +138,27 @@ def test_ab_table_covers_every_numeric_metric(runs):
     names = {line.split()[0] for line in table.splitlines()[2:]}
     for key in ("throughput_tok_s", "bubble_ratio", "balance_ratio", "tpot_ms.p99",
                 "pauses.duration_ms.mean", "plan_churn.per_active_step",
-                "per_rank.3.utilisation", "wall.planner_ms.mean"):
+                "per_rank.3.utilisation"):
         assert key in names, key
+
+
+def test_wall_clock_figures_are_shown_apart_and_never_compared(runs):
+    """Issue 12: two runs of the same virtual-time work differ in wall-clock time by
+    chance; such a row in the A/B table is noise labelled as a change (and a +1000 %
+    one widened the table)."""
+    ma, mb = compute_metrics(runs[1]), compute_metrics(runs[1])  # runs[1] has wall logs
+    mb["wall"]["lb_comm_total_s"] = 40 * ma["wall"]["lb_comm_total_s"]
+    table = ab_table(ma, mb, ("off", "on"))
+    names = {line.split()[0] for line in table.splitlines()[2:]}
+    assert not any(name.startswith("wall") for name in names), sorted(names)
+    wall = ab_wall_table(ma, mb, ("off", "on")).splitlines()
+    assert wall[0].startswith("Wall-clock time of the emulator itself")
+    assert re.split(r"\s{2,}", wall[1].strip()) == ["wall-clock", "off", "on"]
+    rows = {line.split()[0]: line.split()[1:] for line in wall[3:]}
+    assert rows["lb_comm_total_s"] == [f"{ma['wall']['lb_comm_total_s']:.3f}",
+                                       f"{mb['wall']['lb_comm_total_s']:.3f}"]
+    assert "planner_ms.p99" in rows
+    assert ab_wall_table({"wall": None}, {"wall": None}) is None
 
 
 def test_summary_md_files(runs, tmp_path):
@@ -157,6 +178,7 @@ def test_summary_md_files(runs, tmp_path):
                         plots=[tmp_path / "x" / "bubble_ab.png"])
     ab = (tmp_path / "ab.md").read_text()
     assert "A = `off`, B = `on`" in ab
+    assert "| wall." not in ab and "## Wall-clock time (measured, not compared)" in ab
     assert "## Config of off" in ab and "## Config of on" in ab
     assert "| bubble_ratio |" in ab
     assert "![bubble_ab](x/bubble_ab.png)" in ab
