@@ -33,6 +33,14 @@ from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
+from emu.costs import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    CostProfileError,
+    add_fit_arguments,
+    load_profile,
+    run_fit,
+)
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
@@ -285,6 +293,8 @@ def _spec_kwargs(args) -> dict:
         kwargs["strict"] = True
     if getattr(args, "fault", None):
         kwargs["faults"] = FaultPlan(tuple(args.fault))
+    if getattr(args, "cost_profile", None) is not None:
+        kwargs["cost_model"] = args.cost_profile
     return kwargs
 
 
@@ -306,6 +316,7 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
         args.workload, args.dp, _effective(args, "block_size"),
         _effective(args, "num_gpu_blocks"))
     problems += trace_problems
+    problems += check_cost_model(args)
     if getattr(args, "fault", None) and trace is not None and configs and configs[0]:
         problems += check_faults(args.fault, args.dp, trace, configs[0])
     problems += check_device(_effective(args, "device"), _local_ranks(args))
@@ -313,6 +324,19 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
         raise UsageError(*dict.fromkeys(problems))
     label = args.workload if path.parent == WORKLOADS_DIR else str(path)
     return Prepared(trace, label, configs)
+
+
+def check_cost_model(args) -> list[str]:
+    """Resolve --cost-model NAME|FILE.json into ``args.cost_profile`` (None: RunSpec's
+    default profile); returns the problem, if any."""
+    args.cost_profile = None
+    if getattr(args, "cost_model", None) is None:
+        return []
+    try:
+        args.cost_profile = load_profile(args.cost_model)
+    except CostProfileError as exc:
+        return [f"--cost-model {exc}"]
+    return []
 
 
 def check_faults(faults, dp: int, trace, cfg) -> list[str]:
@@ -585,6 +609,7 @@ def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
         "router": spec.router,
         "scheduling_policy": spec.scheduling_policy,
         "device": device,  # the one used ("cpu" / "npu"), never "auto"
+        "cost_model": spec.cost_model.to_dict(),
     }
 
 
@@ -733,6 +758,8 @@ examples:
   dyntra-emu run --workload longtail --out runs/lt
   dyntra-emu ab --workload longtail              # DyntraLB off vs on, side by side
   dyntra-emu validate --additional-config @decode.json --dp 8
+  dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
+  dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
   dyntra-emu <command> --help                    # options of one command
 
 Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
@@ -776,6 +803,24 @@ examples:
 Exit code 0 and an "OK" line when everything is valid; 1 and one "problem:" line per
 problem otherwise; 2 for a bad flag.
 """
+
+
+_FIT_EPILOG = """\
+examples:
+  dyntra-emu fit-cost steps.csv --name node-a --out node-a.json
+  dyntra-emu fit-cost steps.csv --terms fixed_s,per_kv_token_s
+  dyntra-emu run --cost-model node-a.json
+
+steps.csv has a header and one row per measured step:
+  running_requests,kv_tokens,scheduled_tokens,step_ms
+"""
+
+
+def cmd_fit_cost(args) -> int:
+    try:
+        return run_fit(args)
+    except CostProfileError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _wrap(text: str) -> str:
@@ -823,6 +868,11 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
                              f"(default: {d['router']})")
     parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                         help=f"vLLM scheduling policy (default: {d['scheduling_policy']})")
+    parser.add_argument("--cost-model", metavar="NAME|FILE.json",
+                        help="step-cost profile: a bundled one ("
+                             f"{', '.join(PROFILES)}) or a profile file, e.g. from "
+                             f"`{PROG} fit-cost` (default: {DEFAULT_PROFILE}; "
+                             "docs/cost-models.md)")
     parser.add_argument("--device", choices=DEVICE_CHOICES,
                         help="where the ranks' lockstep collective runs: cpu (gloo), npu "
                              "(HCCL, needs torch_npu), auto = npu when usable "
@@ -903,6 +953,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_options(validate, single_config=True)
     _add_fault_option(validate)
     validate.set_defaults(func=cmd_validate, parser=validate)
+
+    fit_cost = sub.add_parser(
+        "fit-cost", help="fit a step-cost profile to step times measured on a real node",
+        description=_wrap("Least-squares fit of a step-cost profile (docs/cost-models.md) to "
+                          "steps measured on a real decode node; prints the coefficients, "
+                          "RMSE and R^2 and writes a profile file for --cost-model."),
+        formatter_class=_Formatter, allow_abbrev=False, epilog=_FIT_EPILOG)
+    add_fit_arguments(fit_cost)
+    fit_cost.set_defaults(func=cmd_fit_cost, parser=fit_cost)
 
     for module in ("emu.replay", "emu.explain"):
         try:

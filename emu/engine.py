@@ -289,8 +289,9 @@ class EngineCore:
             output = scheduler.schedule(now_s) if scheduler.has_requests() else None
             executed = output is not None and output.total_num_scheduled_tokens > 0
             if executed:
-                own_cost_us = cost(scheduler.running_blocks(),
-                                   output.total_num_scheduled_tokens, False)
+                running = scheduler.running
+                own_cost_us = cost(scheduler.running_blocks(), sum(r.num_tokens for r in running),
+                                   len(running), output.total_num_scheduled_tokens, False)
                 step_us = clock.step(own_cost_us, self._num_waiting(), len(scheduler.running))
                 finished = scheduler.update_from_output(output, (clock_us + step_us) / 1e6)
             else:
@@ -298,7 +299,7 @@ class EngineCore:
                             if output is not None else [])
                 if not scheduler.has_unfinished_requests() and not self.engines_running:
                     continue
-                own_cost_us = cost(0, 0, True)
+                own_cost_us = cost(0, 0, 0, 0, True)
                 step_us = clock.step(own_cost_us, self._num_waiting(), len(scheduler.running))
                 self.num_dummy_steps += 1
             local_unfinished = scheduler.has_unfinished_requests()

@@ -107,7 +107,14 @@ def _headline_rows(m: dict) -> list[tuple]:
         ("DP bubble ratio", _pct(m["bubble_ratio"])),
         ("balance ratio (mean/max blocks)", _num(m["balance_ratio"], 3)),
         ("preemptions", str(m["preemptions"])),
+        ("cost model", _cost_model_name(m)),
     ]
+
+
+def _cost_model_name(m: dict) -> str:
+    """The step-cost profile recorded in the metrics' config ('-' when not recorded)."""
+    profile = (m.get("config") or {}).get("cost_model")
+    return profile.get("name", "-") if isinstance(profile, dict) else "-"
 
 
 def _lb_rows(m: dict) -> list[tuple]:
