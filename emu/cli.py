@@ -681,7 +681,8 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
 
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
-    from emu.report import ab_table, write_ab_plots, write_ab_summary_md
+    from emu.no_effect import no_effect_notes
+    from emu.report import ab_table, headroom_summary, write_ab_plots, write_ab_summary_md
 
     sources, labels = _ab_sources(args)
     prepared = prepare(args, sources)
@@ -698,6 +699,11 @@ def cmd_ab(args) -> int:
     print(ab_table(metrics[0], metrics[1], labels))
     print()
     print(_ab_headline(metrics[0], metrics[1], labels))
+    for line in headroom_summary(metrics[0], metrics[1], labels):
+        print(line)
+    for label, m in zip(labels, metrics, strict=True):
+        for note in no_effect_notes(m):
+            print(f"note ({label}): {note}")
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
     return 0
@@ -708,6 +714,8 @@ def _ab_headline(a: dict, b: dict, labels) -> str:
     rows = [
         ("DP bubble ratio", a["bubble_ratio"], b["bubble_ratio"], 100, " %"),
         ("balance ratio", a["balance_ratio"], b["balance_ratio"], 1, ""),
+        ("bubble-free bound (tok/s)", a["headroom"]["sol_throughput_tok_s"],
+         b["headroom"]["sol_throughput_tok_s"], 1, ""),
         ("throughput (tok/s)", a["throughput_tok_s"], b["throughput_tok_s"], 1, ""),
         ("TPOT p50 (ms)", a["tpot_ms"]["p50"], b["tpot_ms"]["p50"], 1, ""),
         ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
@@ -743,6 +751,11 @@ def cmd_validate(args) -> int:
             print(f"problem: {problem}")
         print(f"{len(problems)} problem(s) found")
         return EXIT_FAILED
+    from emu.no_effect import trace_warnings
+
+    for warning in trace_warnings(prepared.configs[0].dyntra_lb, prepared.trace,
+                                  _effective(args, "block_size")):
+        print(f"warning: {warning}")
     print(f"OK: {sources[0][1]} ({_describe_config(prepared.configs[0])}) and workload "
           f"{prepared.workload_label} ({len(prepared.trace)} requests) are valid for "
           f"dp={args.dp}")
