@@ -24,6 +24,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -44,6 +45,7 @@ from emu.costs import (
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
+from emu.recipes import is_recipe, seed_table, write_recipe_trace
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, load_trace, validate_trace
 
@@ -312,9 +314,12 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
         cfg, config_problems = check_config(text, source, args.dp)
         configs.append(cfg)
         problems += config_problems
-    trace, path, trace_problems = check_workload(
-        args.workload, args.dp, _effective(args, "block_size"),
-        _effective(args, "num_gpu_blocks"))
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-recipe-") as tmp:
+        workload, recipe_problems = _generated_workload(args, Path(tmp))
+        problems += recipe_problems
+        trace, path, trace_problems = (None, None, []) if workload is None else check_workload(
+            workload, args.dp, _effective(args, "block_size"),
+            _effective(args, "num_gpu_blocks"))
     problems += trace_problems
     problems += check_cost_model(args)
     if getattr(args, "fault", None) and trace is not None and configs and configs[0]:
@@ -322,8 +327,23 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
     problems += check_device(_effective(args, "device"), _local_ranks(args))
     if problems:
         raise UsageError(*dict.fromkeys(problems))
-    label = args.workload if path.parent == WORKLOADS_DIR else str(path)
+    if is_recipe(args.workload):
+        label = f"{args.workload} (seed {_effective(args, 'seed')})"
+    else:
+        label = args.workload if path.parent == WORKLOADS_DIR else str(path)
     return Prepared(trace, label, configs)
+
+
+def _generated_workload(args, tmp: Path) -> tuple[str | None, list[str]]:
+    """--workload as a trace file to check: the value itself, or for
+    ``recipe:NAME,...`` the trace generated with --seed into ``tmp``."""
+    if not is_recipe(args.workload):
+        return args.workload, []
+    try:
+        path = write_recipe_trace(args.workload, _effective(args, "seed"), tmp / "trace.jsonl")
+    except ValueError as exc:
+        return None, [f"--workload {args.workload}: {exc}"]
+    return str(path), []
 
 
 def check_cost_model(args) -> list[str]:
@@ -685,6 +705,8 @@ def cmd_ab(args) -> int:
     from emu.report import ab_table, headroom_summary, write_ab_plots, write_ab_summary_md
 
     sources, labels = _ab_sources(args)
+    if args.seeds is not None:
+        return _ab_seeds(args, sources, labels)
     prepared = prepare(args, sources)
     out_dir = prepare_out_dir(args.out, args.overwrite, "ab", _AB_RUN_DIRS)
     metrics = []
@@ -706,6 +728,48 @@ def cmd_ab(args) -> int:
             print(f"note ({label}): {note}")
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
+    return 0
+
+
+def _ab_seeds(args, sources, labels) -> int:
+    """``ab --seeds N``: the A/B on N workload seeds of a recipe (--seed, --seed + 1,
+    ...), each into DIR/seed<s>/a and b; prints and writes each key delta per seed and
+    its mean with a 95 % confidence interval."""
+    if not is_recipe(args.workload):
+        raise UsageError(f"--seeds {args.seeds}: needs a generated workload "
+                         "(--workload recipe:NAME[,n=N][,rate=R]), whose trace changes with "
+                         f"the seed; {args.workload!r} is one fixed trace")
+    first = _effective(args, "seed")
+    seeds = list(range(first, first + args.seeds))
+    prepared = []
+    for seed in seeds:  # check every seed's trace before anything runs
+        args.seed = seed
+        prepared.append(prepare(args, sources))
+    subdirs = tuple(f"seed{s}/{name}" for s in seeds for name in _AB_RUN_DIRS)
+    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", subdirs)
+    pairs = []
+    for seed, prep in zip(seeds, prepared, strict=True):
+        args.seed = seed
+        metrics = [run_one(args, prep, config, out_dir / f"seed{seed}" / name,
+                           f"seed {seed} {name.upper()} ({label})")
+                   for name, label, config in zip(_AB_RUN_DIRS, labels, prep.configs,
+                                                  strict=True)]
+        pairs.append((seed, metrics[0], metrics[1]))
+    from emu.no_effect import no_effect_notes
+
+    table = seed_table(pairs)
+    print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")
+    print(table)
+    for seed, *metrics in pairs:
+        for label, m in zip(labels, metrics, strict=True):
+            for note in no_effect_notes(m):
+                print(f"note (seed {seed}, {label}): {note}")
+    (out_dir / "summary.md").write_text(
+        f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={args.dp}\n\n"
+        f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
+        "mean with its 95 % confidence interval (Student's t)\n\n```\n" + table + "\n```\n")
+    print(f"\nOutputs in {out_dir}/: summary.md, seed<s>/a and seed<s>/b (metrics.json and "
+          "event logs of each run)")
     return 0
 
 
@@ -849,9 +913,10 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
     d = SPEC_DEFAULTS
     parser.add_argument(
         "--workload", metavar="FILE|NAME", default=DEFAULT_WORKLOAD,
-        help="trace file (JSON Lines, see fixtures/README.md) or the name of a bundled "
-             f"workload: {', '.join(bundled_workloads()) or 'none installed'} "
-             f"(default: {DEFAULT_WORKLOAD})")
+        help="trace file (JSON Lines, see fixtures/README.md), the name of a bundled "
+             f"workload: {', '.join(bundled_workloads()) or 'none installed'}, or a "
+             "generated one, recipe:NAME[,n=N][,rate=R] (fixtures/generate.py recipes, "
+             f"e.g. recipe:pr12292,n=200; seeded with --seed) (default: {DEFAULT_WORKLOAD})")
     parser.add_argument("--dp", type=_capped_int(1, MAX_DP_SIZE, "rank processes"), metavar="N",
                         help=f"number of DP ranks, one process each (default: {DEFAULT_DP}; "
                              "under torchrun: WORLD_SIZE)")
@@ -953,6 +1018,10 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--config-a", metavar="JSON|@FILE",
                     help="config of run A (with --config-b; instead of --additional-config)")
     ab.add_argument("--config-b", metavar="JSON|@FILE", help="config of run B")
+    ab.add_argument("--seeds", type=_int_type(2, 100), metavar="N",
+                    help="with --workload recipe:NAME: run the A/B on N workload seeds "
+                         "(--seed, --seed + 1, ...) and report each delta as a mean with a "
+                         "95 %% confidence interval")
     _add_run_options(ab)
     ab.set_defaults(func=cmd_ab, parser=ab)
 
