@@ -20,8 +20,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from emu.costs import StepCostModel  # noqa: F401  (the engine imports it from here)
-
 LOCKSTEP_SITE = "engine.lockstep"
 
 

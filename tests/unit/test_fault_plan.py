@@ -12,8 +12,8 @@ import pytest
 
 from dyntra_lb import coordinator
 from emu import clock, engine, faults
-from emu.clock import StepCostModel
 from emu.cluster import RunSpec, validate
+from emu.costs import StepCostModel
 from emu.faults import (
     DelayCollective,
     FaultInjector,
@@ -344,7 +344,7 @@ def test_delay_sleeps_once_before_the_first_matching_collective(monkeypatch, cap
     class Recorder:
         seq = 41
 
-        def __call__(self, site, op, tensor, fn):
+        def __call__(self, site, op, tensor, fn, origin=None):
             calls.append(site)
             return fn()
 
