@@ -25,6 +25,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -39,11 +40,20 @@ from dyntra_lb.config import (
     load_additional_config,
     unknown_keys,
 )
+from emu.costs import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    CostProfileError,
+    add_fit_arguments,
+    load_profile,
+    run_fit,
+)
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
 from emu.impl import IMPLS
 from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
+from emu.recipes import is_recipe, seed_table, write_recipe_trace
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, load_trace, validate_trace
 
@@ -306,6 +316,8 @@ def _spec_kwargs(args) -> dict:
         kwargs["strict"] = True
     if getattr(args, "fault", None):
         kwargs["faults"] = FaultPlan(tuple(args.fault))
+    if getattr(args, "cost_profile", None) is not None:
+        kwargs["cost_model"] = args.cost_profile
     return kwargs
 
 
@@ -328,16 +340,23 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
             ignored.setdefault(message, []).append(source)
     # ab's run A is derived from B's config: name the source the user wrote (the last).
     warnings = [f"{sources[-1]}: {message}" for message, sources in ignored.items()]
-    trace, path, trace_problems = check_workload(
-        args.workload, args.dp, _effective(args, "block_size"),
-        _effective(args, "num_gpu_blocks"))
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-recipe-") as tmp:
+        workload, recipe_problems = _generated_workload(args, Path(tmp))
+        problems += recipe_problems
+        trace, path, trace_problems = (None, None, []) if workload is None else check_workload(
+            workload, args.dp, _effective(args, "block_size"),
+            _effective(args, "num_gpu_blocks"))
     problems += trace_problems
+    problems += check_cost_model(args)
     if getattr(args, "fault", None) and trace is not None and configs and configs[0]:
         problems += check_faults(args.fault, args.dp, trace, configs[0])
     problems += check_device(_effective(args, "device"), _local_ranks(args))
     if problems:
         raise UsageError(*dict.fromkeys(problems))
-    label = args.workload if path.parent == WORKLOADS_DIR else str(path)
+    if is_recipe(args.workload):
+        label = f"{args.workload} (seed {_effective(args, 'seed')})"
+    else:
+        label = args.workload if path.parent == WORKLOADS_DIR else str(path)
     return Prepared(trace, label, configs, warnings)
 
 
@@ -348,6 +367,31 @@ def warn_ignored_keys(args, prepared: Prepared) -> None:
         return
     for warning in prepared.warnings:
         print(f"{PROG} {args.command}: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _generated_workload(args, tmp: Path) -> tuple[str | None, list[str]]:
+    """--workload as a trace file to check: the value itself, or for
+    ``recipe:NAME,...`` the trace generated with --seed into ``tmp``."""
+    if not is_recipe(args.workload):
+        return args.workload, []
+    try:
+        path = write_recipe_trace(args.workload, _effective(args, "seed"), tmp / "trace.jsonl")
+    except ValueError as exc:
+        return None, [f"--workload {args.workload}: {exc}"]
+    return str(path), []
+
+
+def check_cost_model(args) -> list[str]:
+    """Resolve --cost-model NAME|FILE.json into ``args.cost_profile`` (None: RunSpec's
+    default profile); returns the problem, if any."""
+    args.cost_profile = None
+    if getattr(args, "cost_model", None) is None:
+        return []
+    try:
+        args.cost_profile = load_profile(args.cost_model)
+    except CostProfileError as exc:
+        return [f"--cost-model {exc}"]
+    return []
 
 
 def check_faults(faults, dp: int, trace, cfg) -> list[str]:
@@ -643,6 +687,7 @@ def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
         "router": spec.router,
         "scheduling_policy": spec.scheduling_policy,
         "device": device,  # the one used ("cpu" / "npu"), never "auto"
+        "cost_model": spec.cost_model.to_dict(),
         **_recorded_impl(spec),
     }
 
@@ -727,9 +772,18 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
 
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
-    from emu.report import ab_table, ab_wall_table, write_ab_plots, write_ab_summary_md
+    from emu.no_effect import no_effect_notes
+    from emu.report import (
+        ab_table,
+        ab_wall_table,
+        headroom_summary,
+        write_ab_plots,
+        write_ab_summary_md,
+    )
 
     sources, labels = _ab_sources(args)
+    if args.seeds is not None:
+        return _ab_seeds(args, sources, labels)
     prepared = prepare(args, sources)
     warn_ignored_keys(args, prepared)
     out_dir = prepare_out_dir(args.out, args.overwrite, "ab", _AB_RUN_DIRS)
@@ -749,8 +803,55 @@ def cmd_ab(args) -> int:
         print(wall)
         print()
     print(_ab_headline(metrics[0], metrics[1], labels))
+    for line in headroom_summary(metrics[0], metrics[1], labels):
+        print(line)
+    for label, m in zip(labels, metrics, strict=True):
+        for note in no_effect_notes(m):
+            print(f"note ({label}): {note}")
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
+    return 0
+
+
+def _ab_seeds(args, sources, labels) -> int:
+    """``ab --seeds N``: the A/B on N workload seeds of a recipe (--seed, --seed + 1,
+    ...), each into DIR/seed<s>/a and b; prints and writes each key delta per seed and
+    its mean with a 95 % confidence interval."""
+    if not is_recipe(args.workload):
+        raise UsageError(f"--seeds {args.seeds}: needs a generated workload "
+                         "(--workload recipe:NAME[,n=N][,rate=R]), whose trace changes with "
+                         f"the seed; {args.workload!r} is one fixed trace")
+    first = _effective(args, "seed")
+    seeds = list(range(first, first + args.seeds))
+    prepared = []
+    for seed in seeds:  # check every seed's trace before anything runs
+        args.seed = seed
+        prepared.append(prepare(args, sources))
+    subdirs = tuple(f"seed{s}/{name}" for s in seeds for name in _AB_RUN_DIRS)
+    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", subdirs)
+    pairs = []
+    for seed, prep in zip(seeds, prepared, strict=True):
+        args.seed = seed
+        metrics = [run_one(args, prep, config, out_dir / f"seed{seed}" / name,
+                           f"seed {seed} {name.upper()} ({label})")
+                   for name, label, config in zip(_AB_RUN_DIRS, labels, prep.configs,
+                                                  strict=True)]
+        pairs.append((seed, metrics[0], metrics[1]))
+    from emu.no_effect import no_effect_notes
+
+    table = seed_table(pairs)
+    print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")
+    print(table)
+    for seed, *metrics in pairs:
+        for label, m in zip(labels, metrics, strict=True):
+            for note in no_effect_notes(m):
+                print(f"note (seed {seed}, {label}): {note}")
+    (out_dir / "summary.md").write_text(
+        f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={args.dp}\n\n"
+        f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
+        "mean with its 95 % confidence interval (Student's t)\n\n```\n" + table + "\n```\n")
+    print(f"\nOutputs in {out_dir}/: summary.md, seed<s>/a and seed<s>/b (metrics.json and "
+          "event logs of each run)")
     return 0
 
 
@@ -759,6 +860,8 @@ def _ab_headline(a: dict, b: dict, labels) -> str:
     rows = [
         ("DP bubble ratio", a["bubble_ratio"], b["bubble_ratio"], 100, " %"),
         ("balance ratio", a["balance_ratio"], b["balance_ratio"], 1, ""),
+        ("bubble-free bound (tok/s)", a["headroom"]["sol_throughput_tok_s"],
+         b["headroom"]["sol_throughput_tok_s"], 1, ""),
         ("throughput (tok/s)", a["throughput_tok_s"], b["throughput_tok_s"], 1, ""),
         ("TPOT p50 (ms)", a["tpot_ms"]["p50"], b["tpot_ms"]["p50"], 1, ""),
         ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
@@ -795,6 +898,11 @@ def cmd_validate(args) -> int:
             print(f"problem: {problem}")
         print(f"{len(problems)} problem(s) found")
         return EXIT_FAILED
+    from emu.no_effect import trace_warnings
+
+    for warning in trace_warnings(prepared.configs[0].dyntra_lb, prepared.trace,
+                                  _effective(args, "block_size")):
+        print(f"warning: {warning}")
     print(f"OK: {sources[0][1]} ({_describe_config(prepared.configs[0])}) and workload "
           f"{prepared.workload_label} ({len(prepared.trace)} requests) are valid for "
           f"dp={args.dp}")
@@ -810,6 +918,8 @@ examples:
   dyntra-emu run --workload longtail --out runs/lt
   dyntra-emu ab --workload longtail              # DyntraLB off vs on, side by side
   dyntra-emu validate --additional-config @decode.json --dp 8
+  dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
+  dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
   dyntra-emu <command> --help                    # options of one command
 
 Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
@@ -857,6 +967,24 @@ problem otherwise; 2 for a bad flag.
 """
 
 
+_FIT_EPILOG = """\
+examples:
+  dyntra-emu fit-cost steps.csv --name node-a --out node-a.json
+  dyntra-emu fit-cost steps.csv --terms fixed_s,per_kv_token_s
+  dyntra-emu run --cost-model node-a.json
+
+steps.csv has a header and one row per measured step:
+  running_requests,kv_tokens,scheduled_tokens,step_ms
+"""
+
+
+def cmd_fit_cost(args) -> int:
+    try:
+        return run_fit(args)
+    except CostProfileError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _wrap(text: str) -> str:
     return textwrap.fill(text, 88)
 
@@ -870,9 +998,10 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
     d = SPEC_DEFAULTS
     parser.add_argument(
         "--workload", metavar="FILE|NAME", default=DEFAULT_WORKLOAD,
-        help="trace file (JSON Lines, see fixtures/README.md) or the name of a bundled "
-             f"workload: {', '.join(bundled_workloads()) or 'none installed'} "
-             f"(default: {DEFAULT_WORKLOAD})")
+        help="trace file (JSON Lines, see fixtures/README.md), the name of a bundled "
+             f"workload: {', '.join(bundled_workloads()) or 'none installed'}, or a "
+             "generated one, recipe:NAME[,n=N][,rate=R] (fixtures/generate.py recipes, "
+             f"e.g. recipe:pr12292,n=200; seeded with --seed) (default: {DEFAULT_WORKLOAD})")
     parser.add_argument("--dp", type=_capped_int(1, MAX_DP_SIZE, "rank processes"), metavar="N",
                         help=f"number of DP ranks, one process each (default: {DEFAULT_DP}; "
                              "under torchrun: WORLD_SIZE)")
@@ -902,6 +1031,11 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
                              f"(default: {d['router']})")
     parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                         help=f"vLLM scheduling policy (default: {d['scheduling_policy']})")
+    parser.add_argument("--cost-model", metavar="NAME|FILE.json",
+                        help="step-cost profile: a bundled one ("
+                             f"{', '.join(PROFILES)}) or a profile file, e.g. from "
+                             f"`{PROG} fit-cost` (default: {DEFAULT_PROFILE}; "
+                             "docs/cost-models.md)")
     parser.add_argument("--impl", choices=IMPLS, default="kit",
                         help="which DyntraLB runs in the ranks: kit (ours, dyntra_lb/, in the "
                              "stub engine) or vllm-ascend (vllm-ascend's own, unmodified, on "
@@ -980,6 +1114,10 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--config-a", metavar="JSON|@FILE",
                     help="config of run A (with --config-b; instead of --additional-config)")
     ab.add_argument("--config-b", metavar="JSON|@FILE", help="config of run B")
+    ab.add_argument("--seeds", type=_int_type(2, 100), metavar="N",
+                    help="with --workload recipe:NAME: run the A/B on N workload seeds "
+                         "(--seed, --seed + 1, ...) and report each delta as a mean with a "
+                         "95 %% confidence interval")
     _add_run_options(ab)
     ab.set_defaults(func=cmd_ab, parser=ab)
 
@@ -993,6 +1131,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_options(validate, single_config=True)
     _add_fault_option(validate)
     validate.set_defaults(func=cmd_validate, parser=validate)
+
+    fit_cost = sub.add_parser(
+        "fit-cost", help="fit a step-cost profile to step times measured on a real node",
+        description=_wrap("Least-squares fit of a step-cost profile (docs/cost-models.md) to "
+                          "steps measured on a real decode node; prints the coefficients, "
+                          "RMSE and R^2 and writes a profile file for --cost-model."),
+        formatter_class=_Formatter, allow_abbrev=False, epilog=_FIT_EPILOG)
+    add_fit_arguments(fit_cost)
+    fit_cost.set_defaults(func=cmd_fit_cost, parser=fit_cost)
 
     for module in ("emu.replay", "emu.explain"):
         try:

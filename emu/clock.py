@@ -1,6 +1,7 @@
 """Virtual time of the emulated cluster: the step-cost model and the lockstep clock.
 
-No model runs, so each rank prices its own batch with ``StepCostModel`` and then joins
+No model runs, so each rank prices its own batch with a cost profile
+(``emu.costs.StepCostModel``) and then joins
 one MAX all-reduce on the device group — the stand-in for the MoE collectives inside a
 real forward, which make every DP rank wait for the slowest. The reduced value is the
 DP step time; a rank's bubble is ``step time - own cost``. The same collective carries
@@ -13,7 +14,6 @@ Virtual time is integer microseconds throughout the engine.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,54 +21,6 @@ import torch
 import torch.distributed as dist
 
 LOCKSTEP_SITE = "engine.lockstep"
-
-
-@dataclass(frozen=True)
-class StepCostModel:
-    """Cost of one forward on one rank, in seconds:
-
-    ``fixed_s + per_block_s * running_blocks + per_token_s * scheduled_tokens``.
-
-    - ``fixed_s`` (s per step, default 0.020): weights, MoE dispatch, launch overheads —
-      paid by every step, dummy steps included.
-    - ``per_block_s`` (s per KV block held by running requests, default 19.2e-6):
-      attention reads the whole KV; with ``fixed_s`` this is the planner's own linear
-      latency model (spec D.6: ``20000 + 19.2 * M`` microseconds).
-    - ``per_token_s`` (s per scheduled token, default 5e-6): token-proportional compute;
-      small on a decode node, where a step schedules about one token per request.
-
-    A dummy step (no real tokens) costs ``fixed_s`` only.
-    """
-
-    fixed_s: float = 0.020
-    per_block_s: float = 19.2e-6
-    per_token_s: float = 5e-6
-
-    def __post_init__(self) -> None:
-        for name in ("fixed_s", "per_block_s", "per_token_s"):
-            value = getattr(self, name)
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or not value >= 0
-                or value == float("inf")
-            ):
-                raise ValueError(
-                    f"cost model {name} must be a finite number >= 0 (seconds), got {value!r}"
-                )
-        if round(self.fixed_s * 1e6) < 1:
-            raise ValueError(
-                f"cost model fixed_s must be at least 1 microsecond, got {self.fixed_s!r}"
-            )
-
-    def cost(self, running_blocks: int, scheduled_tokens: int, dummy: bool) -> int:
-        """This rank's cost of the step it is about to run, in integer microseconds."""
-        if dummy:
-            return round(self.fixed_s * 1e6)
-        return round(
-            (self.fixed_s + self.per_block_s * running_blocks + self.per_token_s * scheduled_tokens)
-            * 1e6
-        )
 
 
 class LockstepClock:

@@ -25,7 +25,7 @@ import os
 import pathlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from dyntra_lb import planner
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import AdditionalConfig, load_additional_config
 from emu import impl
-from emu.clock import StepCostModel
+from emu.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.device import DEVICE_CHOICES
 from emu.engine import RankSummary
 from emu.faults import FaultPlan, check_plan
@@ -57,7 +57,9 @@ class RunSpec:
     - scheduler: ``max_num_seqs``, ``max_num_batched_tokens`` (token budget per step),
       ``block_size`` (tokens per KV block), ``num_gpu_blocks`` (KV pool per rank),
       ``scheduling_policy`` ("fcfs" | "priority").
-    - ``cost_model``: prices each step (see ``emu.clock.StepCostModel``).
+    - ``cost_model``: the step-cost profile that prices each step (``emu.costs``: a
+      bundled one from ``emu.costs.PROFILES`` or ``load_profile(path)``; default
+      ``kv-token``).
     - ``kv_latency_fixed_s`` + ``kv_latency_per_block_s`` * blocks: virtual time for a
       prompt's KV to arrive from the prefill node.
     - ``seed``: every rank seeds Python's and numpy's RNG with it before the run.
@@ -90,7 +92,7 @@ class RunSpec:
     block_size: int = 128
     num_gpu_blocks: int = 4096
     scheduling_policy: str = "fcfs"
-    cost_model: StepCostModel = field(default_factory=StepCostModel)
+    cost_model: StepCostModel = PROFILES[DEFAULT_PROFILE]
     kv_latency_fixed_s: float = 0.002
     kv_latency_per_block_s: float = 20e-6
     router: str = "round_robin"

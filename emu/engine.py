@@ -270,7 +270,9 @@ class EngineCore:
         if not step.executed:
             step.finished = tuple(scheduler.update_from_output(output, now_s))
             return step
+        running = scheduler.running
         step.own_cost_us = self.cost(scheduler.running_blocks(),
+                                     sum(r.num_tokens for r in running), len(running),
                                      output.total_num_scheduled_tokens, False)
         step.step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
                                        len(scheduler.running))
@@ -285,7 +287,7 @@ class EngineCore:
     def _dummy_step(self, step: _Step) -> None:
         """No token ran while the wave goes on: a forward without tokens, so that the
         device group's collective stays matched across ranks."""
-        step.own_cost_us = self.cost(0, 0, True)
+        step.own_cost_us = self.cost(0, 0, 0, 0, True)
         step.step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
                                        len(self.scheduler.running))
         self.num_dummy_steps += 1

@@ -209,6 +209,8 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
         "pauses": _pauses(run.requests, virtual_time_s),
         "preemptions": sum(len(s.get("preempted", ())) for rank in run.steps for s in rank),
         "plan_churn": _plan_churn(run),
+        "lb_activity": _lb_activity(run),
+        "headroom": headroom(run, output_tokens, virtual_time_s, busy_time_s),
         "per_rank": per_rank,
         "wall": _wall(run.wall),
     }
@@ -236,6 +238,51 @@ def bubble_ratio(run: Run) -> float | None:
     waiting = sum(s["step_time_s"] - s["own_cost_s"] for rank in run.steps for s in rank)
     total = sum(s["step_time_s"] for rank in run.steps for s in rank)
     return _ratio(waiting, total)
+
+
+def headroom(run: Run, output_tokens: int, virtual_time_s: float,
+             busy_time_s: float) -> dict:
+    """How much a perfect balancer could gain on these steps, after TensorRT-LLM's
+    attention-DP "balance ratio" and "speed-of-light throughput" (its ADP Balance
+    Strategy blog): per step, the balance ratio is mean over max of the ranks' work (here
+    their own step cost), and a perfectly balanced step would take max x ratio = the mean
+    own cost. Idle gaps between waves stay as they are."""
+    per_step = list(zip(*run.steps, strict=True)) if run.steps else []
+    ratios = []
+    sol_busy_s = 0.0
+    for recs in per_step:
+        costs = [r["own_cost_s"] for r in recs]
+        peak = max(costs)
+        if peak > 0:
+            ratio = sum(costs) / len(costs) / peak
+            ratios.append(ratio)
+            sol_busy_s += recs[0]["step_time_s"] * ratio
+    sol_time_s = virtual_time_s - busy_time_s + sol_busy_s
+    actual = _ratio(output_tokens, virtual_time_s)
+    sol = _ratio(output_tokens, sol_time_s)
+    return {
+        "cost_balance_ratio": _mean(ratios),
+        "sol_busy_time_s": sol_busy_s,
+        "sol_virtual_time_s": sol_time_s,
+        "sol_throughput_tok_s": sol,
+        "max_gain": sol / actual - 1 if sol is not None and actual else None,
+    }
+
+
+def _lb_activity(run: Run) -> dict:
+    """What DyntraLB's activation depends on (read by emu/no_effect.py): steps in which
+    the planner ran on some rank, the waves and the highest step_counter any wave
+    reached (start_step compares with it), and the largest prompt (dynamic mode arms on
+    a prompt longer than long_req_block_threshold blocks)."""
+    per_step = list(zip(*run.steps, strict=True)) if run.steps else []
+    return {
+        "planner_steps": sum(any(r.get("lb_active") for r in recs) for recs in per_step),
+        "waves": len({s["wave"] for s in run.steps[0]}) if run.steps else 0,
+        "longest_wave_steps": max((s["step_counter"] for s in run.steps[0]), default=0)
+        if run.steps else 0,
+        "largest_prompt_tokens": max((r["prompt_tokens"] for r in run.requests),
+                                     default=None),
+    }
 
 
 def tpot_values_ms(run: Run) -> list[float]:

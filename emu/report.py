@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from emu.metrics import Run, bubble_ratio, step_series, tpot_values_ms
+from emu.no_effect import no_effect_notes
 
 # Latency distributions in display order: (metrics key, label).
 LATENCIES = (
@@ -30,7 +31,7 @@ _STATS = ("p50", "p90", "p99", "mean")
 # Top-level metrics in the order the A/B table lists them; keys not named here follow
 # in sorted order. `config`, `seed` and `schema_version` are not metrics.
 _AB_ORDER = (
-    "throughput_tok_s", "bubble_ratio", "balance_ratio", "balance_steps", "steps",
+    "throughput_tok_s", "bubble_ratio", "balance_ratio", "balance_steps", "headroom", "steps",
     "virtual_time_s", "busy_time_s", "requests_finished", "requests_total",
     "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "pauses",
     "plan_churn", "per_rank",
@@ -62,6 +63,9 @@ def summary_table(metrics: dict) -> str:
         _text_table(["DyntraLB", ""], _lb_rows(metrics)),
         _text_table(_RANK_HEADER, _rank_rows(metrics)),
     ]
+    notes = no_effect_notes(metrics)
+    if notes:
+        parts.append("\n".join(f"note: {n}" for n in notes))
     return "\n\n".join(parts)
 
 
@@ -104,6 +108,7 @@ def write_summary_md(path, metrics: dict, *, title: str = "dyntra-emu run",
     lines += ["## Run", "", _md_table(["metric", "value"], _headline_rows(m))]
     lines += ["", "## Latency (ms)", "", _md_table(["", *_STATS], _latency_rows(m))]
     lines += ["", "## DyntraLB", "", _md_table(["metric", "value"], _lb_rows(m))]
+    lines += _md_notes(no_effect_notes(m))
     lines += ["", "## Ranks", "", _md_table(_RANK_HEADER, _rank_rows(m))]
     lines += _md_config(m)
     lines += _md_plots(path, plots)
@@ -115,8 +120,11 @@ def write_ab_summary_md(path, metrics_a: dict, metrics_b: dict, labels=("A", "B"
     """summary.md of an A/B comparison: every metric with its deltas, both configs,
     and the overlay plots."""
     lines = [f"# {title}", "", f"A = `{labels[0]}`, B = `{labels[1]}`", ""]
-    lines += [_md_table(["metric", *labels, "delta", "delta %"],
-                        _ab_rows(metrics_a, metrics_b))]
+    lines += headroom_summary(metrics_a, metrics_b, labels)
+    for label, m in zip(labels, (metrics_a, metrics_b), strict=True):
+        lines += _md_notes([f"({label}) {n}" for n in no_effect_notes(m)])
+    lines += ["", _md_table(["metric", *labels, "delta", "delta %"],
+                            _ab_rows(metrics_a, metrics_b))]
     wall = _wall_rows(metrics_a, metrics_b)
     if wall is not None:
         lines += ["", "## Wall-clock time (measured, not compared)", "",
@@ -142,8 +150,45 @@ def _headline_rows(m: dict) -> list[tuple]:
         ("throughput", f"{_num(m['throughput_tok_s'], 1)} tok/s"),
         ("DP bubble ratio", _pct(m["bubble_ratio"])),
         ("balance ratio (mean/max blocks)", _num(m["balance_ratio"], 3)),
+        *_headroom_rows(m),
         ("preemptions", str(m["preemptions"])),
+        ("cost model", _cost_model_name(m)),
     ]
+
+
+def _headroom_rows(m: dict) -> list[tuple]:
+    """The bubble-free bound next to the bubble (absent in metrics without it)."""
+    h = m.get("headroom")
+    if h is None:
+        return []
+    gain = "" if h["max_gain"] is None else f" ({h['max_gain'] * 100:+.1f} %)"
+    return [("balance ratio (mean/max step cost)", _num(h["cost_balance_ratio"], 3)),
+            ("bubble-free throughput bound", f"{_num(h['sol_throughput_tok_s'], 1)} tok/s"
+                                             f"{gain}")]
+
+
+def headroom_summary(a: dict, b: dict, labels=("A", "B")) -> list[str]:
+    """How much B could gain over A at most (A's bubble-free bound) and how much it got:
+    the lines under the A/B key metrics. [] when a run lacks the numbers."""
+    ha, hb = a.get("headroom"), b.get("headroom")
+    ta, tb = a.get("throughput_tok_s"), b.get("throughput_tok_s")
+    if not ha or not hb or not ta or tb is None or ha["sol_throughput_tok_s"] is None:
+        return []
+    bound = ha["sol_throughput_tok_s"]
+    possible = bound - ta
+    got = tb - ta
+    lines = [f"Headroom: perfectly balanced, the steps of {labels[0]} would give {bound:.1f} "
+             f"tok/s ({possible / ta * 100:+.1f} % over its {ta:.1f}); {labels[1]} reached "
+             f"{tb:.1f} tok/s ({got / ta * 100:+.1f} %)"]
+    if possible > 0:
+        lines[0] += f", {got / possible * 100:.0f} % of that headroom"
+    return lines
+
+
+def _cost_model_name(m: dict) -> str:
+    """The step-cost profile recorded in the metrics' config ('-' when not recorded)."""
+    profile = (m.get("config") or {}).get("cost_model")
+    return profile.get("name", "-") if isinstance(profile, dict) else "-"
 
 
 def _lb_rows(m: dict) -> list[tuple]:
@@ -163,6 +208,12 @@ def _lb_rows(m: dict) -> list[tuple]:
             rows.append((label, f"{_num(wall[key]['mean'], 3)} ms mean, "
                                 f"{_num(wall[key]['p99'], 3)} ms p99"))
     return rows
+
+
+def _md_notes(notes: list[str]) -> list[str]:
+    if not notes:
+        return []
+    return ["", "### Why nothing happened", "", *(f"- {n}" for n in notes)]
 
 
 def _md_config(m: dict, heading: str = "Config") -> list[str]:

@@ -75,3 +75,35 @@ def test_ab_two_configs(cli, tiny_trace, tmp_path, clikit):
     assert proc.stdout.splitlines()[0].split()[:3] == ["metric", "A", "B"]
     metrics_b = json.loads((out / "b" / "metrics.json").read_text())
     assert metrics_b["config"]["additional_config"] == dynamic
+
+
+def test_ab_over_workload_seeds(cli, tmp_path):
+    """--seeds N with a generated workload: N A/B pairs on N different traces, each delta
+    per seed and as a mean with its confidence interval."""
+    out = tmp_path / "seeds"
+    proc = cli("ab", "--workload", "recipe:pr12292,n=6,rate=20", "--seeds", "2", "--seed", "3",
+               "--dp", "2", "--block-size", "2048", "--device", "cpu", "--quiet",
+               "--out", out, "--config-a", "{}", "--config-b",
+               '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static",'
+               ' "start_step": 0}}}')
+    assert proc.returncode == 0, proc.stderr
+    assert "B vs A on 2 seeds of recipe:pr12292,n=6,rate=20" in proc.stdout
+    assert "seed 3" in proc.stdout and "seed 4" in proc.stdout
+    assert "mean ± 95 % CI" in proc.stdout
+    traces = []
+    for seed in (3, 4):
+        a = json.loads((out / f"seed{seed}" / "a" / "metrics.json").read_text())
+        b = json.loads((out / f"seed{seed}" / "b" / "metrics.json").read_text())
+        assert a["seed"] == b["seed"] == seed
+        assert a["config"]["workload"] == b["config"]["workload"]
+        traces.append(a["output_tokens"])
+        assert b["plan_churn"]["active_steps"] > 0  # B is static from step 0
+    assert traces[0] != traces[1]  # different seeds, different traces
+    assert "mean ± 95 % CI" in (out / "summary.md").read_text()
+
+
+def test_ab_seeds_needs_a_generated_workload(cli, tiny_trace, clikit):
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--seeds", "3")
+    clikit.assert_user_error(proc, "--seeds 3: needs a generated workload")
+    proc = cli("ab", "--workload", "recipe:pr12292,n=4", *clikit.SMALL, "--seeds", "1")
+    clikit.assert_user_error(proc, "--seeds: ")

@@ -6,26 +6,30 @@ import pytest
 import torch
 
 from emu import clock as clock_module
-from emu.clock import LockstepClock, StepCostModel
+from emu.clock import LockstepClock
+from emu.costs import StepCostModel
 
 
 def test_default_costs_in_microseconds():
     model = StepCostModel()
-    assert model.cost(0, 0, dummy=True) == 20_000
-    assert model.cost(100, 4, dummy=False) == 20_000 + 1_920 + 20
-    assert model.cost(100, 4, dummy=True) == 20_000  # a dummy step pays the fixed part only
-    assert isinstance(model.cost(3, 1, dummy=False), int)
+    assert model.name == "kv-token"
+    assert model.cost(0, 0, 0, 0, dummy=True) == 20_000
+    # 12,800 KV tokens at 0.15 us + 4 scheduled tokens at 5 us
+    assert model.cost(100, 12_800, 4, 4, dummy=False) == 20_000 + 1_920 + 20
+    assert model.cost(100, 12_800, 4, 4, dummy=True) == 20_000  # dummy: the fixed part only
+    assert isinstance(model.cost(3, 300, 1, 1, dummy=False), int)
 
 
 def test_custom_costs():
-    model = StepCostModel(fixed_s=0.001, per_block_s=1e-6, per_token_s=0.0)
-    assert model.cost(10, 100, dummy=False) == 1_010
+    model = StepCostModel(name="x", fixed_s=0.001, per_kv_token_s=0.0, per_kv_block_s=1e-6,
+                          per_scheduled_token_s=0.0, per_running_request_s=2e-6)
+    assert model.cost(10, 5000, 3, 100, dummy=False) == 1_000 + 10 + 6
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"fixed_s": -1.0}, {"per_block_s": float("nan")}, {"per_token_s": float("inf")},
-     {"fixed_s": True}, {"fixed_s": "0.02"}, {"fixed_s": 0.0}],
+    [{"fixed_s": -1.0}, {"per_kv_block_s": float("nan")}, {"per_scheduled_token_s": float("inf")},
+     {"fixed_s": True}, {"fixed_s": "0.02"}, {"fixed_s": 0.0}, {"name": ""}],
 )
 def test_invalid_cost_model(kwargs):
     with pytest.raises(ValueError, match="cost model"):

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from emu import cluster
-from emu.clock import StepCostModel
 from emu.cluster import RunSpec, run_cluster, validate
+from emu.costs import PROFILES
 from emu.workload import TraceError, TraceRequest
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10, rank=1)]
@@ -93,5 +93,5 @@ def test_pinned_rank_beyond_dp_size(tmp_path):
         run_cluster(_spec(tmp_path, dp_size=1))
 
 
-def test_default_cost_model_is_documented_default():
-    assert RunSpec(trace=TRACE, dp_size=2, out_dir="x").cost_model == StepCostModel()
+def test_default_cost_model_is_the_kv_token_profile():
+    assert RunSpec(trace=TRACE, dp_size=2, out_dir="x").cost_model is PROFILES["kv-token"]

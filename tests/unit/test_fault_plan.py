@@ -12,8 +12,8 @@ import pytest
 
 from dyntra_lb import coordinator
 from emu import clock, engine, faults
-from emu.clock import StepCostModel
 from emu.cluster import RunSpec, validate
+from emu.costs import StepCostModel
 from emu.faults import (
     DelayCollective,
     FaultInjector,
@@ -223,8 +223,9 @@ def test_run_spec_validation_checks_the_plan(tmp_path):
 def test_slow_rank_pays_more_for_every_step():
     base = StepCostModel()
     slow = FaultInjector([SlowRank(0, 5.0), SlowRank(0, 2.5)], 0).cost_model(base)
-    assert slow.cost(10, 3, dummy=True) == base.cost(10, 3, dummy=True) + 7500
-    assert slow.cost(10, 3, dummy=False) == base.cost(10, 3, dummy=False) + 7500
+    assert slow.cost(10, 1000, 2, 3, dummy=True) == base.cost(10, 1000, 2, 3, dummy=True) + 7500
+    assert (slow.cost(10, 1000, 2, 3, dummy=False)
+            == base.cost(10, 1000, 2, 3, dummy=False) + 7500)
     assert FaultInjector([KillRank(0, 1)], 0).cost_model(base) is base
 
 

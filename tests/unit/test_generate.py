@@ -135,3 +135,35 @@ def test_cli_writes_a_trace_and_rejects_bad_flags(tmp_path):
         bad = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True,
                              text=True, check=False)
         assert bad.returncode == 2 and message in bad.stderr, (flags, bad.stderr)
+
+
+def test_pr12292_recipe_matches_the_published_shape():
+    records = gen.pr12292(1000, 2.5, 0)
+    assert records == gen.pr12292(1000, 2.5, 0)
+    assert records != gen.pr12292(1000, 2.5, 1)
+    prompts = np.array([r["prompt_tokens"] for r in records])
+    outputs = np.array([r["output_tokens"] for r in records])
+    block = gen.PR12292_BLOCK_SIZE
+    long_ids = np.flatnonzero(prompts == 45 * block)
+    assert len(long_ids) >= 20  # 20 placed; a lognormal draw may reach the cap too
+    assert prompts.max() == 45 * block and prompts.min() >= 1
+    assert outputs.min() >= 512 and outputs.max() <= 4096
+    # the PR's totals: ~10.1k input and ~1,281 output tokens per request
+    assert 8_500 < prompts.mean() < 11_500
+    assert 1_150 < outputs.mean() < 1_400
+    # the output mean follows the input
+    assert outputs[prompts > np.median(prompts)].mean() > outputs[prompts <= np.median(
+        prompts)].mean()
+    times = [r["arrival_s"] for r in records]
+    assert 2.0 < len(times) / times[-1] < 3.0
+    # the long requests are spread out, not bunched at the end
+    assert long_ids.min() < 100 and long_ids.max() > 900
+
+
+def test_pr12292_recipe_from_the_command_line(tmp_path):
+    out = tmp_path / "pr.jsonl"
+    subprocess.run([sys.executable, str(SCRIPT), "--recipe", "pr12292", "--n", "50",
+                    "--seed", "3", "--out", str(out)], check=True, capture_output=True)
+    trace = load_trace(out)
+    assert len(trace) == 50
+    assert sum(r.prompt_tokens == 45 * 2048 for r in trace) >= 1

@@ -323,3 +323,41 @@ def test_offline_tools_flag_a_log_of_an_unfinished_run(tmp_path):
     assert note.startswith("warning: ") and "interrupted" in note and "rank0.log is partial" in note
     write_status(path, "complete")
     assert unfinished_note(path / "rank0.log") is None
+
+
+def test_headroom_is_the_bubble_free_bound(m):
+    # own costs per step (rank 0, rank 1) / step time: (.02, .03)/.03, (.03, .01)/.03,
+    # (.02, .04)/.04, (.02, .02)/.02 -> balanced steps take the mean own cost
+    h = m["headroom"]
+    assert h["cost_balance_ratio"] == approx((0.025 / 0.03 + 0.02 / 0.03 + 0.75 + 1) / 4)
+    assert h["sol_busy_time_s"] == approx(0.025 + 0.02 + 0.03 + 0.02)
+    assert h["sol_virtual_time_s"] == approx(0.095)  # no idle gap in this run
+    assert h["sol_throughput_tok_s"] == approx(6 / 0.095)
+    assert h["max_gain"] == approx(0.12 / 0.095 - 1)
+
+
+def test_headroom_keeps_idle_gaps(tmp_path):
+    # one wave of two steps, 1 s idle, one more step: the gap is no rank's fault
+    ranks = [[step(0, 1, 0.0, 0.02, 0.04, 1), step(0, 2, 1.04, 0.04, 0.04, 1),
+              request(0, "A", 0.0, 0.0, [0.04, 1.08], 1.08)],
+             [step(1, 1, 0.0, 0.04, 0.04, 1), step(1, 2, 1.04, 0.04, 0.04, 1)]]
+    m = compute_metrics(load_run(_write_run(tmp_path / "g", ranks)))
+    assert m["virtual_time_s"] == approx(1.08) and m["busy_time_s"] == approx(0.08)
+    assert m["headroom"]["sol_virtual_time_s"] == approx(1.08 - 0.08 + 0.03 + 0.04)
+    assert m["headroom"]["max_gain"] == approx(1.08 / 1.07 - 1)
+
+
+def test_lb_activity(m, tmp_path):
+    assert m["lb_activity"] == {"planner_steps": 0, "waves": 1, "longest_wave_steps": 4,
+                                "largest_prompt_tokens": 100}
+    ranks = [[step(0, 1, 0.0, 0.02, 0.02, 1, lb_active=True), step(0, 2, 0.02, 0.02, 0.02, 1)],
+             [step(1, 1, 0.0, 0.02, 0.02, 1), step(1, 2, 0.02, 0.02, 0.02, 1, lb_active=True)]]
+    active = compute_metrics(load_run(_write_run(tmp_path / "a", ranks)))
+    assert active["lb_activity"]["planner_steps"] == 2
+
+
+def test_headroom_of_a_run_without_steps(tmp_path):
+    run = load_run(_write_run(tmp_path / "e", [[request(0, "X", 0.0, None, [], None)]]))
+    h = compute_metrics(run)["headroom"]
+    assert h["cost_balance_ratio"] is None and h["sol_throughput_tok_s"] is None
+    assert h["max_gain"] is None

@@ -318,8 +318,10 @@ class EmulatedRank:
         if total > 0:
             self._executed = True
             self._scheduled_tokens = total
+            running = scheduler.running
             self._own_cost_us = self.cost(
-                sum(block_counts(scheduler.running, self.block_size)), total, False)
+                sum(block_counts(running, self.block_size)),
+                sum(r.num_tokens for r in running), len(running), total, False)
             self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
                                                len(scheduler.running))
             self.clock_us += self._step_us
@@ -338,7 +340,7 @@ class EmulatedRank:
         cost, so the device group stays matched."""
         self._begin_step()
         self.num_dummy_steps += 1
-        self._own_cost_us = self.cost(0, 0, True)
+        self._own_cost_us = self.cost(0, 0, 0, 0, True)
         self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
                                            len(self.scheduler.running))
         self.clock_us += self._step_us

@@ -1,0 +1,155 @@
+"""vllm-ascend PR #12292's DyntraLB benchmark, emulated: the A/B the PR published
+(duration 401.14 s -> 376.32 s, -6.19 %; output throughput 3194 -> 3405 tok/s, +6.60 %)
+run on the emulator for each bundled cost profile, next to the PR's figures.
+
+Workload: the ``pr12292`` recipe of fixtures/generate.py (its docstring and constants
+say what is published and what is assumed). Engine: dp=8, block size 2048, 16 requests
+per rank (the PR's 128 concurrent requests over 8 ranks), round-robin routing.
+A = DyntraLB off, B = ``{"enabled": true, "long_req_block_threshold": 40}`` (dynamic mode,
+every other key at its default, as in the PR). Both runs of a pair use the same trace
+and seed; each (profile, seed) pair runs one after the other.
+
+Differences from the PR that the emulator cannot close yet: clients are open-loop
+(Poisson arrivals at ``--rate``, default 2.5 req/s = the PR's completion rate) instead of
+128 closed-loop clients; no MTP (one token per request per step, the PR used 3 draft
+tokens); synchronous scheduling (the PR used async scheduling).
+
+    .venv/bin/python benchmarks/pr12292.py                          # 1,000 requests, seed 0
+    .venv/bin/python benchmarks/pr12292.py --n 300 --seeds 0 1 --profiles kv-token
+
+dp=8 is 8 processes; on a 2-core machine one run of 1,000 requests takes minutes.
+Prints a table (and with ``--json FILE`` writes every number).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from emu.cluster import RunSpec, run_cluster  # noqa: E402
+from emu.costs import PROFILES  # noqa: E402
+from emu.launcher import ClusterError  # noqa: E402
+from emu.metrics import compute_metrics, load_run  # noqa: E402
+from emu.workload import TraceRequest  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("fixtures_generate",
+                                               ROOT / "fixtures" / "generate.py")
+generate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generate)
+
+DP = 8
+MAX_NUM_SEQS = 16  # 128 concurrent requests / 8 ranks
+BLOCK_SIZE = generate.PR12292_BLOCK_SIZE
+CONFIG_B = {"scheduler_config": {"dyntra_lb_config": {
+    "enabled": True, "long_req_block_threshold": 40}}}
+PR = {"duration_s": (401.14, 376.32), "throughput_tok_s": (3194.35, 3405.27)}
+
+
+def trace(n: int, rate: float, seed: int) -> list[TraceRequest]:
+    return [TraceRequest(r["request_id"], r["arrival_s"], r["prompt_tokens"],
+                         r["output_tokens"]) for r in generate.pr12292(n, rate, seed)]
+
+
+def run_one(requests, config, profile, seed, out_dir) -> dict:
+    """One emulated run; its metrics plus the wall time it took."""
+    spec = RunSpec(trace=requests, dp_size=DP, out_dir=out_dir, additional_config=config,
+                   max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, cost_model=profile,
+                   seed=seed, device="cpu", collective_timeout_s=600.0)
+    start = time.monotonic()
+    run_cluster(spec)
+    wall_s = time.monotonic() - start
+    m = compute_metrics(load_run(out_dir))
+    # Duration as the PR measures it: from the first request's dispatch to the last
+    # completion (the emulated run starts at the first arrival, t = 0).
+    return {"duration_s": m["virtual_time_s"], "throughput_tok_s": m["throughput_tok_s"],
+            "output_tokens": m["output_tokens"], "bubble_ratio": m["bubble_ratio"],
+            "balance_ratio": m["balance_ratio"], "headroom": m["headroom"],
+            "plan_steps": m["plan_churn"]["active_steps"],
+            "pauses": m["pauses"]["total"], "planner_steps": m["lb_activity"]["planner_steps"],
+            "wall_s": wall_s}
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{(b - a) / a * 100:+.2f} %"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=1000, help="requests (default 1000)")
+    parser.add_argument("--rate", type=float, default=2.5,
+                        help="open-loop arrival rate, requests/s (default 2.5)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="workload seeds (default: 0)")
+    parser.add_argument("--profiles", nargs="+", default=list(PROFILES),
+                        choices=list(PROFILES), help="cost profiles (default: all bundled)")
+    parser.add_argument("--json", type=pathlib.Path, help="write every number here")
+    args = parser.parse_args(argv)
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}; dp={DP}, block size {BLOCK_SIZE}, "
+          f"max_num_seqs {MAX_NUM_SEQS}, n={args.n}, open-loop {args.rate:g} req/s",
+          flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="pr12292-") as tmp:
+        for seed in args.seeds:
+            requests = trace(args.n, args.rate, seed)
+            for name in args.profiles:
+                pair = {}
+                for label, config in (("A", None), ("B", CONFIG_B)):
+                    out = pathlib.Path(tmp) / f"{seed}-{name}-{label}"
+                    try:
+                        pair[label] = run_one(requests, config, PROFILES[name], seed, out)
+                    except ClusterError as exc:  # e.g. the watchdog on an overloaded host
+                        print(f"  seed {seed} {name} {label}: FAILED: "
+                              f"{str(exc).splitlines()[0][:300]}", flush=True)
+                        break
+                    print(f"  seed {seed} {name} {label}: {pair[label]['duration_s']:.2f} s "
+                          f"virtual, {pair[label]['wall_s']:.0f} s wall", flush=True)
+                if len(pair) < 2:
+                    continue
+                results.append({"seed": seed, "profile": name, **pair})
+                print(f"  {_row(results[-1])}", flush=True)
+                if args.json:  # after every pair, so an interrupted run keeps its numbers
+                    args.json.write_text(json.dumps(
+                        {"args": vars(args) | {"json": str(args.json)},
+                         "results": results}, indent=2) + "\n")
+
+    header = (f"{'profile':<22} {'seed':>4} {'duration A -> B (s)':>22} {'change':>9} "
+              f"{'output tok/s A -> B':>22} {'change':>9} {'bubble A -> B':>15} "
+              f"{'bound gain A':>12} {'plans':>6} {'pauses':>6}")
+    print("\n" + header)
+    print("-" * len(header))
+    pa, pb = PR["duration_s"]
+    ta, tb = PR["throughput_tok_s"]
+    print(f"{'PR #12292 (published)':<22} {'':>4} {f'{pa:.2f} -> {pb:.2f}':>22} "
+          f"{_pct(pa, pb):>9} {f'{ta:.1f} -> {tb:.1f}':>22} {_pct(ta, tb):>9}")
+    for r in results:
+        print(_row(r))
+    return 0
+
+
+def _row(r: dict) -> str:
+    """One (profile, seed) pair as a table row."""
+    a, b = r["A"], r["B"]
+    dur = f"{a['duration_s']:.2f} -> {b['duration_s']:.2f}"
+    thr = f"{a['throughput_tok_s']:.1f} -> {b['throughput_tok_s']:.1f}"
+    bub = f"{a['bubble_ratio'] * 100:.1f} -> {b['bubble_ratio'] * 100:.1f} %"
+    gain = a["headroom"]["max_gain"]
+    return (f"{r['profile']:<22} {r['seed']:>4} {dur:>22} "
+            f"{_pct(a['duration_s'], b['duration_s']):>9} {thr:>22} "
+            f"{_pct(a['throughput_tok_s'], b['throughput_tok_s']):>9} {bub:>15} "
+            f"{gain * 100:>+11.1f}% {b['plan_steps']:>6} {b['pauses']:>6}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

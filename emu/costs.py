@@ -1,0 +1,326 @@
+"""Step-cost profiles: what one forward costs a rank, in virtual time.
+
+No model runs in the emulator, so every rank prices its own step with a
+``StepCostModel`` just before the lockstep collective (emu/clock.py); the slowest rank
+sets the DP step time. A profile is a named, documented set of linear coefficients
+(docs/cost-models.md says where each bundled profile's numbers come from):
+
+- ``fixed_s``: every step, dummy steps included (weights, MoE dispatch, launch);
+- ``per_kv_token_s``: per KV token held by the running requests, which attention reads
+  in full each step; it does not depend on the KV block size;
+- ``per_scheduled_token_s``: per token scheduled this step (token-proportional compute);
+- ``per_running_request_s``: per running request (sampling, per-sequence bookkeeping);
+- ``per_kv_block_s``: per KV *block* of the running requests. Only the
+  ``planner-heuristic`` profile uses it: it is DyntraLB's own latency heuristic
+  (spec D.6, ``20000 + 19.2 * M`` microseconds), kept to compare against; as physics it
+  makes attention over the same tokens 16x cheaper at block size 2048 than at 128.
+
+Profiles are picked by name (``PROFILES``) or read from a JSON file
+(``load_profile``); ``fit`` estimates one from step times measured on a real node, and
+``python -m emu.costs fit CSV`` (also ``dyntra-emu fit-cost``) does that from a CSV file.
+Speculative decoding (MTP) is not modelled: a step emits one token per running request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+# The coefficient fields of a profile, in the order of the cost formula.
+TERMS = ("fixed_s", "per_kv_token_s", "per_scheduled_token_s", "per_running_request_s",
+         "per_kv_block_s")
+# The columns a measured CSV must have (one row per step), and the term each one prices.
+FIT_COLUMNS = ("running_requests", "kv_tokens", "scheduled_tokens", "step_ms")
+FIT_TERMS = {"fixed_s": None, "per_kv_token_s": "kv_tokens",
+             "per_scheduled_token_s": "scheduled_tokens",
+             "per_running_request_s": "running_requests"}
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """One cost profile. The cost of a step, in seconds, is
+
+    ``fixed_s + per_kv_token_s * kv_tokens + per_scheduled_token_s * scheduled_tokens
+    + per_running_request_s * running_requests + per_kv_block_s * running_blocks``;
+
+    a dummy step (no real tokens) costs ``fixed_s`` only. The default is the ``kv-token``
+    profile. ``name`` and ``description`` say what it is in metrics and summaries.
+    """
+
+    name: str = "kv-token"
+    fixed_s: float = 0.020
+    per_kv_token_s: float = 0.15e-6
+    per_scheduled_token_s: float = 5e-6
+    per_running_request_s: float = 0.0
+    per_kv_block_s: float = 0.0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"cost model name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise ValueError(f"cost model description must be a string, "
+                             f"got {self.description!r}")
+        for name in TERMS:
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not value >= 0 or value == float("inf")):
+                raise ValueError(
+                    f"cost model {name} must be a finite number >= 0 (seconds), got {value!r}")
+        if round(self.fixed_s * 1e6) < 1:
+            raise ValueError(
+                f"cost model fixed_s must be at least 1 microsecond, got {self.fixed_s!r}")
+
+    def cost(self, running_blocks: int, kv_tokens: int, running_requests: int,
+             scheduled_tokens: int, dummy: bool) -> int:
+        """This rank's cost of the step it is about to run, in integer microseconds;
+        called by the engine once per step, right before the lockstep collective."""
+        if dummy:
+            return round(self.fixed_s * 1e6)
+        return round((self.fixed_s + self.per_kv_token_s * kv_tokens
+                      + self.per_scheduled_token_s * scheduled_tokens
+                      + self.per_running_request_s * running_requests
+                      + self.per_kv_block_s * running_blocks) * 1e6)
+
+    def to_dict(self) -> dict:
+        """The profile as the JSON object ``profile_from_dict`` reads back."""
+        return asdict(self)
+
+    def formula(self) -> str:
+        """The non-zero terms in microseconds, for summaries and --help."""
+        parts = [f"{self.fixed_s * 1e6:g} us"]
+        for name, unit in (("per_kv_token_s", "KV token"),
+                           ("per_scheduled_token_s", "scheduled token"),
+                           ("per_running_request_s", "running request"),
+                           ("per_kv_block_s", "KV block")):
+            value = getattr(self, name)
+            if value:
+                parts.append(f"{value * 1e6:.4g} us/{unit}")
+        return " + ".join(parts)
+
+
+PROFILES = {
+    "kv-token": StepCostModel(
+        description="the default: 20 ms per step + 0.15 us per KV token read (19.2 us per "
+                    "128-token block, today's numbers, now per token) + 5 us per "
+                    "scheduled token"),
+    "planner-heuristic": StepCostModel(
+        name="planner-heuristic", per_kv_token_s=0.0, per_kv_block_s=19.2e-6,
+        description="DyntraLB's own latency heuristic as physics (spec D.6): 20 ms + "
+                    "19.2 us per KV block (+ 5 us per scheduled token); depends on the "
+                    "block size, kept for comparison"),
+    "ascend-qwen3-30b-a3b": StepCostModel(
+        name="ascend-qwen3-30b-a3b", fixed_s=0.0194947, per_kv_token_s=0.10128e-6,
+        per_scheduled_token_s=0.0,
+        description="fitted to published decode ITL of Qwen3-30B-A3B on Ascend at 1, 4 "
+                    "and 6 concurrent ~14.9k-token requests (vllm-ascend issue #3773); "
+                    "see docs/cost-models.md"),
+}
+DEFAULT_PROFILE = "kv-token"
+
+
+class CostProfileError(ValueError):
+    """A profile name, file or value that cannot be used; the message names it."""
+
+
+def profile_from_dict(data, source: str) -> StepCostModel:
+    """A profile from its JSON object; ``source`` names the file in messages. Every key
+    must be known; ``name`` is required, missing coefficients are 0."""
+    if not isinstance(data, dict):
+        raise CostProfileError(f"{source}: expected a JSON object with the profile's "
+                               f"fields, got {type(data).__name__}")
+    known = [f.name for f in fields(StepCostModel)]
+    for key in data:
+        if key not in known:
+            raise CostProfileError(f"{source}: unknown key {key!r}; a profile has "
+                                   f"{', '.join(known)}")
+    if "name" not in data:
+        raise CostProfileError(f"{source}: key 'name' is missing (the profile's name)")
+    values = {name: 0.0 for name in TERMS}
+    values.update(data)
+    for key in TERMS:
+        value = values[key]
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value) or value < 0):
+            raise CostProfileError(f"{source}: key {key!r} must be a finite number >= 0 "
+                                   f"(seconds), got {value!r}")
+    try:
+        return StepCostModel(**values)
+    except ValueError as exc:
+        raise CostProfileError(f"{source}: {exc}") from None
+
+
+def load_profile(value: str) -> StepCostModel:
+    """``--cost-model NAME|FILE.json``: a bundled profile by name, or a profile file."""
+    if value in PROFILES:
+        return PROFILES[value]
+    path = Path(value)
+    if path.suffix != ".json" and not path.exists():
+        raise CostProfileError(f"{value!r}: not a bundled profile ({', '.join(PROFILES)}) "
+                               "and not a .json file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise CostProfileError(f"{value}: cannot read the profile file: {reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CostProfileError(f"{value}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    return profile_from_dict(data, value)
+
+
+def write_profile(profile: StepCostModel, path) -> None:
+    """Write a profile file (sorted keys, trailing newline)."""
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------ fitting
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What ``fit`` found: the profile, its error on the rows, and the rows used."""
+
+    profile: StepCostModel
+    rmse_ms: float
+    r2: float | None
+    rows: int
+
+
+def read_measurements(path) -> np.ndarray:
+    """The rows of a measurement CSV as an array with the columns of ``FIT_COLUMNS``
+    (header required, any column order, other columns ignored)."""
+    path = Path(path)
+    try:
+        f = open(path, newline="", encoding="utf-8")
+    except OSError as exc:
+        raise CostProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with f:
+        reader = csv.DictReader(f)
+        missing = [c for c in FIT_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise CostProfileError(f"{path}:1: missing column(s) {', '.join(missing)}; "
+                                   f"the header must name {', '.join(FIT_COLUMNS)}")
+        rows = []
+        for lineno, row in enumerate(reader, start=2):
+            values = []
+            for column in FIT_COLUMNS:
+                try:
+                    value = float(row[column])
+                except (TypeError, ValueError):
+                    value = math.nan
+                if not math.isfinite(value) or value < 0:
+                    raise CostProfileError(f"{path}:{lineno}: column {column!r}: expected "
+                                           f"a number >= 0, got {row[column]!r}")
+                values.append(value)
+            rows.append(values)
+    if not rows:
+        raise CostProfileError(f"{path}: no data rows")
+    return np.asarray(rows, dtype=float)
+
+
+def fit(data: np.ndarray, name: str, terms=tuple(FIT_TERMS), description: str = "") -> Fit:
+    """Least-squares fit of step time (ms) on the chosen terms; the others are 0.
+    ``data`` has the columns of ``FIT_COLUMNS``. Refuses a fit with fewer rows than
+    terms, or one that gives a negative coefficient (drop that term)."""
+    terms = list(terms)
+    unknown = [t for t in terms if t not in FIT_TERMS]
+    if unknown:
+        raise CostProfileError(f"unknown term(s) {', '.join(unknown)}; choose from "
+                               f"{', '.join(FIT_TERMS)}")
+    if "fixed_s" not in terms:
+        raise CostProfileError("the fit needs the fixed_s term (every step pays it)")
+    if len(data) < len(terms):
+        raise CostProfileError(f"{len(data)} row(s) cannot determine {len(terms)} terms; "
+                               "measure more steps or fit fewer terms")
+    column = {c: i for i, c in enumerate(FIT_COLUMNS)}
+    design = np.column_stack([np.ones(len(data)) if FIT_TERMS[t] is None
+                              else data[:, column[FIT_TERMS[t]]] for t in terms])
+    target_ms = data[:, column["step_ms"]]
+    coef, _, rank, _ = np.linalg.lstsq(design, target_ms, rcond=None)
+    if rank < len(terms):
+        raise CostProfileError(f"the terms {', '.join(terms)} cannot be told apart in this "
+                               "data (collinear columns, e.g. scheduled tokens always equal "
+                               "running requests); fit fewer terms")
+    negative = [t for t, c in zip(terms, coef, strict=True) if c < 0]
+    if negative:
+        raise CostProfileError(f"the fit gives a negative {', '.join(negative)}; drop that "
+                               "term (--terms) or measure a wider range")
+    residual = target_ms - design @ coef
+    rmse = float(np.sqrt(np.mean(residual ** 2)))
+    total = float(np.sum((target_ms - target_ms.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(residual ** 2)) / total if total > 0 else None
+    values = {t: 0.0 for t in TERMS}
+    values.update({t: float(c) / 1e3 for t, c in zip(terms, coef, strict=True)})
+    profile = StepCostModel(name=name, description=description, **values)
+    return Fit(profile=profile, rmse_ms=rmse, r2=r2, rows=len(data))
+
+
+def fit_report(result: Fit) -> str:
+    """The fit as printed by ``fit-cost``."""
+    p = result.profile
+    lines = [f"fitted profile {p.name!r} on {result.rows} steps:"]
+    for name in TERMS:
+        lines.append(f"  {name:<22} {getattr(p, name) * 1e6:12.6g} us")
+    r2 = "-" if result.r2 is None else f"{result.r2:.4f}"
+    lines.append(f"  RMSE {result.rmse_ms:.4g} ms, R^2 {r2}")
+    lines.append(f"  step cost = {p.formula()}")
+    return "\n".join(lines)
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``fit-cost`` (shared by ``dyntra-emu fit-cost`` and
+    ``python -m emu.costs fit``)."""
+    parser.add_argument("csv", metavar="CSV",
+                        help=f"measured steps, one per row, with columns "
+                             f"{', '.join(FIT_COLUMNS)} (step time in milliseconds)")
+    parser.add_argument("--name", default="fitted", help="the profile's name (default: fitted)")
+    parser.add_argument("--terms", default=",".join(FIT_TERMS),
+                        help="comma-separated terms to fit, the others are 0 "
+                             f"(default: {','.join(FIT_TERMS)})")
+    parser.add_argument("--out", metavar="FILE.json",
+                        help="write the profile here (default: <name>.json)")
+
+
+def run_fit(args) -> int:
+    """Body of ``fit-cost``: fit, print, write the profile file. Raises
+    CostProfileError for bad input (the caller prints it and exits 2)."""
+    terms = [t.strip() for t in args.terms.split(",") if t.strip()]
+    result = fit(read_measurements(args.csv), args.name, terms,
+                 description=f"fitted by fit-cost to {args.csv}")
+    out = Path(args.out or f"{args.name}.json")
+    write_profile(result.profile, out)
+    print(fit_report(result))
+    print(f"wrote {out}; use it with --cost-model {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m emu.costs",
+                                     description="step-cost profiles of the emulator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fit_parser = sub.add_parser("fit", help="fit a profile to step times measured on a node")
+    add_fit_arguments(fit_parser)
+    sub.add_parser("list", help="list the bundled profiles")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, profile in PROFILES.items():
+            print(f"{name}: {profile.formula()}\n    {profile.description}")
+        return 0
+    try:
+        return run_fit(args)
+    except CostProfileError as exc:
+        print(f"python -m emu.costs fit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Generator workloads and A/B statistics over workload seeds.
+
+``--workload recipe:NAME[,n=N][,rate=R]`` makes the CLI generate its trace with a recipe
+of fixtures/generate.py (``RECIPES`` there), seeded with the run's ``--seed``.
+``dyntra-emu ab --seeds N`` then runs the A/B on N workload seeds and summarises each
+key delta as a mean with a 95 % confidence interval (``seed_summary``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+from functools import cache
+from pathlib import Path
+
+PREFIX = "recipe:"
+GENERATOR = Path(__file__).resolve().parent.parent / "fixtures" / "generate.py"
+_PARAMS = {"n": int, "rate": float}
+
+# Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+        2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
+        2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_Z95 = 1.960
+
+# The deltas ab --seeds summarises: (label, metric path, relative?)
+SEED_DELTAS = (
+    ("output throughput", ("throughput_tok_s",), True),
+    ("duration (virtual time)", ("virtual_time_s",), True),
+    ("DP bubble ratio (points)", ("bubble_ratio",), False),
+    ("TPOT p50", ("tpot_ms", "p50"), True),
+    ("TPOT p99", ("tpot_ms", "p99"), True),
+)
+
+
+def is_recipe(value: str) -> bool:
+    return value.startswith(PREFIX)
+
+
+@cache
+def _generator():
+    spec = importlib.util.spec_from_file_location("fixtures_generate", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_recipe(value: str) -> tuple[str, dict]:
+    """``recipe:NAME[,n=N][,rate=R]`` -> (name, keyword arguments); ValueError names
+    what is wrong."""
+    if not GENERATOR.is_file():
+        raise ValueError(f"the recipe generator {GENERATOR} is not installed")
+    name, *params = value[len(PREFIX):].split(",")
+    recipes = _generator().RECIPES
+    if name not in recipes:
+        raise ValueError(f"unknown recipe {name!r}; recipes are: {', '.join(sorted(recipes))}")
+    kwargs = {}
+    for param in params:
+        key, sep, text = param.partition("=")
+        if not sep or key not in _PARAMS:
+            raise ValueError(f"{param!r}: expected n=N or rate=R")
+        try:
+            kwargs[key] = _PARAMS[key](text)
+        except ValueError:
+            raise ValueError(f"{param!r}: {key} must be a number") from None
+    return name, kwargs
+
+
+def write_recipe_trace(value: str, seed: int, path: Path) -> Path:
+    """Generate the recipe's trace with ``seed`` into ``path`` (JSON Lines)."""
+    name, kwargs = parse_recipe(value)
+    generator = _generator()
+    generator.write_trace(generator.RECIPES[name](seed=seed, **kwargs), path)
+    return path
+
+
+def _value(metrics: dict, path: tuple):
+    for key in path:
+        metrics = metrics.get(key) if isinstance(metrics, dict) else None
+    return metrics
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of its 95 % confidence interval (Student's t); needs 2+."""
+    n = len(values)
+    t = _T95[n - 2] if n - 1 <= len(_T95) else _Z95
+    return statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(n)
+
+
+def seed_summary(pairs: list[tuple[int, dict, dict]]) -> list[tuple[str, list, tuple]]:
+    """Per key delta: (label, the delta of each seed, (mean, half-width)). A delta is
+    in percent of A (relative metrics) or in percentage points (the bubble)."""
+    rows = []
+    for label, path, relative in SEED_DELTAS:
+        deltas = []
+        for _, a, b in pairs:
+            va, vb = _value(a, path), _value(b, path)
+            if va is None or vb is None or (relative and not va):
+                deltas = []
+                break
+            deltas.append((vb - va) / abs(va) * 100 if relative else (vb - va) * 100)
+        rows.append((label, deltas, mean_ci(deltas) if len(deltas) >= 2 else None))
+    return rows
+
+
+def seed_table(pairs: list[tuple[int, dict, dict]]) -> str:
+    """The table ``ab --seeds`` prints: each seed's delta and the mean with its CI."""
+    seeds = [seed for seed, _, _ in pairs]
+    header = ["B vs A", *(f"seed {s}" for s in seeds), "mean ± 95 % CI"]
+    rows = []
+    for label, deltas, ci in seed_summary(pairs):
+        unit = " pp" if "points" in label else " %"
+        cells = [f"{d:+.2f}{unit}" for d in deltas] or ["-"] * len(seeds)
+        rows.append([label, *cells,
+                     "-" if ci is None else f"{ci[0]:+.2f} ± {ci[1]:.2f}{unit}"])
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

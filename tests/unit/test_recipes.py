@@ -1,0 +1,62 @@
+"""Generator workloads and the seed statistics of `ab --seeds` (emu/recipes.py)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from emu.recipes import mean_ci, parse_recipe, seed_summary, seed_table, write_recipe_trace
+from emu.workload import load_trace
+
+
+def test_parse_recipe():
+    assert parse_recipe("recipe:pr12292") == ("pr12292", {})
+    assert parse_recipe("recipe:pr12292,n=40,rate=1.5") == ("pr12292", {"n": 40, "rate": 1.5})
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; recipes are: pr12292"):
+        parse_recipe("recipe:nope")
+    with pytest.raises(ValueError, match="'m=3': expected n=N or rate=R"):
+        parse_recipe("recipe:pr12292,m=3")
+    with pytest.raises(ValueError, match="'n=x': n must be a number"):
+        parse_recipe("recipe:pr12292,n=x")
+
+
+def test_recipe_trace_follows_the_seed(tmp_path):
+    a = load_trace(write_recipe_trace("recipe:pr12292,n=30", 4, tmp_path / "a.jsonl"))
+    b = load_trace(write_recipe_trace("recipe:pr12292,n=30", 4, tmp_path / "b.jsonl"))
+    c = load_trace(write_recipe_trace("recipe:pr12292,n=30", 5, tmp_path / "c.jsonl"))
+    assert len(a) == 30 and a == b and a != c
+
+
+def test_mean_ci_uses_students_t():
+    values = [1.0, 2.0, 4.0]
+    mean, half = mean_ci(values)
+    assert mean == pytest.approx(7 / 3)
+    assert half == pytest.approx(4.303 * statistics.stdev(values) / 3 ** 0.5)
+    assert mean_ci([5.0, 5.0]) == (5.0, 0.0)
+
+
+def _m(throughput, time_s, bubble, p50, p99):
+    return {"throughput_tok_s": throughput, "virtual_time_s": time_s, "bubble_ratio": bubble,
+            "tpot_ms": {"p50": p50, "p99": p99}}
+
+
+def test_seed_summary_and_table():
+    pairs = [(0, _m(100, 10, 0.20, 20, 40), _m(110, 9, 0.10, 19, 36)),
+             (1, _m(200, 20, 0.30, 25, 50), _m(206, 19, 0.28, 25, 50))]
+    rows = {label: (deltas, ci) for label, deltas, ci in seed_summary(pairs)}
+    deltas, (mean, half) = rows["output throughput"]
+    assert deltas == pytest.approx([10.0, 3.0]) and mean == pytest.approx(6.5)
+    assert half == pytest.approx(12.706 * statistics.stdev([10.0, 3.0]) / 2 ** 0.5)
+    assert rows["DP bubble ratio (points)"][0] == pytest.approx([-10.0, -2.0])
+    table = seed_table(pairs)
+    assert "seed 0" in table and "seed 1" in table
+    assert "+6.50 ± " in table and "-6.00 ± " in table and "-10.00 pp" in table
+
+
+def test_seed_summary_with_a_missing_value():
+    pairs = [(0, _m(None, 10, 0.2, 20, 40), _m(110, 9, 0.1, 19, 36)),
+             (1, _m(200, 20, 0.3, 25, 50), _m(206, 19, 0.28, 25, 50))]
+    rows = {label: (deltas, ci) for label, deltas, ci in seed_summary(pairs)}
+    assert rows["output throughput"] == ([], None)
+    assert rows["duration (virtual time)"][1] is not None
