@@ -4,7 +4,8 @@ The single entry point the CLI, the pytest plugin, the tests and the benchmarks 
 (under torchrun, each rank process calls ``join_cluster(spec)`` instead).
 Everything in the spec is validated here, in the calling process, before any rank
 starts: a bad config or trace is one ``ValueError`` naming the field and what was
-expected. Then the launcher starts ``dp_size`` rank processes, each runs an
+expected. Then the launcher starts ``dp_size`` rank processes (or, with
+``transport="thread"``, ``emu.threads`` starts ``dp_size`` rank threads), each runs an
 ``EngineCore`` over the whole trace, and the result lists every rank's summary and the
 paths of the files it wrote into ``out_dir``:
 
@@ -35,10 +36,13 @@ from emu.faults import FaultPlan, check_plan
 from emu.launcher import join_from_env, launch
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.scheduler import SCHEDULING_POLICIES
+from emu.threads import rank_log, run_in_threads
 from emu.workload import ROUTERS, TraceRequest, check_ranks
 
 # Where the engine runs DyntraLB's collectives; all but "correct" are for tests only.
 LB_PLACEMENTS = ("correct", "in_schedule", "before_sync")
+# How the ranks of a run are hosted (see RunSpec.transport).
+TRANSPORTS = ("process", "thread")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,11 @@ class RunSpec:
     - ``stall_steps``: a rank that holds unfinished requests but schedules no token for
       this many consecutive steps fails the run with ``emu.engine.StallError`` naming
       its requests (instead of spinning in dummy steps until ``max_steps``).
+    - ``transport``: "process" (one rank process each, real gloo groups; the default) or
+      "thread" (every rank a thread of the calling process, collectives in memory:
+      ``emu.threads``; CPU only, no torchrun). Virtual time makes the event logs, rank
+      logs and metrics of both byte-identical; "thread" is many times faster once ranks
+      outnumber cores.
     - ``lb_placement``: TEST-ONLY. "correct" (the default, spec B.2) or a wrong place
       for DyntraLB's collectives, "in_schedule" or "before_sync", which reproduces the
       reference's known deadlocks (see ``emu.engine.EngineCore``).
@@ -97,6 +106,7 @@ class RunSpec:
     strict: bool = False
     lb_placement: str = "correct"
     stall_steps: int = 10_000
+    transport: str = "process"
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,12 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if spec.device not in DEVICE_CHOICES:
         raise ValueError(f"RunSpec.device must be one of {list(DEVICE_CHOICES)}, "
                          f"got {spec.device!r}")
+    if spec.transport not in TRANSPORTS:
+        raise ValueError(f"RunSpec.transport must be one of {list(TRANSPORTS)}, "
+                         f"got {spec.transport!r}")
+    if spec.transport == "thread" and spec.device == "npu":
+        raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
+                         "device must be 'cpu' or 'auto', got 'npu'")
     if not isinstance(spec.cost_model, StepCostModel):
         raise ValueError(f"RunSpec.cost_model must be a StepCostModel, "
                          f"got {type(spec.cost_model).__name__}")
@@ -234,15 +250,27 @@ def run_cluster(spec: RunSpec) -> RunResult:
     config = validate(spec)
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = launch(
-        _rank_main,
-        (spec, config),
-        dp_size=spec.dp_size,
-        device=spec.device,
-        out_dir=out_dir,
-        collective_timeout_s=spec.collective_timeout_s,
-        run_timeout_s=spec.run_timeout_s,
-    )
+    if spec.transport == "thread":
+        # One process for every rank: the RNGs every rank process would seed, once.
+        _seed(spec.seed)
+        summaries = run_in_threads(
+            _thread_rank_main,
+            (spec, config),
+            dp_size=spec.dp_size,
+            out_dir=out_dir,
+            collective_timeout_s=spec.collective_timeout_s,
+            run_timeout_s=spec.run_timeout_s,
+        )
+    else:
+        summaries = launch(
+            _rank_main,
+            (spec, config),
+            dp_size=spec.dp_size,
+            device=spec.device,
+            out_dir=out_dir,
+            collective_timeout_s=spec.collective_timeout_s,
+            run_timeout_s=spec.run_timeout_s,
+        )
     ranks = range(spec.dp_size)
     return RunResult(
         out_dir=out_dir,
@@ -253,13 +281,18 @@ def run_cluster(spec: RunSpec) -> RunResult:
     )
 
 
-def _setup_rank_logging(out_dir: pathlib.Path, rank: int) -> None:
-    """Send this rank's ``dyntra_lb`` log to ``rank<r>.log`` with a fixed prefix (no
-    timestamps, so the file is as deterministic as the event log)."""
+def _rank_log_handler(out_dir: pathlib.Path, rank: int) -> logging.Handler:
+    """The handler of rank ``rank``'s ``dyntra_lb`` log, ``rank<r>.log``, with a fixed
+    prefix (no timestamps, so the file is as deterministic as the event log)."""
     handler = logging.FileHandler(out_dir / f"rank{rank}.log", mode="w")
     handler.setFormatter(logging.Formatter(f"(EngineCore_DP{rank}) %(levelname)s %(message)s"))
+    return handler
+
+
+def _setup_rank_logging(out_dir: pathlib.Path, rank: int) -> None:
+    """Send this rank process's ``dyntra_lb`` log to ``rank<r>.log``."""
     log = logging.getLogger("dyntra_lb")
-    log.addHandler(handler)
+    log.addHandler(_rank_log_handler(out_dir, rank))
     log.setLevel(logging.INFO)
     log.propagate = False
 
@@ -271,6 +304,9 @@ def join_cluster(spec: RunSpec) -> RankSummary:
     launcher's watchdog is not there: torchrun owns the processes, a hang ends with the
     collective timeout, and failures propagate as exceptions."""
     config = validate(spec)
+    if spec.transport != "process":
+        raise ValueError(f"RunSpec.transport {spec.transport!r}: under torchrun every rank "
+                         "is its own process; use transport 'process'")
     world = os.environ.get("WORLD_SIZE")
     if world is not None and world != str(spec.dp_size):
         raise ValueError(f"RunSpec.dp_size is {spec.dp_size} but this process is one of "
@@ -279,14 +315,26 @@ def join_cluster(spec: RunSpec) -> RankSummary:
                          out_dir=spec.out_dir, collective_timeout_s=spec.collective_timeout_s)
 
 
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def _rank_main(ctx, args) -> RankSummary:
     """Body of each rank process (the launcher's target)."""
     spec, config = args
-    random.seed(spec.seed)
-    np.random.seed(spec.seed)
+    _seed(spec.seed)
     out_dir = pathlib.Path(ctx.out_dir)
     _setup_rank_logging(out_dir, ctx.rank)
     return make_engine(ctx, spec, config, out_dir).run()
+
+
+def _thread_rank_main(ctx, args) -> RankSummary:
+    """Body of each rank thread (the thread transport's target)."""
+    spec, config = args
+    out_dir = pathlib.Path(ctx.out_dir)
+    with rank_log(_rank_log_handler(out_dir, ctx.rank)):
+        return make_engine(ctx, spec, config, out_dir).run()
 
 
 def make_engine(ctx, spec: RunSpec, config: AdditionalConfig,
@@ -308,7 +356,8 @@ def make_engine(ctx, spec: RunSpec, config: AdditionalConfig,
         max_steps=spec.max_steps,
         event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
         wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
-        faults=spec.faults.for_rank(ctx.rank) if spec.faults is not None else None,
+        faults=(spec.faults.for_rank(ctx.rank, in_thread=spec.transport == "thread")
+                if spec.faults is not None else None),
         strict=spec.strict,
         lb_placement=spec.lb_placement,
         stall_steps=spec.stall_steps,

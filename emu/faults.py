@@ -10,6 +10,8 @@ the spawned ranks with the spec). On the command line a fault is one ``--fault``
   iteration S (the ``iter`` of the step records: non-idle iterations, counted from 0
   over the whole run) — no traceback, no flushed files, as a crashed process. Outcome:
   the launcher names rank R ("killed by signal SIGKILL") and stops every other rank.
+  Under the thread transport the rank's thread raises ``RankKilled`` instead ("killed by
+  fault kill:rank=R,step=S at step S"), with the same outcome.
 - ``slow:rank=R,extra_ms=X`` (``SlowRank``): every step of rank R (real or dummy) costs
   X ms more virtual time, as a throttled device would. The lockstep clock makes every
   rank wait for it: the run completes with the same requests, the other ranks' bubble
@@ -75,6 +77,12 @@ COLLECTIVE_SITES = (LOCKSTEP_SITE, DP_SYNC_SITE, FLAG_SITE, ALLGATHER_SITE)
 DEFAULT_KV_TIMEOUT_S = 30.0
 
 SYNTAX = "KIND:KEY=VALUE,..."
+
+
+class RankKilled(BaseException):
+    """A ``kill`` fault under the thread transport: the rank's thread ends with this
+    (a BaseException, so no ``except Exception`` on the way can swallow it) where a rank
+    process would die of SIGKILL."""
 
 
 class KVTransferTimeout(RuntimeError):
@@ -330,12 +338,13 @@ class FaultPlan:
                              f"got {items!r}")
         return cls(tuple(parse_fault(f) if isinstance(f, str) else f for f in items))
 
-    def for_rank(self, rank: int) -> FaultInjector | None:
+    def for_rank(self, rank: int, *, in_thread: bool = False) -> FaultInjector | None:
         """The injector of ``rank``; None when no fault can affect it (then the engine
-        does no fault work at all)."""
+        does no fault work at all). ``in_thread``: the rank is a thread of the thread
+        transport (a kill then raises ``RankKilled`` instead of SIGKILL-ing the process)."""
         mine = [f for f in self.faults
                 if isinstance(f, _KV_FAULTS) or getattr(f, "rank", None) == rank]
-        return FaultInjector(mine, rank) if mine else None
+        return FaultInjector(mine, rank, in_thread=in_thread) if mine else None
 
 
 def _check_fault(fault: Fault, *, dp_size: int, request_ids: set[str],
@@ -451,8 +460,9 @@ class FaultInjector:
     ``wrap_recorder``, ``make_connector`` and ``attach`` once while the engine is built,
     then ``before_step`` at the start of every iteration (before ``schedule()``)."""
 
-    def __init__(self, faults: Sequence[Fault], rank: int):
+    def __init__(self, faults: Sequence[Fault], rank: int, *, in_thread: bool = False):
         self.rank = rank
+        self.in_thread = in_thread
         self.faults = tuple(faults)
         kills = [f for f in faults if isinstance(f, KillRank)]
         self.kill = min(kills, key=lambda f: f.step) if kills else None
@@ -504,8 +514,11 @@ class FaultInjector:
         self.iteration = iteration
         kill = self.kill
         if kill is not None and iteration >= kill.step:
-            print(f"[dyntra-emu fault {kill.spec()}] rank {self.rank} kills itself "
-                  f"(SIGKILL) at step {iteration}", file=sys.stderr, flush=True)
+            how = "ends its thread" if self.in_thread else "kills itself (SIGKILL)"
+            print(f"[dyntra-emu fault {kill.spec()}] rank {self.rank} {how} at step "
+                  f"{iteration}", file=sys.stderr, flush=True)
+            if self.in_thread:
+                raise RankKilled(f"killed by fault {kill.spec()} at step {iteration}")
             os.kill(os.getpid(), signal.SIGKILL)
         connector = self.connector
         if connector is not None and connector.stalled:
