@@ -915,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fault_option(validate)
     validate.set_defaults(func=cmd_validate, parser=validate)
 
-    for module in ("emu.replay", "emu.explain"):
+    for module in ("emu.replay", "emu.explain", "emu.sweep"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ModuleNotFoundError as exc:
