@@ -57,6 +57,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -338,13 +339,12 @@ class FaultPlan:
                              f"got {items!r}")
         return cls(tuple(parse_fault(f) if isinstance(f, str) else f for f in items))
 
-    def for_rank(self, rank: int, *, in_thread: bool = False) -> FaultInjector | None:
+    def for_rank(self, rank: int) -> FaultInjector | None:
         """The injector of ``rank``; None when no fault can affect it (then the engine
-        does no fault work at all). ``in_thread``: the rank is a thread of the thread
-        transport (a kill then raises ``RankKilled`` instead of SIGKILL-ing the process)."""
+        does no fault work at all)."""
         mine = [f for f in self.faults
                 if isinstance(f, _KV_FAULTS) or getattr(f, "rank", None) == rank]
-        return FaultInjector(mine, rank, in_thread=in_thread) if mine else None
+        return FaultInjector(mine, rank) if mine else None
 
 
 def _check_fault(fault: Fault, *, dp_size: int, request_ids: set[str],
@@ -460,9 +460,8 @@ class FaultInjector:
     ``wrap_recorder``, ``make_connector`` and ``attach`` once while the engine is built,
     then ``before_step`` at the start of every iteration (before ``schedule()``)."""
 
-    def __init__(self, faults: Sequence[Fault], rank: int, *, in_thread: bool = False):
+    def __init__(self, faults: Sequence[Fault], rank: int):
         self.rank = rank
-        self.in_thread = in_thread
         self.faults = tuple(faults)
         kills = [f for f in faults if isinstance(f, KillRank)]
         self.kill = min(kills, key=lambda f: f.step) if kills else None
@@ -510,14 +509,18 @@ class FaultInjector:
 
     def before_step(self, iteration: int, clock_us: int) -> None:
         """Start of iteration ``iteration`` at virtual time ``clock_us``: die when a
-        kill is due; fail when a never-ending KV load has outlived its timeout."""
+        kill is due; fail when a never-ending KV load has outlived its timeout.
+
+        A rank process runs its engine in its main thread; an engine in any other thread
+        is a rank of the thread transport, whose kill must end that thread only."""
         self.iteration = iteration
         kill = self.kill
         if kill is not None and iteration >= kill.step:
-            how = "ends its thread" if self.in_thread else "kills itself (SIGKILL)"
+            in_thread = threading.current_thread() is not threading.main_thread()
+            how = "ends its thread" if in_thread else "kills itself (SIGKILL)"
             print(f"[dyntra-emu fault {kill.spec()}] rank {self.rank} {how} at step "
                   f"{iteration}", file=sys.stderr, flush=True)
-            if self.in_thread:
+            if in_thread:
                 raise RankKilled(f"killed by fault {kill.spec()} at step {iteration}")
             os.kill(os.getpid(), signal.SIGKILL)
         connector = self.connector
