@@ -438,7 +438,9 @@ def _supervise(ranks: list[_RankThread], changed: threading.Event, watchdog: Wat
             return root.rank, root.error[0]
         if all(s.done for s in ranks):
             finding = watchdog.finish()
-            return None if finding is None else (None, finding)
+            if finding is not None:
+                return None, finding
+            return (failed[0].rank, failed[0].error[0]) if failed else None
         if deadline is not None and now >= deadline:
             return None, f"run exceeded run_timeout_s={run_timeout_s} and was stopped"
         finding = watchdog.poll(now, {s.rank for s in ranks if s.done and s.error is None})

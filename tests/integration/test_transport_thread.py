@@ -132,22 +132,6 @@ def test_hang_in_thread_mode_names_the_waiting_rank_and_stops_every_thread(tmp_p
     assert not rank_threads()
 
 
-def test_deadlock_in_thread_mode_is_a_named_mismatch(tmp_path):
-    # The gather inside schedule(): rank 1 has no work, never schedules, never gathers.
-    trace = [TraceRequest("busy", 0.0, 200, 20, rank=0),
-             TraceRequest("late", 5.0, 200, 5, rank=1)]
-    with pytest.raises(ClusterError) as info:
-        run_cluster(_thread_spec(tmp_path, trace, lb_placement="in_schedule",
-                                 collective_timeout_s=10.0))
-    err = info.value
-    assert err.rank is None
-    assert err.message.startswith("collective mismatch: ")
-    sites = {r: c["entered"]["site"] for r, c in err.collectives.items()}
-    assert sites == {0: "dyntra_lb.allgather", 1: "engine.lockstep"}
-    assert "rank 0 waits in seq 0 dyntra_lb.allgather" in err.message
-    assert not rank_threads()
-
-
 def test_killed_rank_thread_is_named_and_the_run_stops(tmp_path, capfd):
     trace = bundled_prefix("default", n=16)
     with pytest.raises(ClusterError) as info:
