@@ -404,8 +404,9 @@ def plot_pareto(rows: list[dict], front: list[str], best: str | None, path: Path
     for r in points:
         labels.setdefault((r["tpot_p99_ms"], r["throughput_tok_s"]), []).append(r["name"])
     for xy, names in labels.items():
-        ax.annotate(",".join(names), xy, textcoords="offset points", xytext=(5, 4),
-                    fontsize="x-small")
+        text = ",".join(names) if len(names) <= 3 else \
+            f"{names[0]},{names[1]} +{len(names) - 2} same"
+        ax.annotate(text, xy, textcoords="offset points", xytext=(5, 4), fontsize="x-small")
     ax.set_xlabel("TPOT p99 (ms)  - lower is better")
     ax.set_ylabel("throughput (output tok/s)  - higher is better")
     ax.set_title("Sweep: throughput against TPOT p99")
