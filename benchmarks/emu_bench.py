@@ -27,6 +27,7 @@ here) and, with ``--json``, writes the raw numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -99,8 +100,8 @@ def _rank_bench(ctx, args) -> dict:
     spec, config, repeats = args
     out_dir = pathlib.Path(ctx.out_dir) / f"rank{ctx.rank}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    warm = make_engine(ctx, spec, config, out_dir)
-    summary = warm.run()
+    ctx = dataclasses.replace(ctx, out_dir=out_dir)
+    summary = make_engine(ctx, spec, config).run()
     calls = _collective_plan(out_dir / f"rank{ctx.rank}.events.jsonl", ctx)
     emu_s, bare_s = [], []
     for pair in range(repeats):
@@ -108,10 +109,9 @@ def _rank_bench(ctx, args) -> dict:
         # load does not favour one side.
         for side in ("emu", "bare") if pair % 2 == 0 else ("bare", "emu"):
             if side == "emu":
-                engine = make_engine(ctx, spec, config, out_dir)
+                engine = make_engine(ctx, spec, config)
                 dist.barrier(group=ctx.dp_group)
-                engine.run()
-                emu_s.append(engine.loop_wall_s)
+                emu_s.append(engine.run().loop_wall_s)
             else:
                 dist.barrier(group=ctx.dp_group)
                 start = time.perf_counter()

@@ -26,8 +26,3 @@ def block_counts(requests: Iterable[Any], block_size: int) -> list[int]:
     num_blocks(0, block_size)
     return [(r.num_tokens + block_size - 1) // block_size for r in requests]
 
-
-def request_blocks(request: Any, block_size: int) -> int:
-    """Block count of a request from ``request.num_tokens`` (prompt plus generated
-    output tokens, vLLM's ``len(all_token_ids)``; no draft or placeholder tokens)."""
-    return num_blocks(request.num_tokens, block_size)

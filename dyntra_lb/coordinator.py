@@ -3,9 +3,11 @@ its wave/idle synchronization on every non-idle iteration.
 
 The engine owns one ``DyntraLBCoordinator`` per rank when DyntraLB is enabled and calls:
 
-- ``on_add_request(num_blocks)`` for every request it adds (dynamic-mode arming, B.4);
-- ``before_dp_sync(step_counter)`` just before ``_has_global_unfinished_reqs`` (F.3);
-- ``after_dp_sync(engines_running, ...)`` with that call's result (B.2 steps 3–4).
+- ``on_add_request(num_blocks)`` for every request it adds (dynamic-mode arming);
+- ``before_dp_sync(step_counter)`` just before ``_has_global_unfinished_reqs``;
+- ``after_dp_sync(engines_running, ...)`` with that call's result; it returns what the
+  iteration did (``BalanceStep``: the plan generated, the planner's and the
+  collectives' wall time).
 
 While engines run, the coordinator decides whether this iteration plans (static mode,
 or dynamic mode after a long request; inside the ``start_step``/``end_step`` window),
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -39,6 +41,18 @@ Observe = Callable[[str, str, torch.Tensor, Callable[[], Any]], Any]
 
 FLAG_SITE = "dyntra_lb.flag"
 ALLGATHER_SITE = "dyntra_lb.allgather"
+
+
+class BalanceStep(NamedTuple):
+    """What DyntraLB did in one iteration: this rank's plan generated (None when no
+    all-gather ran), and the wall time of the planner and of DyntraLB's collectives."""
+
+    plan: Plan | None
+    planner_s: float
+    collectives_s: float
+
+
+_NO_BALANCE = BalanceStep(None, 0.0, 0.0)
 
 
 class _SharedBuffer:
@@ -72,10 +86,6 @@ class DyntraLBCoordinator:
     every collective: ``observe(site, op, tensor, fn)`` must call ``fn()`` and return
     its result (the emulator records the collective sequence through it).
 
-    Per-iteration results, reset by every ``after_dp_sync``: ``lb_active`` (a plan was
-    generated), ``last_plan_generated`` (this rank's row, or None), and the wall time
-    spent in DyntraLB collectives and in the planner (``last_collective_s``,
-    ``last_planner_s``).
     """
 
     def __init__(
@@ -87,7 +97,6 @@ class DyntraLBCoordinator:
         dp_size: int,
         dp_group: Any,
         max_num_seqs: int,
-        block_size: int,
         device: str | torch.device = "cpu",
         observe: Observe | None = None,
     ):
@@ -97,7 +106,6 @@ class DyntraLBCoordinator:
         self.dp_size = dp_size
         self.dp_group = dp_group
         self.max_num_seqs = max_num_seqs
-        self.block_size = block_size
         self._observe = observe
 
         self.mode = cfg.mode
@@ -124,10 +132,7 @@ class DyntraLBCoordinator:
         self._recv_arrays = [buf.array for buf in self._recv]
         self._recv_tensors = [buf.tensor for buf in self._recv]
 
-        self.lb_active = False
-        self.last_plan_generated: Plan | None = None
-        self.last_collective_s = 0.0
-        self.last_planner_s = 0.0
+        self._step = _NO_BALANCE
 
         if self._log_rank0:
             for line in diagnostics.config_lines(cfg):
@@ -149,25 +154,24 @@ class DyntraLBCoordinator:
         if self._log_step_counter:
             logger.info(diagnostics.step_counter_line(step_counter))
 
-    def after_dp_sync(self, engines_running: bool, *, step_counter: int, current_wave: int) -> None:
-        """Called with the result of the wave/idle sync (B.2). ``step_counter`` is the
+    def after_dp_sync(self, engines_running: bool, *, step_counter: int,
+                      current_wave: int) -> BalanceStep:
+        """Called with the result of the wave/idle sync. ``step_counter`` is the
         incremented value and ``current_wave`` the wave this iteration belongs to.
 
         While engines run this may issue the dynamic flag all-reduce and the snapshot
-        all-gather, and stores this rank's plan for the next ``schedule()``; at a wave
-        end it only clears the plan (no collective, consistently on every rank).
+        all-gather, and hands this rank's plan to the policy for the next
+        ``schedule()``; at a wave end it only clears the plan (no collective,
+        consistently on every rank).
         """
-        self.lb_active = False
-        self.last_plan_generated = None
-        self.last_collective_s = 0.0
-        self.last_planner_s = 0.0
+        self._step = _NO_BALANCE
         if engines_running:
             self._run_balance_load(step_counter, current_wave)
-            return
+            return self._step
         self.policy.clear_plan()
-        self.policy.kv_prefetch_enabled = False
         if self.enable_diagnostics:
             logger.info(diagnostics.wave_end_line(current_wave + 1))
+        return self._step
 
     # ------------------------------------------------------------------ protocol
 
@@ -200,14 +204,12 @@ class DyntraLBCoordinator:
             and step_counter >= self.start_step
             and (self.end_step < 0 or step_counter < self.end_step)
         )
-        self.lb_active = lb_active
-        self.policy.kv_prefetch_enabled = lb_active
         if not lb_active:
             self.policy.clear_plan()
             return
 
-        self.policy.prepare_step()
-        has_new_long = self._gather_and_plan()
+        candidates = self.policy.prepare_step()
+        has_new_long = self._gather_and_plan(candidates)
         if dynamic and self.dynamic_enable:
             if activated_this_step or has_new_long:
                 self.dynamic_step = 0
@@ -222,13 +224,14 @@ class DyntraLBCoordinator:
                             )
                         )
 
-    def _gather_and_plan(self) -> bool:
-        """C steps 1–9: pack this rank's snapshot, all-gather, plan on every rank, keep
-        this rank's row. Returns whether any rank reported a new long request."""
+    def _gather_and_plan(self, candidates: list[Any]) -> bool:
+        """Pack this rank's snapshot (running requests, then admission candidates),
+        all-gather, plan on every rank, keep this rank's row. Returns whether any rank
+        reported a new long request."""
         pack(
             self._send.array,
             self.policy.running_block_counts(),
-            self.policy.candidate_block_counts(),
+            self.policy.block_counts(candidates),
             self.pending_long_req,
         )
         self.pending_long_req = False
@@ -243,15 +246,14 @@ class DyntraLBCoordinator:
             max_num_seqs=self.max_num_seqs,
             threshold=self.bubble_threshold,
         )
-        self.last_planner_s = time.perf_counter() - start
+        planner_s = time.perf_counter() - start
         if self._log_rank0:
             logger.info(diagnostics.requests_table(requests_by_rank))
             logger.info(diagnostics.modifications_table(plans))
 
         plan = plans[self.dp_rank]
-        self.policy.modifications = plan
-        self.policy.lb_freeze = plan.freeze
-        self.last_plan_generated = plan
+        self.policy.set_plan(plan)
+        self._step = BalanceStep(plan, planner_s, self._step.collectives_s)
         return has_new_long
 
     # ------------------------------------------------------------------ collectives
@@ -262,7 +264,9 @@ class DyntraLBCoordinator:
             fn()
         else:
             self._observe(site, op, tensor, fn)
-        self.last_collective_s += time.perf_counter() - start
+        step = self._step
+        self._step = BalanceStep(step.plan, step.planner_s,
+                                 step.collectives_s + time.perf_counter() - start)
 
     def _all_reduce_flag(self) -> None:
         self._flag.to_device()

@@ -1,14 +1,17 @@
-"""Scheduler-side DyntraLB (spec E.1-E.6): the part of the balancer that lives inside a
+"""Scheduler-side DyntraLB: the part of the balancer that lives inside a
 rank's scheduler.
 
 Two moments of a step involve it. Right before the all-gather the coordinator calls
-``prepare_step()`` (E.2): blocked requests are refreshed, remote KV loads may be started
-early, and the admission candidates are fixed in schedule order; their block counts and
-those of the running requests are what this rank publishes. At the start of the next
-``schedule()`` the scheduler calls ``apply_plan()`` (E.3): running requests matching
-``out_blk`` are paused (they keep their KV), and candidates matching ``in_blk`` form the
-admit set that ``can_admit()`` enforces in the waiting loop. The remaining hooks keep the
-set of paused ids honest (E.6).
+``prepare_step()``: blocked requests are refreshed, remote KV loads are started early,
+and the admission candidates are fixed in schedule order; their block counts and those
+of the running requests are what this rank publishes. The coordinator hands the
+planner's row for this rank over with ``set_plan()`` (or drops it with
+``clear_plan()``). At the start of the next ``schedule()`` the scheduler calls
+``apply_plan()``: running requests matching ``out_blk`` are paused (they keep their
+KV), and candidates matching ``in_blk`` form the admit set that ``can_admit()``
+enforces in the waiting loop. The remaining hooks keep the set of paused ids honest.
+vllm-ascend keeps the same state on its scheduler (``DyntraLBPolicyMixin``): ``plan``
+is its ``modifications``, ``prepare_step`` its ``prepare_dyntra_lb_step``.
 
 The policy is engine-agnostic: it only touches the narrow, vLLM-named scheduler surface
 described by ``SchedulerLike`` below, so the emulator's stub scheduler and a thin
@@ -24,6 +27,7 @@ from typing import Any, Protocol
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.diagnostics import pause_line
+from dyntra_lb.planner import Plan
 
 logger = logging.getLogger("dyntra_lb")
 
@@ -133,20 +137,17 @@ class SchedulerLike(Protocol):
 
 
 class DyntraLBPolicy:
-    """DyntraLB's state and rules on one rank's scheduler (E.1).
+    """DyntraLB's state and rules on one rank's scheduler.
 
-    ``modifications`` is this rank's plan for the next ``schedule()`` (set by the
-    coordinator, ``None`` = no plan, unrestricted admission); ``kv_prefetch_enabled`` is
-    set by the coordinator each active step; ``admit_req_ids`` is ``None`` when admission
-    is unrestricted, else the ids the waiting loop may admit this step.
+    ``plan`` is this rank's plan for the next ``schedule()`` (``None`` = no plan,
+    unrestricted admission); ``admit_req_ids`` is ``None`` when admission is
+    unrestricted, else the ids the waiting loop may admit this step.
     """
 
     def __init__(self, scheduler: SchedulerLike, *, enable_diagnostics: bool = False):
         self.scheduler = scheduler
         self.enable_diagnostics = enable_diagnostics
-        self.modifications: Any = None
-        self.lb_freeze = False
-        self.kv_prefetch_enabled = False
+        self.plan: Plan | None = None
         self.paused_req_ids: set[str] = set()
         self.admission_candidates: list[Any] = []
         self.admit_req_ids: set[str] | None = None
@@ -176,17 +177,18 @@ class DyntraLBPolicy:
         """Block counts of the running requests, in list order (payload, spec C)."""
         return block_counts(self.scheduler.running, self.scheduler.cache_config.block_size)
 
-    def candidate_block_counts(self) -> list[int]:
-        """Block counts of the admission candidates, in candidate order (payload, C)."""
-        return block_counts(self.admission_candidates, self.scheduler.cache_config.block_size)
+    def block_counts(self, requests: Iterable[Any]) -> list[int]:
+        """Block counts of ``requests``, in order (the candidates' part of the payload)."""
+        return block_counts(requests, self.scheduler.cache_config.block_size)
+
+    def set_plan(self, plan: Plan) -> None:
+        """The coordinator's hand-over after an active step's all-gather: this rank's
+        row of the plan, applied by the next ``schedule()``."""
+        self.plan = plan
 
     def clear_plan(self) -> None:
-        """Drop the plan: at a wave end and on steps where balancing is inactive.
-
-        Leaves ``kv_prefetch_enabled`` alone; the coordinator sets that itself.
-        """
-        self.modifications = None
-        self.lb_freeze = False
+        """Drop the plan: at a wave end and on steps where balancing is inactive."""
+        self.plan = None
 
     def _refresh_blocked_waiting_requests(self) -> None:
         """Let requests whose remote KV has landed become WAITING/PREEMPTED again so
@@ -222,7 +224,9 @@ class DyntraLBPolicy:
 
     def _run_kv_prefetch(self) -> set[str]:
         """Start remote KV loads early for up to ``2*max_num_running_reqs - len(running)``
-        fresh requests, so that admitted requests have their KV on arrival.
+        fresh requests, so that admitted requests have their KV on arrival. (vllm-ascend
+        gates this on ``_lb_kv_prefetch_enabled``, which is always true here: the
+        coordinator calls ``prepare_step`` only on active steps.)
 
         Returns the ids the connector called not ready (or that could not get blocks,
         or that are beyond the limit): these are not published as candidates. Every
@@ -231,7 +235,7 @@ class DyntraLBPolicy:
         scheduler = self.scheduler
         connector = scheduler.connector
         not_ready: set[str] = set()
-        if connector is None or not self.kv_prefetch_enabled:
+        if connector is None:
             return not_ready
         kv_cache_manager = scheduler.kv_cache_manager
         limit = 2 * scheduler.max_num_running_reqs - len(scheduler.running)
@@ -287,16 +291,14 @@ class DyntraLBPolicy:
         order (empty without a plan) so the scheduler can report them.
         """
         self.admit_req_ids = None
-        plan = self.modifications
+        plan = self.plan
         if plan is None:
-            self.lb_freeze = False
             return []
-        self.lb_freeze = plan.freeze
         paused = self._pause_out_matches(plan.out_blk) if plan.out_blk else []
-        remaining_in = [] if self.lb_freeze else list(plan.in_blk)
+        remaining_in = [] if plan.freeze else list(plan.in_blk)
         admit: set[str] = set()
         if remaining_in:
-            counts = self.candidate_block_counts()
+            counts = self.block_counts(self.admission_candidates)
             for request, blk in zip(self.admission_candidates, counts, strict=True):
                 if blk in remaining_in:
                     remaining_in.remove(blk)

@@ -35,6 +35,8 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig, check_deployment, load_additional_config
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
+from emu.impl import IMPLS
+from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, load_trace, validate_trace
@@ -214,25 +216,36 @@ def _line_numbers(path: Path) -> list[int]:
     return [i for i, line in enumerate(lines, start=1) if line.strip()]
 
 
-def check_config(text: str, source: str, dp: int) -> tuple[object | None, list[str]]:
-    """Parse an --additional-config value and run the deployment checks of a decode
-    (kv_consumer) node with `dp` ranks. Returns (AdditionalConfig or None, problems)."""
+def check_config(text: str, source: str, args) -> tuple[object | None, list[str]]:
+    """Parse an --additional-config value and run the startup checks of a decode
+    (kv_consumer) node with --dp ranks, as --impl runs it (emu.impl). Returns
+    (AdditionalConfig or None, problems)."""
     try:
         cfg = load_additional_config(text)
     except ValueError as exc:
         return None, [f"{source}: {exc}"]
     try:
-        variant = check_deployment(cfg, kv_role="kv_consumer", data_parallel_size=dp)
+        check_deployment(cfg, kv_role="kv_consumer", data_parallel_size=args.dp)
     except ValueError as exc:
-        if cfg.dyntra_lb.enabled and dp <= 1:
-            return cfg, [f"--dp {dp}: {exc} DyntraLB is enabled by {source}; use --dp 2 or "
-                         "more, or run plain DP (--no-dyntra-lb)"]
+        if cfg.dyntra_lb.enabled and args.dp <= 1:
+            return cfg, [f"--dp {args.dp}: {exc} DyntraLB is enabled by {source}; use --dp 2 "
+                         "or more, or run plain DP (--no-dyntra-lb)"]
         return cfg, [f"{source}: {exc}"]
-    if variant != "plain":
-        return cfg, [f"{source}: scheduler_config.recompute_scheduler_enable selects vLLM's "
-                     f"{variant!r} scheduler; the emulator runs the plain synchronous "
-                     "scheduler only"]
     return cfg, []
+
+
+def check_impl(args, cfg) -> list[str]:
+    """What --impl needs beyond the config itself (the kit: the plain synchronous
+    scheduler; vllm-ascend: its tree and vLLM)."""
+    from emu import impl
+
+    try:
+        impl.check(args.impl, cfg, dp_size=args.dp, async_scheduling=args.async_scheduling,
+                   vllm_ascend=args.vllm_ascend,
+                   faults=FaultPlan(tuple(args.fault)) if getattr(args, "fault", None) else None)
+    except ValueError as exc:
+        return [f"--impl {args.impl}: {exc}"]
+    return []
 
 
 def check_workload(value: str, dp: int, block_size: int,
@@ -278,7 +291,8 @@ def _local_ranks(args) -> int:
 def _spec_kwargs(args) -> dict:
     """RunSpec fields given on the command line (RunSpec applies its defaults to the rest)."""
     names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
-             "router", "scheduling_policy", "seed", "device", "transport")
+             "router", "scheduling_policy", "seed", "device", "impl", "vllm_ascend",
+             "async_scheduling", "transport")
     kwargs = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "collective_timeout", None) is not None:
         kwargs["collective_timeout_s"] = args.collective_timeout
@@ -302,9 +316,9 @@ def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
     problems: list[str] = []
     configs = []
     for text, source in config_sources:
-        cfg, config_problems = check_config(text, source, args.dp)
+        cfg, config_problems = check_config(text, source, args)
         configs.append(cfg)
-        problems += config_problems
+        problems += config_problems or (check_impl(args, cfg) if cfg is not None else [])
     trace, path, trace_problems = check_workload(
         args.workload, args.dp, _effective(args, "block_size"),
         _effective(args, "num_gpu_blocks"))
@@ -591,7 +605,18 @@ def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
         "router": spec.router,
         "scheduling_policy": spec.scheduling_policy,
         "device": device,  # the one used ("cpu" / "npu"), never "auto"
+        **_recorded_impl(spec),
     }
+
+
+def _recorded_impl(spec) -> dict:
+    """Which DyntraLB ran: the impl and, for vllm-ascend, its tree and vLLM's version."""
+    if spec.impl == "kit":
+        return {"impl": "kit"}
+    from emu.impl.vllm_ascend.tree import resolve
+
+    return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
+            **resolve(spec.vllm_ascend).describe()}
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:
@@ -829,6 +854,17 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
                              f"(default: {d['router']})")
     parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                         help=f"vLLM scheduling policy (default: {d['scheduling_policy']})")
+    parser.add_argument("--impl", choices=IMPLS, default="kit",
+                        help="which DyntraLB runs in the ranks: kit (ours, dyntra_lb/, in the "
+                             "stub engine) or vllm-ascend (vllm-ascend's own, unmodified, on "
+                             "vLLM's engine loop and scheduler; needs vLLM, see README) "
+                             "(default: kit)")
+    parser.add_argument("--vllm-ascend", metavar="PATH",
+                        help="vllm-ascend source tree for --impl vllm-ascend (default: "
+                             f"${VLLM_ASCEND_ENV}, else the installed vllm_ascend)")
+    parser.add_argument("--async-scheduling", action="store_true", default=False,
+                        help="vLLM's async scheduling (the Async* DyntraLB scheduler; "
+                             "--impl vllm-ascend only)")
     parser.add_argument("--device", choices=DEVICE_CHOICES,
                         help="where the ranks' lockstep collective runs: cpu (gloo), npu "
                              "(HCCL, needs torch_npu), auto = npu when usable "

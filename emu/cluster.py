@@ -17,7 +17,6 @@ paths of the files it wrote into ``out_dir``:
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import pathlib
@@ -28,19 +27,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dyntra_lb.blocks import num_blocks
-from dyntra_lb.config import AdditionalConfig, check_deployment, load_additional_config
+from dyntra_lb.config import AdditionalConfig, load_additional_config
+from emu import impl
 from emu.clock import StepCostModel
 from emu.device import DEVICE_CHOICES
-from emu.engine import EngineCore, RankSummary
+from emu.engine import RankSummary
 from emu.faults import FaultPlan, check_plan
+from emu.impl import IMPLS
 from emu.launcher import join_from_env, launch
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.scheduler import SCHEDULING_POLICIES
-from emu.threads import rank_log, run_in_threads
+from emu.threads import run_in_threads
 from emu.workload import ROUTERS, TraceRequest, check_ranks
 
-# Where the engine runs DyntraLB's collectives; all but "correct" are for tests only.
-LB_PLACEMENTS = ("correct", "in_schedule", "before_sync")
 # How the ranks of a run are hosted (see RunSpec.transport).
 TRANSPORTS = ("process", "thread")
 
@@ -74,14 +73,16 @@ class RunSpec:
     - ``stall_steps``: a rank that holds unfinished requests but schedules no token for
       this many consecutive steps fails the run with ``emu.engine.StallError`` naming
       its requests (instead of spinning in dummy steps until ``max_steps``).
+    - ``impl``: what runs in each rank (``emu.impl``): "kit" (our DyntraLB in the stub
+      engine) or "vllm-ascend" (vllm-ascend's DyntraLB on vLLM's engine and scheduler);
+      ``vllm_ascend``: the vllm-ascend source tree for "vllm-ascend" (None: the
+      ``DYNTRA_VLLM_ASCEND`` environment variable, else the installed package).
+    - ``async_scheduling``: vLLM's async scheduling (``--impl vllm-ascend`` only).
     - ``transport``: "process" (one rank process each, real gloo groups; the default) or
       "thread" (every rank a thread of the calling process, collectives in memory:
-      ``emu.threads``; CPU only, no torchrun). Virtual time makes the event logs, rank
-      logs and metrics of both byte-identical; "thread" is many times faster once ranks
-      outnumber cores.
-    - ``lb_placement``: TEST-ONLY. "correct" (the default, spec B.2) or a wrong place
-      for DyntraLB's collectives, "in_schedule" or "before_sync", which reproduces the
-      reference's known deadlocks (see ``emu.engine.EngineCore``).
+      ``emu.threads``; CPU and ``impl`` "kit" only, no torchrun). Virtual time makes
+      the event logs, rank logs and metrics of both byte-identical; "thread" is several
+      times faster once ranks outnumber cores.
     """
 
     trace: Sequence[TraceRequest]
@@ -104,8 +105,10 @@ class RunSpec:
     max_steps: int = 1_000_000
     faults: FaultPlan | None = None
     strict: bool = False
-    lb_placement: str = "correct"
     stall_steps: int = 10_000
+    impl: str = "kit"
+    vllm_ascend: str | None = None
+    async_scheduling: bool = False
     transport: str = "process"
 
 
@@ -159,11 +162,11 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if spec.scheduling_policy not in SCHEDULING_POLICIES:
         raise ValueError(f"RunSpec.scheduling_policy must be one of "
                          f"{list(SCHEDULING_POLICIES)}, got {spec.scheduling_policy!r}")
-    if not isinstance(spec.strict, bool):
-        raise ValueError(f"RunSpec.strict must be a bool, got {spec.strict!r}")
-    if spec.lb_placement not in LB_PLACEMENTS:
-        raise ValueError(f"RunSpec.lb_placement must be one of {list(LB_PLACEMENTS)}, "
-                         f"got {spec.lb_placement!r}")
+    for name in ("strict", "async_scheduling"):
+        if not isinstance(getattr(spec, name), bool):
+            raise ValueError(f"RunSpec.{name} must be a bool, got {getattr(spec, name)!r}")
+    if spec.impl not in IMPLS:
+        raise ValueError(f"RunSpec.impl must be one of {list(IMPLS)}, got {spec.impl!r}")
     if spec.router not in ROUTERS:
         raise ValueError(f"RunSpec.router must be one of {list(ROUTERS)}, got {spec.router!r}")
     if spec.device not in DEVICE_CHOICES:
@@ -175,6 +178,9 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if spec.transport == "thread" and spec.device == "npu":
         raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
                          "device must be 'cpu' or 'auto', got 'npu'")
+    if spec.transport == "thread" and spec.impl != "kit":
+        raise ValueError(f"RunSpec.transport 'thread' runs impl 'kit' only; {spec.impl!r} "
+                         "brings vLLM's engine, which keeps per-process state")
     if not isinstance(spec.cost_model, StepCostModel):
         raise ValueError(f"RunSpec.cost_model must be a StepCostModel, "
                          f"got {type(spec.cost_model).__name__}")
@@ -199,17 +205,12 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     _validate_trace(spec)
 
     config = load_additional_config(spec.additional_config)
-    variant = check_deployment(config, kv_role="kv_consumer",
-                               data_parallel_size=spec.dp_size)
-    if variant != "plain":
-        raise ValueError(
-            f"the emulator runs vLLM's plain synchronous scheduler; the additional config "
-            f"selects the {variant!r} scheduler (scheduler_config.recompute_scheduler_enable "
-            "is not supported)")
     if spec.faults is not None:
         lb = config.dyntra_lb
         check_plan(spec.faults, dp_size=spec.dp_size, trace=spec.trace,
                    lb_mode=lb.mode if lb.enabled else None)
+    impl.check(spec.impl, config, dp_size=spec.dp_size, async_scheduling=spec.async_scheduling,
+               vllm_ascend=spec.vllm_ascend, faults=spec.faults)
     return config
 
 
@@ -251,10 +252,8 @@ def run_cluster(spec: RunSpec) -> RunResult:
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if spec.transport == "thread":
-        # One process for every rank: the RNGs every rank process would seed, once.
-        _seed(spec.seed)
         summaries = run_in_threads(
-            _thread_rank_main,
+            _rank_main,
             (spec, config),
             dp_size=spec.dp_size,
             out_dir=out_dir,
@@ -281,22 +280,6 @@ def run_cluster(spec: RunSpec) -> RunResult:
     )
 
 
-def _rank_log_handler(out_dir: pathlib.Path, rank: int) -> logging.Handler:
-    """The handler of rank ``rank``'s ``dyntra_lb`` log, ``rank<r>.log``, with a fixed
-    prefix (no timestamps, so the file is as deterministic as the event log)."""
-    handler = logging.FileHandler(out_dir / f"rank{rank}.log", mode="w")
-    handler.setFormatter(logging.Formatter(f"(EngineCore_DP{rank}) %(levelname)s %(message)s"))
-    return handler
-
-
-def _setup_rank_logging(out_dir: pathlib.Path, rank: int) -> None:
-    """Send this rank process's ``dyntra_lb`` log to ``rank<r>.log``."""
-    log = logging.getLogger("dyntra_lb")
-    log.addHandler(_rank_log_handler(out_dir, rank))
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 def join_cluster(spec: RunSpec) -> RankSummary:
     """Run this process as one rank of ``spec``'s cluster, started by torchrun (or any
     launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); returns
@@ -315,49 +298,18 @@ def join_cluster(spec: RunSpec) -> RankSummary:
                          out_dir=spec.out_dir, collective_timeout_s=spec.collective_timeout_s)
 
 
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-
-
 def _rank_main(ctx, args) -> RankSummary:
-    """Body of each rank process (the launcher's target)."""
+    """Body of each rank: the launcher's target in a rank process, or the thread
+    transport's in a rank thread."""
     spec, config = args
-    _seed(spec.seed)
-    out_dir = pathlib.Path(ctx.out_dir)
-    _setup_rank_logging(out_dir, ctx.rank)
-    return make_engine(ctx, spec, config, out_dir).run()
+    return make_engine(ctx, spec, config).run()
 
 
-def _thread_rank_main(ctx, args) -> RankSummary:
-    """Body of each rank thread (the thread transport's target)."""
-    spec, config = args
-    out_dir = pathlib.Path(ctx.out_dir)
-    with rank_log(_rank_log_handler(out_dir, ctx.rank)):
-        return make_engine(ctx, spec, config, out_dir).run()
-
-
-def make_engine(ctx, spec: RunSpec, config: AdditionalConfig,
-                out_dir: pathlib.Path) -> EngineCore:
-    """This rank's engine for ``spec`` (validated), writing its logs into ``out_dir``."""
-    return EngineCore(
-        ctx,
-        trace=spec.trace,
-        config=config,
-        max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        block_size=spec.block_size,
-        num_gpu_blocks=spec.num_gpu_blocks,
-        scheduling_policy=spec.scheduling_policy,
-        cost_model=spec.cost_model,
-        kv_latency_fixed_s=spec.kv_latency_fixed_s,
-        kv_latency_per_block_s=spec.kv_latency_per_block_s,
-        router=spec.router,
-        max_steps=spec.max_steps,
-        event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
-        wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
-        faults=spec.faults.for_rank(ctx.rank) if spec.faults is not None else None,
-        strict=spec.strict,
-        lb_placement=spec.lb_placement,
-        stall_steps=spec.stall_steps,
-    )
+def make_engine(ctx, spec: RunSpec, config: AdditionalConfig):
+    """This rank's engine for ``spec`` (validated), seeded, writing into
+    ``ctx.out_dir``. Tests that need a sabotaged rank start from here. Under the thread
+    transport every rank seeds the same process-wide RNGs with the same seed; no engine
+    code draws from them (a draw would depend on how the threads interleave)."""
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    return impl.get(spec.impl).build(ctx, spec, config, pathlib.Path(ctx.out_dir))

@@ -547,7 +547,7 @@ class DelayingRecorder:
         self._injector = injector
         self._pending = list(delays)
 
-    def __call__(self, site: str, op: str, tensor: Any, fn):
+    def __call__(self, site: str, op: str, tensor: Any, fn, origin: str | None = None):
         pending = self._pending
         if pending:
             iteration = self._injector.iteration
@@ -556,7 +556,7 @@ class DelayingRecorder:
                     pending.remove(delay)
                     _sleep_before_collective(delay, iteration)
                     break
-        return self._recorder(site, op, tensor, fn)
+        return self._recorder(site, op, tensor, fn, origin)
 
     def __getattr__(self, name: str):
         return getattr(self._recorder, name)

@@ -116,6 +116,10 @@ class CollectiveRecorder:
     """``recorder(site, op, tensor, fn)`` records the collective, then runs ``fn()`` and
     returns its result. Passed as the ``observe`` hook to the coordinator and the clock.
 
+    ``origin`` (optional) names the source line that issued the collective when that is
+    not the code calling the recorder (vllm-ascend's code, see
+    ``emu.impl.vllm_ascend.collectives``); reports show it as ``site@origin``.
+
     A record is ``{"seq", "site", "op", "shape", "dtype"}``; ``seq`` counts every
     collective of this rank from 0, across groups. It is recorded before ``fn`` runs, so
     ``last`` names the collective a stuck rank is waiting in. ``slot`` is where entering
@@ -140,11 +144,12 @@ class CollectiveRecorder:
         self._where = where if where is not None else _NOWHERE
         self._descriptors: dict[tuple[str, str], tuple] = {}
 
-    def __call__(self, site: str, op: str, tensor: Any, fn: Callable[[], Any]) -> Any:
+    def __call__(self, site: str, op: str, tensor: Any, fn: Callable[[], Any],
+                 origin: str | None = None) -> Any:
         seq = self.seq
-        desc = self._descriptors.get((site, op))
+        desc = self._descriptors.get((site, op, origin))
         if desc is None or desc[0] is not tensor:
-            desc = self._describe(site, op, tensor)
+            desc = self._describe(site, op, tensor, origin)
         record = {"seq": seq, "site": site, "op": op, "shape": list(desc[1]),
                   "dtype": desc[2]}
         self._records.append(record)
@@ -159,15 +164,16 @@ class CollectiveRecorder:
         heads[_COMPLETED] = seq
         return result
 
-    def _describe(self, site: str, op: str, tensor: Any) -> tuple:
+    def _describe(self, site: str, op: str, tensor: Any, origin: str | None) -> tuple:
         shape = tuple(tensor.shape)
         dtype = str(tensor.dtype).removeprefix("torch.")
         group = "device" if site in DEVICE_GROUP_SITES else "dp"
-        text = f"{group} {site} {op} [{','.join(map(str, shape))}] {dtype}"
+        where = site if origin is None else f"{site}@{origin}"
+        text = f"{group} {where} {op} [{','.join(map(str, shape))}] {dtype}"
         crc = zlib.crc32(text.encode())
         self._slot.add_name(crc, text)
         desc = (tensor, shape, dtype, crc)
-        self._descriptors[(site, op)] = desc
+        self._descriptors[(site, op, origin)] = desc
         return desc
 
     def take(self) -> list[dict]:

@@ -112,10 +112,9 @@ class KVCacheManager:
         """Blocks held by all requests together (equals the pool's used blocks)."""
         return sum(len(b) for b in self._blocks.values())
 
-    @property
-    def usage(self) -> float:
-        """Fraction of the pool in use, 0.0-1.0 (vLLM's ``kv_cache_usage``)."""
-        return self.pool.num_used_blocks / self.pool.num_gpu_blocks
+    def holders(self) -> set[str]:
+        """Ids of the requests holding blocks (strict mode's conservation check)."""
+        return set(self._blocks)
 
 
 class RemoteKVConnector:

@@ -48,10 +48,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # "(APIServer pid=1) ", "(Engine (DP0)) ", Ray's "(EngineCore_DP0 pid=1, ip=10.0.0.1) ".
 _TAG = re.compile(r"^\s*(?:\S*\d\d:\d\d:\d\d\S*\s+)?\((\w[^()]*(?:\([^()]*\)[^()]*)*)\)\s")
 # vLLM's logger prefix: level, "%m-%d %H:%M:%S" (newer releases add milliseconds), and
-# "[file.py:123]" (older releases: "file.py:123]").
+# "[file.py:123]" (older releases: "file.py:123]"). The emulator's vllm-ascend ranks
+# write it without the time (their logs are deterministic).
 _VLLM_PREFIX = re.compile(
-    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+"
-    r"\[?[^\s\]]+:\d+\]\s?"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(?:\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+)?"
+    r"\[?[^\s\]]+\.py:\d+\]\s?"
 )
 # A bare level word, as in the emulator's per-rank logs ("(EngineCore_DP0) INFO <message>").
 _LEVEL = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")

@@ -159,9 +159,6 @@ class PriorityRequestQueue:
     def __bool__(self) -> bool:
         return bool(self._heap)
 
-    def __contains__(self, request: object) -> bool:
-        return any(r is request for r in self._heap)
-
 
 @dataclass
 class CacheConfig:
@@ -214,15 +211,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: set[Request] = set()
-        self.current_step = 0
         self.enable_diagnostics = enable_diagnostics
         self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics) \
             if dyntra_lb else None
         self._now_s = 0.0
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self.max_num_running_reqs
 
     # ------------------------------------------------------------------ intake
 
@@ -263,7 +255,6 @@ class Scheduler:
         connector = self.connector
         if connector is not None:
             connector.set_virtual_time(now_s)
-        self.current_step += 1
         lb = self.lb
         paused = lb.apply_plan() if lb is not None else ()
         for request in paused:
@@ -314,6 +305,7 @@ class Scheduler:
             token_budget = self._schedule_waiting(
                 token_budget, num_scheduled_tokens, new_req_ids, resumed_req_ids, now_s)
 
+        self._update_after_schedule(num_scheduled_tokens)
         if lb is not None:
             lb.on_scheduled(num_scheduled_tokens)
             if self.enable_diagnostics:
@@ -328,6 +320,13 @@ class Scheduler:
             paused_req_ids=[r.request_id for r in paused],
             preempted_req_ids=[r.request_id for r in preempted],
         )
+
+    def _update_after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
+        """As vLLM at the end of ``schedule()``: the scheduled tokens count as computed
+        from now on, so a second ``schedule()`` before the update schedules the rest."""
+        requests = self.requests
+        for req_id, num_tokens in num_scheduled_tokens.items():
+            requests[req_id].num_computed_tokens += num_tokens
 
     def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
                           new_req_ids: list[str], resumed_req_ids: list[str],
@@ -467,11 +466,9 @@ class Scheduler:
         requests = self.requests
         inflight = self._inflight_prefills
         finished: list[Request] = []
-        for req_id, num_tokens in output.num_scheduled_tokens.items():
+        for req_id in output.num_scheduled_tokens:
             request = requests[req_id]
-            computed = request.num_computed_tokens + num_tokens
-            request.num_computed_tokens = computed
-            if computed < request.num_tokens:
+            if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk
             if inflight:
                 inflight.discard(request)

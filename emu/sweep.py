@@ -128,13 +128,13 @@ class Point:
         return " ".join(f"{k}={json.dumps(v)}" for k, v in self.values.items())
 
 
-def build_points(base: dict, grid: dict[str, list], dp: int) -> list[Point]:
+def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
     """The baseline and every grid point, each checked like --additional-config (the
     first rejected value is named)."""
     for key, values in grid.items():
         for value in values:
             config = _with_lb(base, enabled=True, **{key: value})
-            _, problems = cli.check_config(json.dumps(config), f"--grid {key}={value}", dp)
+            _, problems = cli.check_config(json.dumps(config), f"--grid {key}={value}", args)
             if problems:
                 raise cli.UsageError(problems[0])
     points = [Point("baseline", {}, _with_lb(base, enabled=False))]
@@ -144,7 +144,7 @@ def build_points(base: dict, grid: dict[str, list], dp: int) -> list[Point]:
         values = dict(zip(grid, combo, strict=True))
         config = _with_lb(base, **{"enabled": True, **values})
         source = "--grid " + " ".join(f"{k}={v}" for k, v in values.items())
-        _, problems = cli.check_config(json.dumps(config), source, dp)
+        _, problems = cli.check_config(json.dumps(config), source, args)
         if problems:
             raise cli.UsageError(problems[0])
         points.append(Point(f"p{i:0{width}d}", values, config))
@@ -230,7 +230,7 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
         **{k: cli._effective(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
                                                  "block_size", "num_gpu_blocks", "router",
                                                  "scheduling_policy")},
-        "device": "cpu",
+        "device": "cpu", "impl": "kit",
     }
     workload = str(cli.resolve_workload(args.workload))
     jobs = {}
@@ -474,10 +474,10 @@ def run(args) -> int:
     base_text, source = (cli.read_config_arg(args.additional_config)
                          if args.additional_config is not None
                          else (json.dumps(cli.DEFAULT_ADDITIONAL_CONFIG), "the default config"))
-    base, problems = cli.check_config(base_text, source, args.dp)
+    base, problems = cli.check_config(base_text, source, args)
     if problems:
         raise cli.UsageError(problems[0])
-    points = build_points(base.raw, grid, args.dp)
+    points = build_points(base.raw, grid, args)
     n = len(points) - 1
     if n > MAX_POINTS and not args.yes:
         sizes = " x ".join(str(len(v)) for v in grid.values())

@@ -31,10 +31,10 @@ and the report says it did not stop).
 
 Process-wide state the ranks would each set in their own process is set once for the
 run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
-``rank<r>.log`` of the thread that logged it (``rank_log``); ``torch.set_num_threads(1)``
+``rank<r>.log`` of the thread that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
 holds while threads run and is restored afterwards. Python's and numpy's global RNGs are
-seeded once by the caller: no engine code draws from them (a draw would make a result
-depend on how the threads interleave).
+shared: every rank seeds them with the run's seed, and no engine code draws from them (a
+draw would make a result depend on how the threads interleave).
 """
 
 from __future__ import annotations
@@ -310,19 +310,18 @@ def _process_state() -> Iterator[None]:
                 _router = None
 
 
-@contextlib.contextmanager
-def rank_log(handler: logging.Handler) -> Iterator[None]:
+def route_rank_log(handler: logging.Handler) -> None:
     """In a rank thread: the ``dyntra_lb`` records this thread logs go to ``handler``
-    (closed at the end)."""
-    ident = threading.get_ident()
+    until the thread's rank ends (``run_in_threads`` then closes it)."""
     router = _router
     if router is None:
-        raise RuntimeError("rank_log is for the rank threads of run_in_threads")
-    router.by_thread[ident] = handler
-    try:
-        yield
-    finally:
-        router.by_thread.pop(ident, None)
+        raise RuntimeError("route_rank_log is for the rank threads of run_in_threads")
+    router.by_thread[threading.get_ident()] = handler
+
+
+def _unroute_rank_log() -> None:
+    handler = _router.by_thread.pop(threading.get_ident(), None)
+    if handler is not None:
         handler.close()
 
 
@@ -393,6 +392,7 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
                 state.error = (_summary(exc), text, echo)
                 state.aborted = isinstance(exc, CollectiveAborted)
             finally:
+                _unroute_rank_log()
                 state.done = True
                 changed.set()
 

@@ -1,7 +1,8 @@
-"""The two deadlocks of the reference's earlier balance-scheduling design, reproduced with
-the test-only ``RunSpec.lb_placement``, and turned by the guard into named failures with
-every rank stopped; and the correct placement (right after the wave sync) running
-through 1,000 wave boundaries under skewed, bursty arrivals.
+"""The two deadlocks of the reference's earlier balance-scheduling design, reproduced by
+engines (subclasses of the kit's, below) that run DyntraLB's collectives where that
+design had them, and turned by the guard into named failures with every rank stopped;
+and the correct placement (right after the wave sync) running through 1,000 wave
+boundaries under skewed, bursty arrivals.
 
 (A) the gather inside ``schedule()``: a rank without work runs a dummy step instead and
     never reaches the gather a busy rank waits in;
@@ -18,8 +19,9 @@ import random
 
 import pytest
 
-from emu.cluster import RunSpec, run_cluster
-from emu.launcher import ClusterError
+from emu.cluster import RunSpec, make_engine, run_cluster, validate
+from emu.engine import EngineCore
+from emu.launcher import ClusterError, launch
 from emu.workload import TraceRequest
 
 pytestmark = pytest.mark.integration
@@ -33,11 +35,65 @@ SOAK_WAVES = 1000
 
 
 
-def _spec(trace, out_dir, placement, **fields) -> RunSpec:
+class GatherInSchedule(EngineCore):
+    """(A): DyntraLB's protocol inside ``schedule()``, which a rank without work (a dummy
+    step) never calls; after the wave sync only the wave-end clearing remains."""
+
+    def schedule(self, now_s):
+        self.coordinator.after_dp_sync(True, step_counter=self.step_counter + 1,
+                                       current_wave=self.current_wave)
+        return super().schedule(now_s)
+
+    def _has_global_unfinished_reqs(self, local_unfinished):
+        self.coordinator.before_dp_sync(self.step_counter)
+        running = self._sync_dp_state(local_unfinished)
+        self._balance = None
+        if not running:
+            self.coordinator.after_dp_sync(False, step_counter=self.step_counter,
+                                           current_wave=self.current_wave)
+        return running
+
+
+class GatherBeforeSync(EngineCore):
+    """(B): DyntraLB's protocol before the wave sync, gated on this rank's own
+    unfinished requests because the global answer is not known yet."""
+
+    def _has_global_unfinished_reqs(self, local_unfinished):
+        coordinator = self.coordinator
+        coordinator.before_dp_sync(self.step_counter)
+        self._balance = coordinator.after_dp_sync(
+            local_unfinished, step_counter=self.step_counter + 1,
+            current_wave=self.current_wave)
+        running = self._sync_dp_state(local_unfinished)
+        if not running:
+            coordinator.after_dp_sync(False, step_counter=self.step_counter,
+                                      current_wave=self.current_wave)
+        return running
+
+
+PLACEMENTS = {"in_schedule": GatherInSchedule, "before_sync": GatherBeforeSync}
+
+
+def placed_target(ctx, args):
+    """A rank whose engine runs DyntraLB's collectives at ``placement``."""
+    spec, config, placement = args
+    engine = make_engine(ctx, spec, config)
+    engine.__class__ = PLACEMENTS[placement]  # same state, the placement's methods
+    return engine.run()
+
+
+def _spec(trace, out_dir, **fields) -> RunSpec:
     return RunSpec(trace=trace, dp_size=2, out_dir=out_dir, additional_config=STATIC,
                    max_num_seqs=4, block_size=BLOCK_SIZE, device="cpu", strict=True,
-                   lb_placement=placement, collective_timeout_s=COLLECTIVE_TIMEOUT_S,
-                   run_timeout_s=600.0, **fields)
+                   collective_timeout_s=COLLECTIVE_TIMEOUT_S, run_timeout_s=600.0, **fields)
+
+
+def _run_placed(trace, out_dir, placement):
+    spec = _spec(trace, out_dir)
+    return launch(placed_target, (spec, validate(spec), placement), dp_size=spec.dp_size,
+                  device="cpu", out_dir=spec.out_dir,
+                  collective_timeout_s=spec.collective_timeout_s,
+                  run_timeout_s=spec.run_timeout_s)
 
 
 def bursty_trace(num_bursts: int, seed: int = 0) -> list[TraceRequest]:
@@ -87,7 +143,7 @@ def test_gather_inside_schedule_deadlocks_as_a_named_failure(tmp_path, no_leftov
     trace = [TraceRequest("busy", 0.0, 200, 20, rank=0),
              TraceRequest("late", 5.0, 200, 5, rank=1)]
     with pytest.raises(ClusterError) as info:
-        run_cluster(_spec(trace, tmp_path, "in_schedule"))
+        _run_placed(trace, tmp_path, "in_schedule")
     err = info.value
     _assert_named_gather_deadlock(err)
     assert err.collectives[0]["entered"]["site"] == "dyntra_lb.allgather"
@@ -101,7 +157,7 @@ def test_gather_before_wave_sync_deadlocks_at_the_wave_tail(tmp_path, no_leftove
     trace = [TraceRequest("long", 0.0, 200, 20, rank=0),
              TraceRequest("short", 0.0, 200, 3, rank=1)]
     with pytest.raises(ClusterError) as info:
-        run_cluster(_spec(trace, tmp_path, "before_sync"))
+        _run_placed(trace, tmp_path, "before_sync")
     err = info.value
     _assert_named_gather_deadlock(err)
     gather = err.collectives[0]["entered"]
@@ -119,14 +175,14 @@ def test_soak_workload_reaches_both_deadlocks(placement, tmp_path, no_leftover_p
     """The workload of the 1,000-wave test is not tame: with either wrong placement it
     deadlocks, and the guard names it."""
     with pytest.raises(ClusterError) as info:
-        run_cluster(_spec(bursty_trace(SOAK_WAVES), tmp_path, placement))
+        _run_placed(bursty_trace(SOAK_WAVES), tmp_path, placement)
     _assert_named_gather_deadlock(info.value)
 
 
 @pytest.mark.soak  # about 1.5 min on 2 cores (36,000 steps per rank); .ci runs it
 def test_correct_placement_survives_1000_wave_boundaries(tmp_path, no_leftover_processes):
     trace = bursty_trace(SOAK_WAVES)
-    result = run_cluster(_spec(trace, tmp_path, "correct"))
+    result = run_cluster(_spec(trace, tmp_path))
     assert [r.waves for r in result.ranks] == [SOAK_WAVES] * 2
     assert sum(r.num_finished for r in result.ranks) == len(trace)
     assert not result.truncated

@@ -5,7 +5,6 @@ the run with a ClusterError naming that rank, the iteration and the request."""
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 
 import pytest
@@ -81,7 +80,7 @@ SABOTAGE = {"leak": _leak_blocks_of_finished, "lose": _lose_request,
 
 def sabotaged_target(ctx, args):
     spec, config, broken_rank, kind, request_id = args
-    engine = make_engine(ctx, spec, config, pathlib.Path(ctx.out_dir))
+    engine = make_engine(ctx, spec, config)
     if ctx.rank == broken_rank:
         SABOTAGE[kind](engine, request_id)
     return engine.run()

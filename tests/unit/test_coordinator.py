@@ -12,36 +12,50 @@ import torch
 from dyntra_lb import coordinator as coordinator_module
 from dyntra_lb import diagnostics
 from dyntra_lb.config import load_additional_config
-from dyntra_lb.coordinator import DyntraLBCoordinator
+from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from dyntra_lb.payload import pack, payload_len
 from dyntra_lb.planner import Plan
 
 
+class FakeCandidate:
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+
 class FakePolicy:
-    """The policy surface the coordinator uses, with the block counts set by the test."""
+    """The policy surface the coordinator uses, with the block counts set by the test.
+
+    ``prepare_step`` returns fresh candidate objects (``candidates`` are their block
+    counts); ``block_counts`` only counts the list ``prepare_step`` last returned, so
+    the payload shows that the coordinator published exactly those candidates.
+    """
 
     def __init__(self):
-        self.modifications = None
-        self.lb_freeze = False
-        self.kv_prefetch_enabled = False
+        self.plan = None
         self.running = []
         self.candidates = []
         self.calls = []
+        self._prepared = None
 
     def prepare_step(self):
         self.calls.append("prepare_step")
-        return []
+        self._prepared = [FakeCandidate(b) for b in self.candidates]
+        return self._prepared
 
     def running_block_counts(self):
         return list(self.running)
 
-    def candidate_block_counts(self):
-        return list(self.candidates)
+    def block_counts(self, requests):
+        assert requests is self._prepared, "not the candidates prepare_step returned"
+        return [r.blocks for r in requests]
+
+    def set_plan(self, plan):
+        self.calls.append("set_plan")
+        self.plan = plan
 
     def clear_plan(self):
         self.calls.append("clear_plan")
-        self.modifications = None
-        self.lb_freeze = False
+        self.plan = None
 
 
 class FakeDP:
@@ -108,7 +122,6 @@ def make(monkeypatch):
             dp_size=dp_size,
             dp_group=dp,
             max_num_seqs=max_num_seqs,
-            block_size=16,
             observe=observe,
         )
         return coord, policy, dp
@@ -117,8 +130,11 @@ def make(monkeypatch):
 
 
 def _iterate(coord, step_counter, wave=0, running=True):
+    """One engine iteration's hooks; returns what ``after_dp_sync`` returned."""
     coord.before_dp_sync(step_counter - 1)
-    coord.after_dp_sync(running, step_counter=step_counter, current_wave=wave)
+    step = coord.after_dp_sync(running, step_counter=step_counter, current_wave=wave)
+    assert isinstance(step, BalanceStep)
+    return step
 
 
 # ---------------------------------------------------------------- static mode
@@ -129,27 +145,26 @@ def test_static_plans_every_step_and_keeps_own_row(make):
     policy.running = [1]
     policy.candidates = [2]
     dp.peer_payloads[0] = ([3], [], False)
-    _iterate(coord, 1)
+    step = _iterate(coord, 1)
     assert dp.log[0] == ("all_gather", [1, 2, 0, 0, 0, 0, 0, 0, 1, 0])
     assert dp.ops() == ["all_gather"]
-    assert policy.calls == ["prepare_step"]
+    # The snapshot (and with it the KV prefetch) before the all-gather, then the hand-over.
+    assert policy.calls == ["prepare_step", "set_plan"]
     # The fill step (max_num_seqs=4) admits the waiting 2 on rank 1; loads are then equal.
-    assert policy.modifications == Plan(out_blk=[], in_blk=[2], freeze=False)
-    assert coord.last_plan_generated is policy.modifications
-    assert policy.lb_freeze is False
-    assert policy.kv_prefetch_enabled is True
-    assert coord.lb_active is True
+    assert policy.plan == Plan(out_blk=[], in_blk=[2], freeze=False)
+    assert step.plan is policy.plan
     _iterate(coord, 2)
     assert dp.ops() == ["all_gather", "all_gather"]
+    assert policy.calls == ["prepare_step", "set_plan"] * 2
 
 
-def test_frozen_row_sets_lb_freeze(make):
+def test_frozen_row_is_handed_over_with_its_freeze(make):
     coord, policy, dp = make(rank=0, mode="static", start_step=0, bubble_threshold=1.0)
     policy.running = [3]
     dp.peer_payloads[1] = ([1], [2], False)
-    _iterate(coord, 1)
-    assert policy.modifications == Plan(out_blk=[], in_blk=[], freeze=True)
-    assert policy.lb_freeze is True
+    step = _iterate(coord, 1)
+    assert policy.plan == Plan(out_blk=[], in_blk=[], freeze=True)
+    assert policy.plan.freeze is True and step.plan is policy.plan
 
 
 def test_payload_layout_and_pending_flag_reset(make):
@@ -171,14 +186,19 @@ def test_payload_layout_and_pending_flag_reset(make):
 def test_step_window(make):
     coord, policy, dp = make(mode="static", start_step=3, end_step=5)
     active = []
+    stale = Plan(out_blk=[1], in_blk=[], freeze=True)
     for n in range(1, 8):
-        policy.modifications = "stale"
-        _iterate(coord, n)
-        active.append(coord.lb_active)
-        if not coord.lb_active:
-            assert policy.modifications is None and policy.lb_freeze is False
-            assert coord.last_plan_generated is None
-        assert policy.kv_prefetch_enabled is coord.lb_active
+        policy.plan = stale
+        policy.calls.clear()
+        step = _iterate(coord, n)
+        is_active = step.plan is not None
+        active.append(is_active)
+        if is_active:
+            assert policy.plan is step.plan is not stale
+        else:
+            assert policy.plan is None
+        # the KV prefetch runs (inside prepare_step) exactly on the active steps
+        assert policy.calls == (["prepare_step", "set_plan"] if is_active else ["clear_plan"])
     assert active == [False, False, True, True, False, False, False]
     assert dp.ops() == ["all_gather", "all_gather"]
 
@@ -196,13 +216,14 @@ def test_start_step_zero_and_one_are_identical(make):
 def test_wave_end_clears_plan_without_collectives(make):
     coord, policy, dp = make(mode="static", start_step=0)
     _iterate(coord, 1)
-    assert policy.modifications is not None
-    policy.lb_freeze = True
-    _iterate(coord, 32, running=False)
+    assert policy.plan is not None
+    policy.plan = Plan(out_blk=[], in_blk=[], freeze=True)  # a frozen plan is dropped too
+    policy.calls.clear()
+    step = _iterate(coord, 32, running=False)
     assert dp.ops() == ["all_gather"]
-    assert policy.modifications is None and policy.lb_freeze is False
-    assert policy.kv_prefetch_enabled is False
-    assert coord.lb_active is False and coord.last_plan_generated is None
+    assert policy.plan is None
+    assert policy.calls == ["clear_plan"]  # no snapshot, hence no KV prefetch
+    assert step == BalanceStep(None, 0.0, 0.0)
 
 
 # ---------------------------------------------------------------- dynamic mode
@@ -212,8 +233,8 @@ def test_dynamic_inactive_runs_flag_allreduce_only(make):
     coord, policy, dp = make(mode="dynamic", start_step=0, long_req_block_threshold=10)
     coord.on_add_request(10)  # not strictly greater: does not arm
     for n in range(1, 4):
-        _iterate(coord, n)
-        assert policy.modifications is None and coord.lb_active is False
+        step = _iterate(coord, n)
+        assert policy.plan is None and step.plan is None
     assert dp.log == [("all_reduce_max", [0, 0])] * 3
     assert policy.calls == ["clear_plan"] * 3
 
@@ -238,8 +259,8 @@ def test_dynamic_timeline_of_spec_b4(make):
     plans = []
     for n in range(5, 10):
         before = len(dp.log)
-        _iterate(coord, n)
-        plans.append(coord.last_plan_generated is not None)
+        step = _iterate(coord, n)
+        plans.append(step.plan is not None)
         if n == 5:
             assert [op for op, _ in dp.log[before:]] == ["all_reduce_max", "all_gather"]
             assert dp.log[before] == ("all_reduce_max", [1, 701])
@@ -247,14 +268,14 @@ def test_dynamic_timeline_of_spec_b4(make):
     assert plans == [True, True, True, False, False]  # P6, P7, P8 generated at 5, 6, 7
     assert dp.ops()[4:] == ["all_reduce_max", "all_gather", "all_gather", "all_gather",
                             "all_reduce_max", "all_reduce_max"]
-    assert coord.dynamic_enable is False and policy.modifications is None
+    assert coord.dynamic_enable is False and policy.plan is None
 
 
 def test_dynamic_activation_by_a_peer_and_keep_alive(make):
     coord, policy, dp = make(rank=0, mode="dynamic", start_step=0, dynamic_max_step=2)
     dp.peer_flags[1] = (1, 900)
-    _iterate(coord, 1)
-    assert coord.dynamic_enable is True and coord.lb_active is True
+    step = _iterate(coord, 1)
+    assert coord.dynamic_enable is True and step.plan is not None
     dp.peer_flags[1] = (0, 0)
     _iterate(coord, 2)
     assert coord.dynamic_step == 1
@@ -288,7 +309,7 @@ def test_dynamic_state_survives_wave_end(make):
     dp.peer_flags[1] = (0, 0)
     _iterate(coord, 2)
     _iterate(coord, 32, running=False)  # wave end: plan cleared, state kept
-    assert policy.modifications is None
+    assert policy.plan is None
     assert coord.dynamic_enable is True and coord.dynamic_step == 1
     _iterate(coord, 1, wave=1)
     assert dp.ops() == ["all_reduce_max", "all_gather", "all_gather", "all_gather"]
@@ -299,8 +320,8 @@ def test_dynamic_outside_window_neither_counts_nor_resets(make):
     coord, policy, dp = make(mode="dynamic", start_step=3, end_step=4, dynamic_max_step=2,
                              long_req_block_threshold=5)
     coord.on_add_request(6)
-    _iterate(coord, 1)  # activation outside the window: no plan
-    assert coord.dynamic_enable is True and coord.lb_active is False
+    step = _iterate(coord, 1)  # activation outside the window: no plan
+    assert coord.dynamic_enable is True and step.plan is None and policy.plan is None
     coord.on_add_request(9)  # accumulates until the next all-gather
     _iterate(coord, 2)
     assert coord.dynamic_step == 0 and coord.pending_long_req is True
@@ -333,15 +354,15 @@ def test_observe_wraps_every_collective(make):
     coord, _, dp = make(mode="dynamic", start_step=0, observe=observe,
                         long_req_block_threshold=5)
     coord.on_add_request(6)
-    _iterate(coord, 1)
+    step = _iterate(coord, 1)
     assert seen == [
         ("dyntra_lb.flag", "all_reduce_max", (2,), torch.int32),
         ("dyntra_lb.allgather", "all_gather", (payload_len(4),), torch.int32),
     ]
     assert dp.ops() == ["all_reduce_max", "all_gather"]
-    assert coord.last_collective_s > 0 and coord.last_planner_s > 0
-    _iterate(coord, 32, running=False)
-    assert coord.last_collective_s == 0 and coord.last_planner_s == 0
+    assert step.collectives_s > 0 and step.planner_s > 0
+    step = _iterate(coord, 32, running=False)
+    assert step.collectives_s == 0 and step.planner_s == 0
 
 
 # ---------------------------------------------------------------- diagnostics

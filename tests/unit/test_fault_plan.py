@@ -343,7 +343,7 @@ def test_delay_sleeps_once_before_the_first_matching_collective(monkeypatch, cap
     class Recorder:
         seq = 41
 
-        def __call__(self, site, op, tensor, fn):
+        def __call__(self, site, op, tensor, fn, origin=None):
             calls.append(site)
             return fn()
 

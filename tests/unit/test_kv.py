@@ -34,7 +34,8 @@ def test_allocate_slots_grows_by_ceil_of_tokens():
     assert len(manager.allocate_slots(request, 1)) == 1  # token 13 needs block 4
     assert manager.num_blocks_of(request) == 4
     assert manager.pool.num_used_blocks == 4
-    assert manager.usage == pytest.approx(0.4)
+    assert manager.pool.get_num_free_blocks() == 6  # 4 of the 10 blocks in use
+    assert manager.holders() == {"a"}
 
 
 def test_allocate_slots_counts_external_and_local_computed_tokens():
@@ -53,8 +54,10 @@ def test_allocate_slots_fails_without_taking_blocks():
     assert manager.allocate_slots(second, 8) is None
     assert manager.num_blocks_of(second) == 0
     assert manager.pool.get_num_free_blocks() == 1
+    assert manager.holders() == {"a"}  # the failed allocation made b no holder
     manager.free(first)
     assert manager.pool.get_num_free_blocks() == 3
+    assert manager.holders() == set()
     assert manager.allocate_slots(second, 8) is not None
 
 
@@ -73,6 +76,7 @@ def test_block_ids_are_unique_across_requests():
     ids = [b for r in requests for b in manager.get_blocks(r.request_id)]
     assert sorted(ids) == list(range(8))
     assert manager.num_held_blocks == manager.pool.num_used_blocks == 8
+    assert manager.holders() == {"r0", "r1", "r2", "r3"}
 
 
 def test_connector_offers_full_prompt_once():

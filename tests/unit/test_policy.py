@@ -54,23 +54,30 @@ def ids(requests):
 def test_initial_state_and_no_plan_means_unrestricted_admission():
     scheduler = make_scheduler()
     lb = scheduler.lb
-    assert lb.modifications is None and lb.lb_freeze is False
-    assert lb.kv_prefetch_enabled is False and lb.paused_req_ids == set()
+    assert lb.plan is None and lb.paused_req_ids == set()
     assert lb.admission_candidates == [] and lb.admit_req_ids is None
-    lb.lb_freeze = True
+    # a frozen plan restricts admission; once cleared, its freeze does not linger
+    lb.set_plan(Plan(out_blk=[], in_blk=[], freeze=True))
+    assert lb.apply_plan() == [] and lb.admit_req_ids == set()
+    assert not lb.can_admit(Request("x", 1, 1))
+    lb.clear_plan()
     assert lb.apply_plan() == []
-    assert lb.lb_freeze is False and lb.admit_req_ids is None
+    assert lb.admit_req_ids is None
     assert lb.can_admit(Request("x", 1, 1))
 
 
-def test_clear_plan_leaves_prefetch_flag_alone():
-    lb = make_scheduler().lb
-    lb.modifications = Plan([1], [], True)
-    lb.lb_freeze = True
-    lb.kv_prefetch_enabled = True
+def test_set_and_clear_plan_leave_the_prefetch_on():
+    scheduler = make_scheduler(connector=RemoteKVConnector(1.0, 0.0))
+    lb = scheduler.lb
+    plan = Plan([1], [], True)
+    lb.set_plan(plan)
+    assert lb.plan is plan
     lb.clear_plan()
-    assert lb.modifications is None and lb.lb_freeze is False
-    assert lb.kv_prefetch_enabled is True
+    assert lb.plan is None
+    # dropping the plan does not stop the next snapshot from prefetching
+    waiting = add_waiting(scheduler, "w", 8)
+    assert lb.prepare_step() == []
+    assert waiting.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 def test_block_counts_of_running_and_candidates():
@@ -81,7 +88,7 @@ def test_block_counts_of_running_and_candidates():
     lb = scheduler.lb
     assert ids(lb.prepare_step()) == ["w0", "w1"]
     assert lb.running_block_counts() == [1, 3]
-    assert lb.candidate_block_counts() == [2, 5]
+    assert lb.block_counts(lb.admission_candidates) == [2, 5]
 
 
 def test_invalid_block_size_raises():
@@ -104,7 +111,7 @@ def test_pause_keeps_kv_and_computed_tokens():
     used = kv.pool.num_used_blocks
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     output = scheduler.schedule(1.0)
     assert output.paused_req_ids == ["r1"]
     assert output.num_scheduled_tokens == {"r0": 1}
@@ -124,7 +131,7 @@ def test_out_matching_by_block_count_in_running_order():
     scheduler = make_scheduler()
     start_running(scheduler, [7, 11, 7, 3])  # blocks 2, 3, 2, 1
     lb = scheduler.lb
-    lb.modifications = Plan(out_blk=[2, 5, 2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2, 5, 2], in_blk=[], freeze=True))
     output = scheduler.schedule(1.0)
     assert output.paused_req_ids == ["r0", "r2"]  # 5 matches nothing: ignored
     assert ids(scheduler.running) == ["r1", "r3"]
@@ -137,7 +144,7 @@ def test_pause_logs_diagnostics_line_only_when_enabled(caplog):
     for enable in (False, True):
         scheduler = make_scheduler(enable_diagnostics=enable)
         start_running(scheduler, [3])
-        scheduler.lb.modifications = Plan(out_blk=[1], in_blk=[], freeze=True)
+        scheduler.lb.set_plan(Plan(out_blk=[1], in_blk=[], freeze=True))
         scheduler.schedule(1.0)
     pause_lines = [r.getMessage() for r in caplog.records
                    if r.getMessage().startswith("DYNTRA_LB_PAUSE")]
@@ -151,7 +158,7 @@ def test_paused_request_is_not_readmitted_in_the_same_step():
     waiting = add_waiting(scheduler, "w", 8)  # 2 blocks, like the paused one
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[2], in_blk=[2], freeze=False)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[2], freeze=False))
     output = scheduler.schedule(1.0)
     assert output.paused_req_ids == ["r0"]
     assert output.new_req_ids == ["w"] and output.resumed_req_ids == []
@@ -166,7 +173,7 @@ def test_paused_request_resumes_as_cached_request_without_plan():
     (r0,) = start_running(scheduler, [7])
     kv = scheduler.kv_cache_manager
     lb = scheduler.lb
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     scheduler.update_from_output(scheduler.schedule(1.0), 2.0)
     blocks = kv.get_blocks("r0")
     computed = r0.num_computed_tokens
@@ -186,10 +193,10 @@ def test_paused_request_becomes_candidate_and_is_admitted_by_in_blk():
     (r0,) = start_running(scheduler, [7])
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     step(scheduler, 1.0)
     assert lb.prepare_step() == [r0]  # paused: a candidate from the next snapshot on
-    lb.modifications = Plan(out_blk=[], in_blk=[2], freeze=False)
+    lb.set_plan(Plan(out_blk=[], in_blk=[2], freeze=False))
     output = step(scheduler, 2.0)
     assert output.resumed_req_ids == ["r0"]
     assert "r0" not in lb.paused_req_ids
@@ -201,11 +208,11 @@ def test_freeze_admits_nothing_including_new_arrivals():
     add_waiting(scheduler, "w0", 7)
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[], in_blk=[2], freeze=True)
+    lb.set_plan(Plan(out_blk=[], in_blk=[2], freeze=True))
     add_waiting(scheduler, "late", 7)  # arrived after the snapshot
     output = scheduler.schedule(1.0)
     assert output.num_scheduled_tokens == {"r0": 1}
-    assert lb.lb_freeze is True and lb.admit_req_ids == set()
+    assert lb.plan.freeze is True and lb.admit_req_ids == set()
     assert ids(scheduler.skipped_waiting) == ["w0", "late"]
 
 
@@ -214,7 +221,7 @@ def test_empty_in_blk_without_freeze_also_admits_nothing():
     add_waiting(scheduler, "w0", 7)
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[], in_blk=[], freeze=False)
+    lb.set_plan(Plan(out_blk=[], in_blk=[], freeze=False))
     output = scheduler.schedule(0.0)
     assert output.num_scheduled_tokens == {} and not scheduler.running
 
@@ -224,7 +231,7 @@ def test_new_arrival_is_not_a_candidate_of_the_current_plan():
     add_waiting(scheduler, "w0", 3)
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[], in_blk=[2], freeze=False)
+    lb.set_plan(Plan(out_blk=[], in_blk=[2], freeze=False))
     add_waiting(scheduler, "late", 7)  # 2 blocks, but not in the snapshot
     output = scheduler.schedule(0.0)
     assert output.num_scheduled_tokens == {}
@@ -240,7 +247,7 @@ def test_admission_by_block_count_in_candidate_order():
         add_waiting(scheduler, name, prompt)
     lb = scheduler.lb
     assert ids(lb.prepare_step()) == ["a", "b", "c", "d"]
-    lb.modifications = Plan(out_blk=[], in_blk=[2, 3, 2, 9], freeze=False)
+    lb.set_plan(Plan(out_blk=[], in_blk=[2, 3, 2, 9], freeze=False))
     output = scheduler.schedule(0.0)
     assert lb.admit_req_ids == {"a", "b", "c"}
     assert output.new_req_ids == ["a", "b", "c"]
@@ -253,7 +260,7 @@ def test_same_block_count_admits_first_candidate():
     second = add_waiting(scheduler, "second", 6)
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[], in_blk=[2], freeze=False)
+    lb.set_plan(Plan(out_blk=[], in_blk=[2], freeze=False))
     scheduler.schedule(0.0)
     assert scheduler.running == [first]
     assert list(scheduler.skipped_waiting) == [second]
@@ -265,7 +272,7 @@ def test_admitted_requests_still_obey_max_num_seqs():
     add_waiting(scheduler, "b", 6)
     lb = scheduler.lb
     lb.prepare_step()
-    lb.modifications = Plan(out_blk=[], in_blk=[2, 2], freeze=False)
+    lb.set_plan(Plan(out_blk=[], in_blk=[2, 2], freeze=False))
     output = scheduler.schedule(0.0)
     assert output.new_req_ids == ["a"]
 
@@ -276,9 +283,9 @@ def test_plan_is_not_cleared_after_use():
     lb = scheduler.lb
     lb.prepare_step()
     plan = Plan(out_blk=[], in_blk=[], freeze=True)
-    lb.modifications = plan
+    lb.set_plan(plan)
     step(scheduler, 0.0)
-    assert lb.modifications is plan
+    assert lb.plan is plan
     assert step(scheduler, 1.0).num_scheduled_tokens == {}
 
 
@@ -293,7 +300,6 @@ def test_prefetch_limit_counts_before_outcome(monkeypatch):
     monkeypatch.setattr(scheduler.connector, "get_num_new_matched_tokens",
                         lambda request, num_local: next(answers))
     lb = scheduler.lb
-    lb.kv_prefetch_enabled = True
     # limit = 2 * 1 - 0: w0 (not ready) and w1 (nothing to load) use it up
     assert ids(lb.prepare_step()) == ["w1"]
     assert ids(scheduler.waiting) == ["w0", "w1", "w2", "w3"]
@@ -308,7 +314,6 @@ def test_prefetch_starts_remote_loads_and_moves_them_to_skipped_end():
     assert list(scheduler.skipped_waiting) == [parked]
     start = [add_waiting(scheduler, f"w{i}", 8) for i in range(5)]
     lb = scheduler.lb
-    lb.kv_prefetch_enabled = True
     candidates = lb.prepare_step()
     # limit 4: parked (skipped, first in order), w0, w1, w2 start loading; w3, w4 not ready
     loading = [parked] + start[:3]
@@ -321,13 +326,16 @@ def test_prefetch_starts_remote_loads_and_moves_them_to_skipped_end():
     assert list(scheduler.waiting) == start[3:]
     assert candidates == []  # loading ones are blocked, the rest not ready
     # a frozen step (no admission, hence no lookups), then the next snapshot after the
-    # transfers landed: promoted in place, now candidates
-    lb.modifications = Plan(out_blk=[], in_blk=[], freeze=True)
+    # transfers landed: promoted in place, now candidates; its prefetch starts the
+    # loads of w3 and w4 (limit 4, the promoted ones have computed tokens: not counted)
+    lb.set_plan(Plan(out_blk=[], in_blk=[], freeze=True))
     scheduler.update_from_output(scheduler.schedule(0.5), 1.0)
-    lb.kv_prefetch_enabled = False
-    assert lb.prepare_step() == loading + start[3:]
+    assert lb.prepare_step() == loading
     assert [r.status for r in loading] == [RequestStatus.WAITING] * 4
     assert [r.num_computed_tokens for r in loading] == [7] * 4
+    assert [r.status for r in start[3:]] == [RequestStatus.WAITING_FOR_REMOTE_KVS] * 2
+    assert list(scheduler.skipped_waiting) == loading + start[3:]
+    assert not scheduler.waiting
 
 
 def test_prefetched_transfer_starts_at_the_end_of_the_step():
@@ -335,7 +343,6 @@ def test_prefetched_transfer_starts_at_the_end_of_the_step():
     scheduler = make_scheduler(connector=connector)
     step(scheduler, 0.0)  # an empty step ending at 1.0
     waiting = add_waiting(scheduler, "w", 8)
-    scheduler.lb.kv_prefetch_enabled = True
     scheduler.lb.prepare_step()
     assert waiting.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert connector.finished_recving(3.99) == set()
@@ -346,7 +353,6 @@ def test_prefetch_limit_shrinks_with_running_and_may_be_negative():
     connector = RemoteKVConnector(1.0, 0.0)
     scheduler = make_scheduler(max_num_seqs=2, connector=connector)
     lb = scheduler.lb
-    lb.kv_prefetch_enabled = True
     for i in range(3):
         add_waiting(scheduler, f"w{i}", 8)
     scheduler.running.extend(Request(f"x{i}", 1, 1) for i in range(5))  # limit -1
@@ -360,20 +366,20 @@ def test_prefetch_allocation_failure_leaves_request_in_waiting():
     big = add_waiting(scheduler, "big", 12)
     small = add_waiting(scheduler, "small", 4)
     lb = scheduler.lb
-    lb.kv_prefetch_enabled = True
     assert lb.prepare_step() == []
     assert big.status == RequestStatus.WAITING and big.num_computed_tokens == 0
     assert list(scheduler.waiting) == [big]
     assert small.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
-def test_prefetch_disabled_or_without_connector_loads_nothing():
-    for connector, enabled in ((RemoteKVConnector(1.0, 0.0), False), (None, True)):
-        scheduler = make_scheduler(connector=connector)
-        requests = [add_waiting(scheduler, f"w{i}", 8) for i in range(3)]
-        scheduler.lb.kv_prefetch_enabled = enabled
-        assert scheduler.lb.prepare_step() == requests
-        assert scheduler.kv_cache_manager.pool.num_used_blocks == 0
+def test_without_connector_the_snapshot_loads_nothing():
+    scheduler = make_scheduler(connector=None)
+    requests = [add_waiting(scheduler, f"w{i}", 8) for i in range(3)]
+    assert scheduler.lb.prepare_step() == requests
+    assert scheduler.kv_cache_manager.pool.num_used_blocks == 0
+    assert [r.status for r in requests] == [RequestStatus.WAITING] * 3
+    assert [r.num_computed_tokens for r in requests] == [0] * 3
+    assert list(scheduler.waiting) == requests and not scheduler.skipped_waiting
 
 
 def test_paused_requests_are_candidates_but_never_prefetched():
@@ -384,10 +390,9 @@ def test_paused_requests_are_candidates_but_never_prefetched():
     step(scheduler, 1.0)  # promoted and decoding
     (paused,) = scheduler.running
     lb = scheduler.lb
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     step(scheduler, 2.0)
     fresh = [add_waiting(scheduler, f"w{i}", 8) for i in range(3)]
-    lb.kv_prefetch_enabled = True
     # limit 2 - 0: the paused request (KV kept) neither counts nor loads
     assert lb.prepare_step() == [paused]
     assert [r.status for r in fresh[:2]] == [RequestStatus.WAITING_FOR_REMOTE_KVS] * 2
@@ -403,7 +408,12 @@ def test_candidates_include_preempted_exclude_blocked():
     preempted = add_waiting(scheduler, "pre", 4)
     preempted.status = RequestStatus.PREEMPTED
     preempted.num_preemptions = 1
+    # its prompt was loaded before the preemption: the connector offers nothing more,
+    # so the snapshot's prefetch leaves it as it is (it recomputes locally)
+    connector.update_state_after_alloc(preempted, [0], preempted.prompt_tokens)
     assert scheduler.lb.prepare_step() == [preempted]
+    assert preempted.status == RequestStatus.PREEMPTED and preempted.num_computed_tokens == 0
+    assert list(scheduler.waiting) == [preempted]
 
 
 # ------------------------------------------------------- paused-id lifecycle (E.6)
@@ -447,7 +457,7 @@ def test_paused_kv_can_stall_a_preempted_head_of_line_request_for_good():
     a, b = start_running(scheduler, [7, 8])  # 2 + 2 blocks: the pool is full
     assert (a.num_tokens, b.num_tokens) == (8, 9)  # block counts 2 and 3
     lb = scheduler.lb
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     output = step(scheduler, 1.0)
     assert output.paused_req_ids == ["r0"] and output.preempted_req_ids == ["r1"]
     assert list(scheduler.waiting) == [b, a]
@@ -532,14 +542,14 @@ def test_newly_added_first_pass_is_preferred_when_flag_is_set():
     running = [Req("old", 8, status=RequestStatus.RUNNING),
                Req("new", 8, status=RequestStatus.RUNNING, lb_newly_added=True)]
     scheduler, lb = stand_in(running=running)
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     assert ids(lb.apply_plan()) == ["new"]
     assert ids(scheduler.running) == ["old"] and ids(scheduler.waiting) == ["new"]
 
 
 def test_pausing_a_non_running_request_is_an_error():
     scheduler, lb = stand_in(running=[Req("odd", 8, status=RequestStatus.WAITING)])
-    lb.modifications = Plan(out_blk=[2], in_blk=[], freeze=True)
+    lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
     with pytest.raises(AssertionError, match="Only running requests can be lb-paused"):
         lb.apply_plan()
 

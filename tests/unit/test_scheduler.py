@@ -93,6 +93,26 @@ def test_prefill_chunks_by_budget_then_decodes_and_finishes_at_output_length():
     assert record["token_times_s"] == [3.0, 4.0, 5.0]
 
 
+def test_second_schedule_before_the_update_schedules_the_next_chunk():
+    """As vLLM, ``schedule()`` counts the tokens it scheduled as computed when it ends,
+    so a second ``schedule()`` before ``update_from_output`` does not schedule them
+    again: a prefill chunked by the token budget continues with its next chunk."""
+    scheduler = make_scheduler(max_num_batched_tokens=4)
+    request = Request("a", 10, 3)
+    scheduler.add_request(request)
+    first = scheduler.schedule(0.0)
+    assert first.num_scheduled_tokens == {"a": 4} and first.new_req_ids == ["a"]
+    assert request.num_computed_tokens == 4
+    assert scheduler.kv_cache_manager.num_blocks_of(request) == 1
+    second = scheduler.schedule(0.5)
+    assert second.num_scheduled_tokens == {"a": 4}
+    assert second.new_req_ids == [] and second.resumed_req_ids == []
+    assert request.num_computed_tokens == 8
+    assert scheduler.kv_cache_manager.num_blocks_of(request) == 2
+    assert scheduler.running == [request]
+    check_kv_conservation(scheduler)
+
+
 def test_new_request_reported_once_and_running_first():
     scheduler = make_scheduler(max_num_batched_tokens=6)
     scheduler.add_request(Request("a", 5, 4))
@@ -278,9 +298,10 @@ def test_scheduler_summary_logged_only_with_dyntra_lb_diagnostics(caplog):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("pauses", [True, False])
 def test_random_run_conserves_kv_and_finishes_every_request_once(seed, pauses):
-    """Remote loads with not-ready windows and slow transfers, random prefetch. With
-    ``pauses``: random plans drawn from the current block counts and an ample pool.
-    Without: no plans and a small pool, so that KV preemptions happen. (Plans under KV
+    """Remote loads with not-ready windows and slow transfers, prefetch on random
+    steps. With ``pauses``: random plans drawn from the current block counts (on every
+    step that prefetches) and an ample pool. Without: no plans and a small pool, so
+    that KV preemptions happen. (Plans under KV
     pressure can stall a rank for good, see test_policy's head-of-line tests.)"""
     rng = random.Random(seed)
     connector = RemoteKVConnector(latency_fixed_s=1.0, latency_per_block_s=0.5)
@@ -311,14 +332,17 @@ def test_random_run_conserves_kv_and_finishes_every_request_once(seed, pauses):
         check_kv_conservation(scheduler)
         assert lb.paused_req_ids <= {r.request_id for r in scheduler.waiting} | {
             r.request_id for r in scheduler.skipped_waiting}
-        lb.kv_prefetch_enabled = rng.random() < 0.5
-        lb.prepare_step()
-        if pauses and rng.random() < 0.7:
-            running = lb.running_block_counts()
-            cands = lb.candidate_block_counts()
-            out = rng.sample(running, k=rng.randint(0, min(2, len(running))))
-            inn = rng.sample(cands, k=rng.randint(0, min(3, len(cands))))
-            lb.modifications = Plan(out_blk=out, in_blk=inn, freeze=not inn)
+        # As the coordinator: on a random half of the steps (more with ``pauses``)
+        # balancing is active, so the snapshot (with its KV prefetch) is taken and,
+        # with ``pauses``, a plan handed over; otherwise the plan is dropped.
+        if rng.random() < (0.7 if pauses else 0.5):
+            candidates = lb.prepare_step()
+            if pauses:
+                running = lb.running_block_counts()
+                cands = lb.block_counts(candidates)
+                out = rng.sample(running, k=rng.randint(0, min(2, len(running))))
+                inn = rng.sample(cands, k=rng.randint(0, min(3, len(cands))))
+                lb.set_plan(Plan(out_blk=out, in_blk=inn, freeze=not inn))
         else:
             lb.clear_plan()
     assert sorted(finished_ids) == sorted(expected)

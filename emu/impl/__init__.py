@@ -1,0 +1,34 @@
+"""What runs inside each emulated rank, behind one interface.
+
+An implementation is a module with two functions:
+
+- ``check(config, *, dp_size, async_scheduling, vllm_ascend, faults)`` — in the launching
+  process, before any rank starts: the decode node's startup checks and whatever else
+  the implementation needs; raises ValueError naming what cannot run;
+- ``build(ctx, spec, config, out_dir)`` — in each rank process: the rank's engine, an
+  object whose ``run()`` returns the rank's ``emu.engine.RankSummary``.
+
+``kit`` is our DyntraLB (``dyntra_lb``) in our stub vLLM engine loop and scheduler;
+``vllm-ascend`` is vllm-ascend's own DyntraLB on vLLM's engine loop and scheduler
+(imported only in the ranks of such a run: it needs vLLM).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+IMPLS = {"kit": "emu.impl.kit", "vllm-ascend": "emu.impl.vllm_ascend"}
+
+
+def get(name: str) -> ModuleType:
+    """The implementation module named ``name`` (one of ``IMPLS``)."""
+    return importlib.import_module(IMPLS[name])
+
+
+def check(name: str, config, *, dp_size: int, async_scheduling: bool = False,
+          vllm_ascend=None, faults=None):
+    """Run implementation ``name``'s checks (see the module docstring); ``faults`` is
+    the run's ``emu.faults.FaultPlan`` or None."""
+    return get(name).check(config, dp_size=dp_size, async_scheduling=async_scheduling,
+                           vllm_ascend=vllm_ascend, faults=faults)

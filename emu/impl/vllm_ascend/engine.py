@@ -1,0 +1,501 @@
+"""One emulated DP rank running vllm-ascend's DyntraLB inside vLLM's own engine loop.
+
+What runs is vLLM 0.27.1's ``DPEngineCoreProc.run_busy_loop`` on vLLM's scheduler
+machinery and KV-cache manager: with DyntraLB enabled, vllm-ascend's
+``DyntraLBDPEngineCoreProc`` (its ``add_request``, ``_has_global_unfinished_reqs``,
+``run_balance_load``, ``_do_lb_allgather``, ``_balance_load``) and the DyntraLB scheduler
+class production selects, on a real gloo DP group. Emulated are only the parts around a
+model:
+
+- the model executor (``executor.EmulatedExecutor``): each forward is priced by the
+  kit's cost model and joins the lockstep collective (``emu.clock``), in virtual time;
+- the input queue (``TraceInputQueue``): the trace, released as the virtual clock
+  passes each arrival, plus the coordinator's ``START_DP_WAVE`` to ranks that are idle
+  when a request arrives elsewhere;
+- the output queue (``OutputSink``): where vLLM puts each step's outputs, read for the
+  request records;
+- the KV connector (``connector.EmulatedRemoteKVConnector``);
+- the ZMQ handshakes of ``EngineCoreProc.__init__``: ``EmulatedEngine.__init__`` sets
+  the loop's state itself and calls ``EngineCore.__init__``; the DP group comes from
+  the launcher (``_LauncherDPGroup`` takes the place of vLLM's stateless DP group).
+
+The rank observes the loop at two points — the executor's forward and the end of
+``_has_global_unfinished_reqs`` — and writes the same event log as the kit.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import deque
+
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine import EngineCoreRequestType
+from vllm.v1.engine.core import DPEngineCoreProc, EngineCore, EngineShutdownState
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+
+from dyntra_lb.blocks import block_counts
+from dyntra_lb.coordinator import ALLGATHER_SITE
+from emu.clock import LockstepClock
+from emu.engine import RankSummary, StallError
+from emu.eventlog import EventLog, WallLog
+from emu.guard import CollectiveRecorder
+from emu.impl.vllm_ascend import collectives
+from emu.impl.vllm_ascend.executor import EmulatedExecutor
+from emu.impl.vllm_ascend.invariants import StrictChecker
+from emu.intake import Arrivals
+
+# The token every emulated forward samples (any id below the model's vocab size).
+_SAMPLED_TOKEN = 1
+
+
+class _Truncated(Exception):
+    """``max_steps`` iterations ran: every rank stops at the same iteration."""
+
+
+class _RequestRecord:
+    """What the event log records of one request (same fields as the kit's)."""
+
+    __slots__ = ("request_id", "arrival_s", "prompt_tokens", "output_tokens",
+                 "first_scheduled_s", "token_times_s", "finish_s", "pauses")
+
+    def __init__(self, trace_request):
+        self.request_id = trace_request.request_id
+        self.arrival_s = trace_request.arrival_s
+        self.prompt_tokens = trace_request.prompt_tokens
+        self.output_tokens = trace_request.output_tokens
+        self.first_scheduled_s = None
+        self.token_times_s: list[float] = []
+        self.finish_s = None
+        self.pauses: list[list] = []
+
+    def to_dict(self) -> dict:
+        return {"request_id": self.request_id, "arrival_s": self.arrival_s,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "first_scheduled_s": self.first_scheduled_s,
+                "token_times_s": list(self.token_times_s), "finish_s": self.finish_s,
+                "pauses": [list(p) for p in self.pauses]}
+
+
+class TraceInputQueue:
+    """Stands in for ``EngineCoreProc.input_queue`` (filled by ZMQ threads in vLLM).
+
+    vLLM's loop asks ``empty()`` / ``get_nowait()`` at the start of every iteration and
+    blocks in ``get()`` when it has no work; here blocking means jumping the virtual
+    clock to the next arrival. When the trace is exhausted and the rank is idle, the
+    queue requests the engine's shutdown, which ends ``run_busy_loop``.
+    """
+
+    def __init__(self, rank: EmulatedRank):
+        self.rank = rank
+        self._pending: deque = deque()
+
+    def empty(self) -> bool:
+        rank = self.rank
+        if rank.iteration >= rank.max_steps:
+            raise _Truncated
+        self._take(rank.clock_us)
+        return not self._pending
+
+    def get_nowait(self):
+        return self._pending.popleft()
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        rank = self.rank
+        if not self._pending:
+            if rank.arrivals.exhausted():
+                rank.engine.shutdown_state = EngineShutdownState.REQUESTED
+                raise queue.Empty
+            rank.clock_us = max(rank.clock_us, rank.arrivals.next_arrival_us())
+            self._take(rank.clock_us)
+        return self._pending.popleft()
+
+    def _take(self, clock_us: int) -> None:
+        rank = self.rank
+        engine = rank.engine
+        woken = engine.engines_running
+        for trace_request, target in rank.arrivals.take(clock_us, rank.lockstep.counts):
+            if target == rank.dp_rank:
+                self._pending.append((EngineCoreRequestType.ADD,
+                                      (rank.make_request(trace_request), engine.current_wave)))
+            elif not woken:
+                # The DP coordinator wakes the idle ranks when a request starts a wave.
+                self._pending.append((EngineCoreRequestType.START_DP_WAVE,
+                                      (engine.current_wave, target)))
+                woken = True
+
+
+class OutputSink:
+    """Stands in for ``EngineCoreProc.output_queue``: each step's outputs are read for
+    the request records (token times, finishes) instead of being sent to a front-end."""
+
+    def __init__(self, rank: EmulatedRank):
+        self.rank = rank
+
+    def put_nowait(self, item) -> None:
+        _client, outputs = item
+        for output in getattr(outputs, "outputs", None) or ():
+            self.rank.on_output(output)
+
+
+class _LauncherDPGroup(DPEngineCoreProc):
+    """vLLM's DP setup, with the launcher's gloo DP group instead of a stateless one."""
+
+    def _init_data_parallel(self, vllm_config) -> None:
+        parallel = vllm_config.parallel_config
+        self.dp_rank = parallel.data_parallel_rank
+        self.dp_size = parallel.data_parallel_size
+        self.dp_group = self._emu_rank.ctx.dp_group
+        self.dp_store = None
+
+
+class _EmulatedEngine:
+    """Our layer on top of the engine class production runs (see ``engine_class``)."""
+
+    def __init__(self, vllm_config, rank: EmulatedRank):
+        self._emu_rank = rank
+        # EngineCoreProc.__init__, without its ZMQ handshakes and socket threads:
+        self.input_queue = TraceInputQueue(rank)
+        self.output_queue = OutputSink(rank)
+        self.engine_index = vllm_config.parallel_config.data_parallel_rank
+        self.engines_running = False
+        self.shutdown_state = EngineShutdownState.RUNNING
+        self.tensor_ipc_receiver = None
+        self.has_coordinator = True  # START_DP_WAVE comes from TraceInputQueue
+        self.frontend_stats_publish_address = None
+        self.publish_dp_lb_stats = False
+        self.last_counts = (0, 0)
+        self.process_input_queue_block = True
+        self.enable_fault_tolerance = False
+        # DPEngineCoreProc.__init__:
+        self.prefill_schedule_interval = vllm_config.scheduler_config.prefill_schedule_interval
+        self.step_counter = 0
+        self.current_wave = 0
+        self.pending_pause = False
+        self.ignore_start_dp_wave = False
+        self.eep_scaling_state = None
+        self._init_data_parallel(vllm_config)
+        EngineCore.__init__(self, vllm_config,
+                            lambda config: EmulatedExecutor(config, rank), log_stats=False)
+
+    def _has_global_unfinished_reqs(self, local_unfinished: bool) -> bool:
+        """Production's method runs unchanged; the rank records the iteration after it
+        (DyntraLB's hook included), before vLLM bumps the wave."""
+        plan_applied = getattr(self.scheduler, "modifications", None)
+        result = super()._has_global_unfinished_reqs(local_unfinished)
+        self._emu_rank.end_iteration(local_unfinished, plan_applied)
+        return result
+
+    def _balance_load(self, *args, **kwargs):
+        """vllm-ascend's planner, timed for the wall log."""
+        start = time.perf_counter()
+        try:
+            return super()._balance_load(*args, **kwargs)
+        finally:
+            self._emu_rank.planner_s += time.perf_counter() - start
+
+
+def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
+    """The engine class production runs for this config, under our emulation layer:
+    vllm-ascend's DyntraLB engine core when DyntraLB is enabled (as its
+    ``run_engine_core`` wrapper swaps it in), vLLM's ``DPEngineCoreProc`` otherwise."""
+    if dyntra_lb_enabled:
+        bases = (_EmulatedEngine, core_module.DyntraLBDPEngineCoreProc, _LauncherDPGroup)
+    else:
+        bases = (_EmulatedEngine, _LauncherDPGroup)
+    return type("EmulatedDPEngineCore", bases, {})
+
+
+class EmulatedRank:
+    """One rank: builds the engine, runs vLLM's busy loop, writes the logs."""
+
+    def __init__(self, ctx, spec, *, vllm_config, core_module, dyntra_lb_enabled: bool,
+                 event_log, wall_log, faults=None):
+        self.ctx = ctx
+        self.dp_rank = ctx.rank
+        self.max_steps = spec.max_steps
+        self.stall_steps = spec.stall_steps
+        self.block_size = spec.block_size
+        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
+        self.faults = faults
+        cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
+        self.cost = cost_model.cost
+        self.recorder = CollectiveRecorder(ctx.guard, where=self)
+        if faults is not None:
+            self.recorder = faults.wrap_recorder(self.recorder)
+        self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
+                                      device=ctx.device, observe=self.recorder)
+        collectives.install(self.recorder, self._time_collective)
+        self.events = EventLog(event_log, ctx.rank)
+        self.wall = WallLog(wall_log)
+        self.dyntra_lb = dyntra_lb_enabled
+
+        self.clock_us = 0
+        self.iteration = 0
+        self.truncated = False
+        self.num_dummy_steps = 0
+        self.num_plans = 0
+        self.num_finished = 0
+        self.num_arrived = 0
+        self.strict = StrictChecker(self) if spec.strict else None
+        self.records: dict[str, _RequestRecord] = {}
+        self._last_progress = 0
+        self._running_ids: list[str] = []  # running at the end of the last iteration
+        self._new_iteration()
+        self.engine = engine_class(core_module, dyntra_lb_enabled)(vllm_config, self)
+        self.scheduler = self.engine.scheduler
+        self.scheduler.connector.bind(self, faults)
+
+    @property
+    def step_counter(self) -> int:
+        """The engine's, live (the collective recorder reads it at every collective)."""
+        return self.engine.step_counter
+
+    @property
+    def current_wave(self) -> int:
+        return self.engine.current_wave
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> RankSummary:
+        start = time.perf_counter()
+        try:
+            self.engine.run_busy_loop()
+        except SystemExit:
+            pass
+        except _Truncated:
+            self.truncated = True
+        finally:
+            loop_wall_s = time.perf_counter() - start
+            self.events.requests([self.records[rid].to_dict()
+                                  for rid in sorted(self.scheduler.requests)
+                                  if rid in self.records])
+            self.events.close()
+            self.wall.close()
+        return RankSummary(
+            rank=self.dp_rank, steps=self.iteration, dummy_steps=self.num_dummy_steps,
+            waves=self.engine.current_wave, clock_s=self.clock_us / 1e6,
+            num_finished=self.num_finished,
+            num_plans=self.num_plans, num_collectives=self.recorder.seq,
+            truncated=self.truncated, loop_wall_s=loop_wall_s, device=self.ctx.device.type)
+
+    def make_request(self, trace_request) -> Request:
+        """The vLLM request of a trace arrival (prompt token ids are placeholders)."""
+        self.records[trace_request.request_id] = _RequestRecord(trace_request)
+        self.num_arrived += 1
+        params = SamplingParams(max_tokens=trace_request.output_tokens, ignore_eos=True)
+        return Request(trace_request.request_id, [_SAMPLED_TOKEN] * trace_request.prompt_tokens,
+                       params, None, arrival_time=trace_request.arrival_s,
+                       priority=trace_request.priority)
+
+    def _new_iteration(self) -> None:
+        self._iter_start = time.perf_counter()
+        self._step_start_us: int | None = None
+        self._own_cost_us = 0
+        self._step_us = 0
+        self._executed = False
+        self._scheduled_tokens = 0
+        self._paused: list[str] = []
+        self._resumed: list[str] = []
+        self._admitted: list[str] = []
+        self._preempted: list[str] = []
+        self._finished: list[_RequestRecord] = []
+        self.planner_s = 0.0
+        self.collectives_s = 0.0
+        self._admit_ids = None  # the admission set schedule() ran under (None: no plan)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, scheduler_output) -> ModelRunnerOutput:
+        """The executor's ``execute_model``: what the scheduler decided, priced."""
+        self._begin_step()
+        now_s = self.clock_us / 1e6
+        self._note_schedule(scheduler_output, now_s)
+        scheduler = self.scheduler
+        total = scheduler_output.total_num_scheduled_tokens
+        if total > 0:
+            self._executed = True
+            self._scheduled_tokens = total
+            self._own_cost_us = self.cost(
+                sum(block_counts(scheduler.running, self.block_size)), total, False)
+            self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
+                                               len(scheduler.running))
+            self.clock_us += self._step_us
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        requests = scheduler.requests
+        sampled = [[_SAMPLED_TOKEN] if requests[rid].num_computed_tokens
+                   >= requests[rid].num_tokens else [] for rid in req_ids]
+        done = scheduler.connector.finished_recving(self.clock_us)
+        return ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=KVConnectorOutput(finished_recving=done or None))
+
+    def dummy_forward(self) -> None:
+        """The executor's ``execute_dummy_batch``: the lockstep collective at the fixed
+        cost, so the device group stays matched."""
+        self._begin_step()
+        self.num_dummy_steps += 1
+        self._own_cost_us = self.cost(0, 0, True)
+        self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
+                                           len(self.scheduler.running))
+        self.clock_us += self._step_us
+
+    def _begin_step(self) -> None:
+        if self._step_start_us is None:
+            self._step_start_us = self.clock_us
+            if self.faults is not None:
+                self.faults.before_step(self.iteration, self.clock_us)
+
+    def _note_schedule(self, scheduler_output, now_s: float) -> None:
+        """Pauses, resumes, admissions and preemptions of this ``schedule()``."""
+        paused_ids = getattr(self.scheduler, "_lb_paused_req_ids", ())
+        records = self.records
+        for rid in self._running_ids:
+            if rid in paused_ids and rid not in scheduler_output.num_scheduled_tokens:
+                self._paused.append(rid)
+                records[rid].pauses.append([now_s, None])
+        for new in scheduler_output.scheduled_new_reqs:
+            self._admitted.append(new.req_id)
+            if records[new.req_id].first_scheduled_s is None:
+                records[new.req_id].first_scheduled_s = now_s
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid in cached.req_ids:
+            if rid in cached.resumed_req_ids:
+                self._resumed.append(rid)
+                pauses = records[rid].pauses
+                if pauses and pauses[-1][1] is None:
+                    pauses[-1][1] = now_s
+        self._preempted = sorted(scheduler_output.preempted_req_ids or ())
+        admit = getattr(self.scheduler, "_lb_admit_req_ids", None)
+        self._admit_ids = set(admit) if admit is not None else None
+
+    def on_output(self, output) -> None:
+        """A request's output of this step (``OutputSink``)."""
+        record = self.records[output.request_id]
+        now_s = self.clock_us / 1e6
+        record.token_times_s.extend([now_s] * len(output.new_token_ids))
+        if output.finish_reason is not None:
+            record.finish_s = now_s
+            self._finished.append(record)
+
+    def _num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.skipped_waiting)
+
+    # ------------------------------------------------------------------ records
+
+    def end_iteration(self, local_unfinished: bool, plan_applied) -> None:
+        """After the wave sync and DyntraLB's hook of a non-idle iteration."""
+        scheduler = self.scheduler
+        collectives_done = self.recorder.take()
+        gathered = any(c["site"] == ALLGATHER_SITE for c in collectives_done)
+        plan_generated = scheduler.modifications if gathered else None
+        if gathered:
+            self.num_plans += 1
+        if self._executed or not local_unfinished:
+            self._last_progress = self.iteration
+        elif self.iteration - self._last_progress >= self.stall_steps:
+            self._stalled()
+        self.events.step(self._step_record(plan_applied, plan_generated, collectives_done),
+                         [r.to_dict() for r in self._finished])
+        self.wall.step(self.iteration, time.perf_counter() - self._iter_start,
+                       self.planner_s if self.dyntra_lb else None,
+                       self.collectives_s if self.dyntra_lb else None)
+        self.num_finished += len(self._finished)
+        if self.strict is not None:
+            self.strict.check(self._paused, self._admitted + self._resumed, self._admit_ids)
+        self.iteration += 1
+        self._running_ids = [r.request_id for r in scheduler.running]
+        self._new_iteration()
+
+    def _time_collective(self, site: str, seconds: float) -> None:
+        if site.startswith("dyntra_lb."):
+            self.collectives_s += seconds
+
+    def _step_record(self, plan_applied, plan_generated, collectives_done) -> dict:
+        scheduler = self.scheduler
+        engine = self.engine
+        bs = self.block_size
+        kv = scheduler.kv_cache_manager
+        free = kv.block_pool.get_num_free_blocks()
+        paused = getattr(scheduler, "_lb_paused_req_ids", ())
+        return {
+            "iter": self.iteration,
+            "wave": engine.current_wave,
+            "step_counter": engine.step_counter,
+            "clock_s": self._step_start_us / 1e6,
+            "own_cost_s": self._own_cost_us / 1e6,
+            "step_time_s": self._step_us / 1e6,
+            "dummy": not self._executed,
+            "num_running": len(scheduler.running),
+            "num_waiting": self._num_waiting(),
+            "running_blocks": sum(block_counts(scheduler.running, bs)),
+            "waiting_blocks": sum(block_counts(scheduler.waiting, bs))
+            + sum(block_counts(scheduler.skipped_waiting, bs)),
+            "scheduled_tokens": self._scheduled_tokens,
+            "plan_applied": _plan_dict(plan_applied),
+            "paused": self._paused,
+            "resumed": self._resumed,
+            "admitted": self._admitted,
+            "preempted": self._preempted,
+            "finished": [r.request_id for r in self._finished],
+            "plan_generated": _plan_dict(plan_generated),
+            "lb_active": plan_generated is not None,
+            "kv_free_blocks": free,
+            "kv_held_blocks": kv.block_pool.num_gpu_blocks - 1 - free,
+            "paused_kv_blocks": {rid: len(kv.get_block_ids(rid)[0]) for rid in paused
+                                 if rid in scheduler.requests},
+            "collectives": collectives_done,
+        }
+
+    def _stalled(self) -> None:
+        scheduler = self.scheduler
+        paused = getattr(scheduler, "_lb_paused_req_ids", ())
+        stuck = [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting]
+        described = ", ".join(
+            f"{r.request_id} ({RequestStatus(r.status).name}"
+            f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
+        more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+        raise StallError(
+            f"rank {self.dp_rank} is stuck: {len(stuck)} unfinished request(s) but no token "
+            f"scheduled for {self.stall_steps} steps (iteration {self.iteration}, wave "
+            f"{self.engine.current_wave}); {described}{more}; KV blocks free: "
+            f"{scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}")
+
+
+def _plan_dict(plan) -> dict | None:
+    if plan is None:
+        return None
+    return {"out_blk": list(plan["out_blk"]), "in_blk": list(plan["in_blk"]),
+            "freeze": bool(plan["freeze"])}
+
+
+def route_logs(out_dir, rank: int, spec) -> None:
+    """vLLM's and vllm-ascend's log lines of this rank: the DyntraLB lines (from
+    vllm-ascend's DyntraLB modules) into ``rank<r>.log`` with vLLM's prefix minus pid
+    and time, as ``dyntra-emu replay`` reads them (after a first line with the engine
+    settings the planner needs, which vLLM does not log); everything else at WARNING
+    and above into ``rank<r>.vllm.log``."""
+    dyntra_files = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",
+                    "recompute_scheduler.py")
+    path = out_dir / f"rank{rank}.log"
+    path.write_text(f"(EngineCore_DP{rank}) INFO emulated engine: max_num_seqs="
+                    f"{spec.max_num_seqs} block_size={spec.block_size}\n")
+    lines = logging.FileHandler(path, mode="a")
+    lines.addFilter(lambda record: record.filename in dyntra_files)
+    lines.setFormatter(logging.Formatter(
+        f"(EngineCore_DP{rank}) %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    other = logging.FileHandler(out_dir / f"rank{rank}.vllm.log", mode="w")
+    other.setLevel(logging.WARNING)
+    other.addFilter(lambda record: record.filename not in dyntra_files)
+    other.setFormatter(logging.Formatter("%(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    log = logging.getLogger("vllm")
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    log.addHandler(lines)
+    log.addHandler(other)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+

@@ -1,0 +1,83 @@
+"""The model executor of an emulated vLLM rank: no model, the kit's virtual time.
+
+vLLM's ``EngineCore`` builds its executor from the config and calls it for the KV-cache
+setup and then once per step. This one declares a small full-attention KV spec (the
+pool size is fixed by ``num_gpu_blocks_override``), and hands every forward — real or
+dummy — to the rank (``emu.impl.vllm_ascend.engine.EmulatedRank``), which prices it,
+joins the lockstep collective and returns what the worker would: one sampled token per
+request that completed its prompt, and the remote-KV loads finished by then.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+# The KV spec's shape is irrelevant (nothing is allocated), but vLLM sizes pages by it.
+_LAYERS = 2
+_KV_HEADS = 2
+_HEAD_SIZE = 16
+_PLENTY_OF_MEMORY = 1 << 40
+
+
+class EmulatedExecutor(Executor):
+    """``rank`` provides ``forward(scheduler_output)`` and ``dummy_forward()``."""
+
+    def __init__(self, vllm_config, rank):
+        self.rank = rank
+        super().__init__(vllm_config)
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        return True
+
+    def _init_executor(self) -> None:
+        pass
+
+    def get_kv_cache_specs(self):
+        spec = FullAttentionSpec(block_size=self.cache_config.block_size,
+                                 num_kv_heads=_KV_HEADS, head_size=_HEAD_SIZE,
+                                 dtype=torch.bfloat16)
+        return [{f"model.layers.{i}.self_attn.attn": spec for i in range(_LAYERS)}]
+
+    def determine_available_memory(self) -> list[int]:
+        return [_PLENTY_OF_MEMORY]
+
+    def initialize_from_config(self, kv_cache_configs) -> None:
+        pass
+
+    def compile_or_warm_up_model(self) -> None:
+        pass
+
+    def get_kv_connector_handshake_metadata(self):
+        return [{}]
+
+    def execute_model(self, scheduler_output, non_block: bool = False):
+        output = self.rank.forward(scheduler_output)
+        if not non_block:
+            return output
+        future: Future = Future()
+        future.set_result(output)
+        return future
+
+    def sample_tokens(self, grammar_output, non_block: bool = False):
+        raise AssertionError("execute_model always returns the sampled tokens")
+
+    def execute_dummy_batch(self) -> None:
+        self.rank.dummy_forward()
+
+    def take_draft_token_ids(self):
+        return None
+
+    def check_health(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None,
+                       non_block: bool = False):
+        raise NotImplementedError(f"the emulated executor has no workers ({method})")

@@ -1,0 +1,93 @@
+"""The upstream tier: vllm-ascend's own DyntraLB (``--impl vllm-ascend``) in real rank
+processes on vLLM 0.27.1, against the shared vllm-ascend tree (or the tree named by
+``DYNTRA_VLLM_ASCEND``).
+
+Without vLLM 0.27.1 the tier is skipped with the reason in the summary; with
+``DYNTRA_UPSTREAM_REQUIRED=1`` (what ``.ci/run`` sets) that is an error instead, so CI
+can never pass on a tier that did not run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import pathlib
+
+import pytest
+
+from emu.cluster import RunResult, RunSpec, run_cluster
+from emu.engine import RankSummary
+from emu.impl.vllm_ascend.tree import ENV_VAR, SUPPORTED_VLLM, installed_vllm
+from tests.integration.conftest import (  # noqa: F401 - fixtures shared with this tier
+    kit,
+    no_leftover_processes,
+    spec,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TREE = pathlib.Path(os.environ.get(ENV_VAR) or REPO.parent / "shared" / "upstream" /
+                    "vllm-ascend")
+
+
+def _why_not() -> str | None:
+    version = installed_vllm()
+    if version is None:
+        return f"vLLM {SUPPORTED_VLLM} is not installed (see the README: the upstream tier)"
+    if version.split("+")[0] != SUPPORTED_VLLM:
+        return f"vLLM {version} is installed; the upstream tier needs {SUPPORTED_VLLM}"
+    if not (TREE / "vllm_ascend" / "__init__.py").is_file():
+        return f"no vllm-ascend tree at {TREE} (set {ENV_VAR})"
+    return None
+
+
+WHY_NOT = _why_not()
+
+
+def pytest_collection_modifyitems(config, items):
+    mine = [item for item in items if pathlib.Path(item.fspath).parent == REPO / "tests" /
+            "upstream"]
+    if WHY_NOT is None or not mine:
+        return
+    if os.environ.get("DYNTRA_UPSTREAM_REQUIRED") == "1":
+        raise pytest.UsageError(f"the upstream tier cannot run: {WHY_NOT}")
+    for item in mine:
+        item.add_marker(pytest.mark.skip(reason=f"upstream tier not run: {WHY_NOT}"))
+
+
+def upstream_spec(name: str, dp_size: int, out_dir: pathlib.Path, **fields) -> RunSpec:
+    """The integration tier's named run, on vllm-ascend's DyntraLB."""
+    fields = {"vllm_ascend": str(TREE), "run_timeout_s": 600.0, **fields}
+    return dataclasses.replace(spec(name, dp_size, out_dir), impl="vllm-ascend", **fields)
+
+
+@pytest.fixture(scope="session")
+def upstream_run(tmp_path_factory):
+    """``upstream_run(name, dp_size) -> RunResult``: each named vllm-ascend run once per
+    session, shared by every test and xdist worker that asks for it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "upstream"
+    root.mkdir(parents=True, exist_ok=True)
+
+    def get(name: str, dp_size: int) -> RunResult:
+        out_dir = root / f"{name}-dp{dp_size}"
+        with open(root / f"{name}-dp{dp_size}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = out_dir / "summaries.json"
+            ranks = range(dp_size)
+            if not done.exists():
+                result = run_cluster(upstream_spec(name, dp_size, out_dir))
+                done.write_text(json.dumps([dataclasses.asdict(s) for s in result.ranks]))
+            summaries = [RankSummary(**s) for s in json.loads(done.read_text())]
+            return RunResult(out_dir=out_dir, ranks=summaries,
+                             event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
+                             wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
+                             logs=[out_dir / f"rank{r}.log" for r in ranks])
+
+    return get
+
+
+def pytest_terminal_summary(terminalreporter):
+    if WHY_NOT is not None and terminalreporter.stats.get("skipped"):
+        terminalreporter.write_line(f"upstream tier not run: {WHY_NOT}")
