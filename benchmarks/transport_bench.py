@@ -62,22 +62,29 @@ def one(args: dict) -> dict:
     trace = load_trace(args["workload"])
     spec = RunSpec(trace=trace, dp_size=args["dp"], out_dir=args["out"],
                    additional_config=DEFAULT_ADDITIONAL_CONFIG, device="cpu",
-                   transport=args["transport"])
+                   transport=args["transport"],
+                   collective_timeout_s=args["collective_timeout_s"])
     start = time.perf_counter()
-    result = run_cluster(spec)
+    try:
+        result = run_cluster(spec)
+    except Exception as exc:
+        pathlib.Path(args["out"], "error.txt").write_text(str(exc))
+        raise
     wall = time.perf_counter() - start
     return {"wall_s": wall, "steps": result.ranks[0].steps,
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rank_cpu_s": [cpu[r] for r in sorted(cpu)]}
 
 
-def run_one(workload: pathlib.Path, dp: int, transport: str, out: pathlib.Path) -> dict:
+def run_one(workload: pathlib.Path, dp: int, transport: str, out: pathlib.Path,
+            collective_timeout_s: float = 60.0) -> dict:
     payload = json.dumps({"workload": str(workload), "dp": dp, "transport": transport,
-                          "out": str(out)})
+                          "out": str(out), "collective_timeout_s": collective_timeout_s})
     proc = subprocess.run([sys.executable, __file__, "--one", payload], cwd=ROOT,
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        sys.exit(f"run dp={dp} {transport} failed:\n{proc.stderr[-3000:]}")
+        error = (out / "error.txt").read_text() if (out / "error.txt").exists() else ""
+        sys.exit(f"run dp={dp} {transport} failed:\n{error[:3000] or proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -101,6 +108,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale-dp", type=int, nargs="*", default=[16, 32, 64])
     parser.add_argument("--scale-repeats", type=int, default=2)
+    parser.add_argument("--scale-collective-timeout", type=float, default=60.0,
+                        help="collective timeout of the scale runs, seconds (RunSpec's "
+                             "default 60; on a loaded machine the serialized work of 64 "
+                             "rank threads between two collectives can exceed it)")
     parser.add_argument("--json", type=pathlib.Path, help="also write the raw numbers here")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -147,7 +158,8 @@ def main() -> int:
             print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for dp in args.scale_dp:
             workload = scaled_workload(dp, tmp)
-            runs = [run_one(workload, dp, "thread", tmp / f"scale-dp{dp}-{i}")
+            runs = [run_one(workload, dp, "thread", tmp / f"scale-dp{dp}-{i}",
+                            args.scale_collective_timeout)
                     for i in range(args.scale_repeats)]
             wall = statistics.median(r["wall_s"] for r in runs)
             rss = max(r["maxrss_mb"] for r in runs)

@@ -149,6 +149,7 @@ class _Hub:
             raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
                              f"MIN and MAX, got {op}")
         desc = ("all_reduce", op, tensor.dtype, tensor.shape)
+        woken: list[threading.Lock] | None = None
         with self.lock:
             generation = self._enter(rank, desc)
             if generation is not None:
@@ -156,8 +157,8 @@ class _Hub:
                     self.acc = tensor.clone()
                 else:
                     reduce(self.acc, tensor)
-                done = self._arrive(rank)
-        self._wait(rank, generation, done if generation is not None else False)
+                woken = self._arrive(rank)
+        self._wait(rank, generation, woken)
         tensor.copy_(self.results[generation & 1])
 
     def all_gather(self, rank: int, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
@@ -165,14 +166,15 @@ class _Hub:
             raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
                              f"tensors, got {len(outputs)}")
         desc = ("all_gather", tensor.dtype, tensor.shape)
+        woken: list[threading.Lock] | None = None
         with self.lock:
             generation = self._enter(rank, desc)
             if generation is not None:
                 if self.arrived == 0:
                     self.acc = [None] * self.size
                 self.acc[rank] = tensor.clone()  # the sender may reuse its buffer at once
-                done = self._arrive(rank)
-        self._wait(rank, generation, done if generation is not None else False)
+                woken = self._arrive(rank)
+        self._wait(rank, generation, woken)
         for out, part in zip(outputs, self.results[generation & 1], strict=True):
             out.copy_(part)
 
@@ -188,26 +190,31 @@ class _Hub:
             self.desc = desc
         return self.generation
 
-    def _arrive(self, rank: int) -> bool:
+    def _arrive(self, rank: int) -> list[threading.Lock] | None:
         """Under the lock, once this rank's part is in: complete the collective when it
-        is the last (True), else queue this rank's wake-up (False)."""
+        is the last (returns the wake-ups of the ranks waiting in it), else queue this
+        rank's wake-up (None)."""
         self.arrived += 1
         if self.arrived < self.size:
             self.waiters.append(self.wakes[rank])
-            return False
+            return None
         self.results[self.generation & 1] = self.acc
         self.acc = None
         self.arrived = 0
         self.generation += 1
-        for wake in self.waiters:
-            wake.release()
-        self.waiters = []
-        return True
+        woken, self.waiters = self.waiters, []
+        return woken
 
-    def _wait(self, rank: int, generation: int | None, done: bool) -> None:
-        """Until this rank's collective has completed; a collective that can never
-        complete (``generation`` None) ends only with the abort or the timeout."""
-        if done:
+    def _wait(self, rank: int, generation: int | None,
+              woken: list[threading.Lock] | None) -> None:
+        """The last rank in wakes the others; every other rank waits until its
+        collective has completed (one that can never complete, ``generation`` None,
+        ends only with the abort or the timeout). The wake-ups happen outside the
+        group's lock: a woken thread may take the GIL from the waker at any release,
+        and must not then find the lock held for its next collective."""
+        if woken is not None:
+            for wake in woken:
+                wake.release()
             return
         wake = self.wakes[rank]
         deadline = time.monotonic() + self.timeout_s
