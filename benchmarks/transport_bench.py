@@ -49,7 +49,7 @@ def one(args: dict) -> dict:
     from emu.workload import load_trace
 
     cpu: dict[int, float] = {}
-    body = emu.cluster._thread_rank_main
+    body = emu.cluster._rank_main
 
     def timed(ctx, rank_args):
         try:
@@ -57,7 +57,7 @@ def one(args: dict) -> dict:
         finally:
             cpu[ctx.rank] = time.thread_time()
 
-    emu.cluster._thread_rank_main = timed
+    emu.cluster._rank_main = timed
 
     trace = load_trace(args["workload"])
     spec = RunSpec(trace=trace, dp_size=args["dp"], out_dir=args["out"],
