@@ -57,6 +57,8 @@ from emu.recipes import is_recipe, seed_table, write_recipe_trace
 from emu.scheduler import SCHEDULING_POLICIES
 from emu.workload import ROUTERS, load_trace, validate_trace
 
+TRANSPORTS = ("process", "thread")  # emu.cluster.TRANSPORTS (not imported: it pulls torch)
+
 PROG = "dyntra-emu"
 
 # What `dyntra-emu run` with no --additional-config runs: DyntraLB static mode from step 0.
@@ -77,6 +79,7 @@ SPEC_DEFAULTS = {
     "seed": 0,
     "device": "auto",
     "collective_timeout_s": 60.0,
+    "transport": "process",
 }
 
 # Located next to the package, so it works from a source checkout / editable install.
@@ -306,7 +309,7 @@ def _spec_kwargs(args) -> dict:
     """RunSpec fields given on the command line (RunSpec applies its defaults to the rest)."""
     names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
              "router", "scheduling_policy", "seed", "device", "impl", "vllm_ascend",
-             "async_scheduling")
+             "async_scheduling", "transport")
     kwargs = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "collective_timeout", None) is not None:
         kwargs["collective_timeout_s"] = args.collective_timeout
@@ -665,6 +668,9 @@ def _resolve_dp(args) -> None:
     if args.command == "ab":
         raise UsageError("ab runs two clusters one after the other and cannot run under "
                          "torchrun; start it directly (it spawns its own ranks)")
+    if getattr(args, "transport", None) == "thread":
+        raise UsageError("--transport thread: under torchrun every rank is its own process; "
+                         "drop --transport (or start dyntra-emu directly for threads)")
     world = args.torchrun[1]
     if args.dp is not None and args.dp != world:
         raise UsageError(f"--dp {args.dp}: under torchrun the DP size is WORLD_SIZE={world}")
@@ -1003,7 +1009,7 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
              "generated one, recipe:NAME[,n=N][,rate=R] (fixtures/generate.py recipes, "
              f"e.g. recipe:pr12292,n=200; seeded with --seed) (default: {DEFAULT_WORKLOAD})")
     parser.add_argument("--dp", type=_capped_int(1, MAX_DP_SIZE, "rank processes"), metavar="N",
-                        help=f"number of DP ranks, one process each (default: {DEFAULT_DP}; "
+                        help=f"number of DP ranks (default: {DEFAULT_DP}; "
                              "under torchrun: WORLD_SIZE)")
     if single_config:
         group = parser.add_mutually_exclusive_group()
@@ -1071,6 +1077,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "only from the plan's set); slower")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or status lines on stderr")
+    parser.add_argument("--transport", choices=TRANSPORTS,
+                        help="process: one process per rank over gloo; thread: every rank a "
+                             "thread of this process, collectives in memory (CPU only; same "
+                             "event logs and metrics, many times faster with more ranks than "
+                             f"cores) (default: {SPEC_DEFAULTS['transport']})")
 
 
 def _add_fault_option(parser: argparse.ArgumentParser) -> None:
@@ -1141,7 +1152,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_arguments(fit_cost)
     fit_cost.set_defaults(func=cmd_fit_cost, parser=fit_cost)
 
-    for module in ("emu.replay", "emu.explain"):
+    for module in ("emu.replay", "emu.explain", "emu.sweep"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ModuleNotFoundError as exc:

@@ -10,6 +10,8 @@ the spawned ranks with the spec). On the command line a fault is one ``--fault``
   iteration S (the ``iter`` of the step records: non-idle iterations, counted from 0
   over the whole run) — no traceback, no flushed files, as a crashed process. Outcome:
   the launcher names rank R ("killed by signal SIGKILL") and stops every other rank.
+  Under the thread transport the rank's thread raises ``RankKilled`` instead ("killed by
+  fault kill:rank=R,step=S at step S"), with the same outcome.
 - ``slow:rank=R,extra_ms=X`` (``SlowRank``): every step of rank R (real or dummy) costs
   X ms more virtual time, as a throttled device would. The lockstep clock makes every
   rank wait for it: the run completes with the same requests, the other ranks' bubble
@@ -55,6 +57,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -75,6 +78,12 @@ COLLECTIVE_SITES = (LOCKSTEP_SITE, DP_SYNC_SITE, FLAG_SITE, ALLGATHER_SITE)
 DEFAULT_KV_TIMEOUT_S = 30.0
 
 SYNTAX = "KIND:KEY=VALUE,..."
+
+
+class RankKilled(BaseException):
+    """A ``kill`` fault under the thread transport: the rank's thread ends with this
+    (a BaseException, so no ``except Exception`` on the way can swallow it) where a rank
+    process would die of SIGKILL."""
 
 
 class KVTransferTimeout(RuntimeError):
@@ -500,12 +509,19 @@ class FaultInjector:
 
     def before_step(self, iteration: int, clock_us: int) -> None:
         """Start of iteration ``iteration`` at virtual time ``clock_us``: die when a
-        kill is due; fail when a never-ending KV load has outlived its timeout."""
+        kill is due; fail when a never-ending KV load has outlived its timeout.
+
+        A rank process runs its engine in its main thread; an engine in any other thread
+        is a rank of the thread transport, whose kill must end that thread only."""
         self.iteration = iteration
         kill = self.kill
         if kill is not None and iteration >= kill.step:
-            print(f"[dyntra-emu fault {kill.spec()}] rank {self.rank} kills itself "
-                  f"(SIGKILL) at step {iteration}", file=sys.stderr, flush=True)
+            in_thread = threading.current_thread() is not threading.main_thread()
+            how = "ends its thread" if in_thread else "kills itself (SIGKILL)"
+            print(f"[dyntra-emu fault {kill.spec()}] rank {self.rank} {how} at step "
+                  f"{iteration}", file=sys.stderr, flush=True)
+            if in_thread:
+                raise RankKilled(f"killed by fault {kill.spec()} at step {iteration}")
             os.kill(os.getpid(), signal.SIGKILL)
         connector = self.connector
         if connector is not None and connector.stalled:

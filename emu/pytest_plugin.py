@@ -85,7 +85,7 @@ class ClusterFactory:
 
     def __call__(self, trace=None, *, workload=None, additional_config=None,
                  dp_size: int | None = None, seed: int = 0, faults=None, strict: bool = True,
-                 **spec_fields) -> ClusterRun:
+                 transport: str = "process", **spec_fields) -> ClusterRun:
         """Run one cluster to completion and return its ``ClusterRun``.
 
         ``trace``: TraceRequests, dicts with the trace-file fields (``request_id``,
@@ -96,6 +96,8 @@ class ClusterFactory:
         ``dp`` marker. ``faults``: faults to inject (``emu.faults`` objects or
         ``--fault`` strings such as ``"kill:rank=1,step=50"``, or a ``FaultPlan``).
         ``strict`` (on by default in tests) checks the emulator's invariants every step.
+        ``transport``: "process" (rank processes over gloo) or "thread" (every rank a
+        thread of the test process, in-memory collectives: same event logs, faster).
         Other keyword arguments are ``emu.cluster.RunSpec`` fields
         (``max_num_seqs``, ``block_size``, ``num_gpu_blocks``, ``device``, ...).
         Raises ValueError for a bad spec and ``emu.launcher.ClusterError`` when a rank
@@ -111,7 +113,7 @@ class ClusterFactory:
         spec = RunSpec(trace=_trace_from(trace, workload),
                        dp_size=self.dp_size if dp_size is None else dp_size,
                        out_dir=out_dir, additional_config=additional_config, seed=seed,
-                       strict=strict, **spec_fields)
+                       strict=strict, transport=transport, **spec_fields)
         result = run_cluster(spec)
         metrics = compute_metrics(load_run(out_dir), config=_json_ready(additional_config),
                                   seed=seed)

@@ -26,17 +26,22 @@ def build(ctx, spec, config, out_dir):
     """This rank's kit engine; its ``dyntra_lb`` log goes to ``rank<r>.log``."""
     from emu.engine import EngineCore
 
-    _setup_rank_logging(out_dir, ctx.rank)
+    _setup_rank_logging(out_dir, ctx.rank, spec.transport)
     return EngineCore(ctx, spec, config, out_dir)
 
 
-def _setup_rank_logging(out_dir, rank: int) -> None:
+def _setup_rank_logging(out_dir, rank: int, transport: str) -> None:
     """Send this rank's ``dyntra_lb`` log to ``rank<r>.log`` with a fixed prefix (no
-    timestamps, so the file is as deterministic as the event log)."""
+    timestamps, so the file is as deterministic as the event log). A rank process owns
+    the logger; a rank thread shares it, so its records are routed by thread."""
     handler = logging.FileHandler(out_dir / f"rank{rank}.log", mode="w")
     handler.setFormatter(logging.Formatter(f"(EngineCore_DP{rank}) %(levelname)s %(message)s"))
+    if transport == "thread":
+        from emu.threads import route_rank_log
+
+        route_rank_log(handler)
+        return
     log = logging.getLogger("dyntra_lb")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-

@@ -1,0 +1,590 @@
+"""``dyntra-emu sweep``: tune DyntraLB's config on one workload over a grid of values.
+
+    dyntra-emu sweep --workload longtail --dp 8 --grid bubble_threshold=1,2,5 \\
+        --grid mode=static,dynamic --jobs 2 --out runs/lt-sweep
+
+Every ``--grid KEY=V1,V2,...`` names a ``dyntra_lb_config`` key (``mode`` among them) and
+its values; the grid is their product, each point the base ``--additional-config`` with
+those keys set (and DyntraLB enabled). The baseline is the base config with DyntraLB
+off. All runs share the workload, engine settings and seed, and run on the thread
+transport (``emu.threads``), ``--jobs`` at a time, each in a process of its own. Then
+``DIR`` holds:
+
+- ``sweep.json``, ``sweep.csv``, ``summary.md``: one row per config with throughput, DP
+  bubble, balance, TPOT p50/p99, TTFT p90 and pauses, each with its change against the
+  baseline, and the best config for ``--objective``;
+- ``pareto.png``: throughput against TPOT p99, the Pareto front (no other config has
+  higher throughput and lower TPOT p99) marked;
+- ``kv_blocks.png``: the workload's per-request KV blocks (prompt, as dynamic mode
+  counts them at arrival) with every ``long_req_block_threshold`` of the grid;
+- ``runs/baseline``, ``runs/p01`` ...: each run's ``metrics.json`` and event logs.
+
+The best config is printed as a ready ``--additional-config`` JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import dataclasses
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+from dyntra_lb.blocks import num_blocks
+from dyntra_lb.config import DyntraLBConfig
+from emu import cli
+
+# More points than this need --yes: at tens of seconds per run, a few hundred take hours.
+MAX_POINTS = 64
+OBJECTIVES = ("throughput", "tpot_p99", "bubble")
+GRID_KEYS = tuple(f.name for f in dataclasses.fields(DyntraLBConfig))
+_SWEEP_FILES = ("sweep.json", "sweep.csv", "summary.md", "pareto.png", "kv_blocks.png")
+
+# The table's metrics: (column, metrics.json path, higher is better, unit scale, unit).
+COLUMNS = (
+    ("throughput_tok_s", ("throughput_tok_s",), True, 1.0, "tok/s"),
+    ("bubble_ratio", ("bubble_ratio",), False, 100.0, "%"),
+    ("balance_ratio", ("balance_ratio",), True, 1.0, ""),
+    ("tpot_p50_ms", ("tpot_ms", "p50"), False, 1.0, "ms"),
+    ("tpot_p99_ms", ("tpot_ms", "p99"), False, 1.0, "ms"),
+    ("ttft_p90_ms", ("ttft_ms", "p90"), False, 1.0, "ms"),
+    ("pauses", ("pauses", "total"), None, 1.0, ""),
+)
+
+_EPILOG = """examples:
+  dyntra-emu sweep --workload longtail --dp 8 --grid bubble_threshold=1,2,5,10 \\
+      --grid mode=static,dynamic --jobs 2
+  dyntra-emu sweep --additional-config @node.json --grid long_req_block_threshold=8,16,32 \\
+      --grid mode=dynamic --objective tpot_p99
+  dyntra-emu sweep --grid bubble_threshold=1,3,5 --max-tpot-p99-ms 60
+"""
+
+
+# ----------------------------------------------------------------------- the grid
+
+
+def parse_grid(values: list[str]) -> dict[str, list]:
+    """``--grid`` values -> {key: [values]} in the order given. A value is read as JSON
+    (``5``, ``1.5``, ``true``) or else taken as a string (``static``)."""
+    grid: dict[str, list] = {}
+    for text in values:
+        key, sep, rest = text.partition("=")
+        key = key.strip()
+        if not sep or not key or not rest.strip():
+            raise cli.UsageError(f"--grid {text}: expected KEY=V1,V2,... "
+                                 "(e.g. bubble_threshold=1,2,5)")
+        if key not in GRID_KEYS:
+            raise cli.UsageError(f"--grid {text}: unknown key {key!r}; expected a "
+                                 f"dyntra_lb_config key: {', '.join(GRID_KEYS)}")
+        if key in grid:
+            raise cli.UsageError(f"--grid {text}: {key} is already given by another --grid")
+        parsed = []
+        for raw in rest.split(","):
+            raw = raw.strip()
+            if not raw:
+                raise cli.UsageError(f"--grid {text}: empty value")
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = raw
+            if value in parsed:
+                raise cli.UsageError(f"--grid {text}: {raw} is listed twice")
+            parsed.append(value)
+        grid[key] = parsed
+    return grid
+
+
+def _with_lb(base: dict, **keys) -> dict:
+    config = json.loads(json.dumps(base))
+    scheduler = config.setdefault("scheduler_config", {})
+    if not isinstance(scheduler, dict):
+        raise cli.UsageError("--additional-config: scheduler_config must be an object")
+    lb = scheduler.setdefault("dyntra_lb_config", {})
+    if not isinstance(lb, dict):
+        raise cli.UsageError("--additional-config: scheduler_config.dyntra_lb_config must "
+                             "be an object")
+    lb.update(keys)
+    return config
+
+
+@dataclasses.dataclass
+class Point:
+    name: str  # "baseline", "p01", ...
+    values: dict  # the grid's keys for this point ({} for the baseline)
+    config: dict  # the whole additional config
+
+    @property
+    def label(self) -> str:
+        if not self.values:
+            return "baseline (DyntraLB off)"
+        return " ".join(f"{k}={json.dumps(v)}" for k, v in self.values.items())
+
+
+def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
+    """The baseline and every grid point, each checked like --additional-config (the
+    first rejected value is named)."""
+    for key, values in grid.items():
+        for value in values:
+            config = _with_lb(base, enabled=True, **{key: value})
+            _, problems = cli.check_config(json.dumps(config), f"--grid {key}={value}", args)
+            if problems:
+                raise cli.UsageError(problems[0])
+    points = [Point("baseline", {}, _with_lb(base, enabled=False))]
+    combos = list(itertools.product(*grid.values()))
+    width = max(2, len(str(len(combos))))
+    for i, combo in enumerate(combos, 1):
+        values = dict(zip(grid, combo, strict=True))
+        config = _with_lb(base, **{"enabled": True, **values})
+        source = "--grid " + " ".join(f"{k}={v}" for k, v in values.items())
+        _, problems = cli.check_config(json.dumps(config), source, args)
+        if problems:
+            raise cli.UsageError(problems[0])
+        points.append(Point(f"p{i:0{width}d}", values, config))
+    return points
+
+
+# ----------------------------------------------------------------------- running
+
+
+def _run_point(job: dict) -> dict:
+    """In a job process: one run of the sweep on the thread transport; writes the run's
+    metrics.json and returns the metrics (or {"error": text} when the cluster failed)."""
+    from emu.cluster import RunSpec, run_cluster
+    from emu.launcher import ClusterError
+    from emu.metrics import compute_metrics, load_run, write_metrics
+    from emu.workload import load_trace
+
+    out_dir = Path(job["out_dir"])
+    spec = RunSpec(trace=load_trace(job["workload"]), dp_size=job["dp"], out_dir=out_dir,
+                   additional_config=job["config"], transport="thread", **job["spec"])
+    try:
+        run_cluster(spec)
+    except ClusterError as exc:
+        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        return {"error": f"rank {exc.rank} failed: {exc.message}" if exc.rank is not None
+                else exc.message}
+    metrics = compute_metrics(load_run(out_dir), config=job["recorded"], seed=spec.seed)
+    write_metrics(metrics, out_dir / "metrics.json")
+    return metrics
+
+
+class _SweepProgress:
+    """One bar over every request of every run of the sweep, fed by polling the runs'
+    event logs (``cli.Progress`` without its own bar, one per run)."""
+
+    def __init__(self, dirs: list[Path], dp: int, requests: int, enabled: bool):
+        self.runs = [cli.Progress(d, dp, requests, "", False) for d in dirs]
+        self.total = requests * len(dirs)
+        self.enabled = enabled
+        self.done_runs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar = None
+
+    def __enter__(self) -> _SweepProgress:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, desc="sweep", unit="req", file=sys.stderr,
+                             dynamic_ncols=True)
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name="dyntra-emu-sweep-progress")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._poll()
+            self._bar.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(cli.Progress.INTERVAL_S):
+            self._poll()
+
+    def _poll(self) -> None:
+        for run in self.runs:
+            run.poll()
+        self._bar.n = min(sum(r.done for r in self.runs), self.total)
+        self._bar.set_postfix_str(f"runs done {self.done_runs}/{len(self.runs)}",
+                                  refresh=False)
+        self._bar.refresh()
+
+
+def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, dict]:
+    """Run every point, ``args.jobs`` at a time (one fresh process per run); returns
+    the metrics by point name. A failed run stops the sweep (ClusterFailed)."""
+    spec_kwargs = cli._spec_kwargs(args)
+    spec_kwargs.pop("transport", None)
+    recorded_base = {
+        "workload": prepared.workload_label, "dp_size": args.dp,
+        **{k: cli._effective(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
+                                                 "block_size", "num_gpu_blocks", "router",
+                                                 "scheduling_policy")},
+        "device": "cpu", "impl": "kit",
+    }
+    workload = str(cli.resolve_workload(args.workload))
+    jobs = {}
+    for p in points:
+        run_dir = out_dir / "runs" / p.name
+        run_dir.mkdir(parents=True)
+        jobs[p.name] = {"workload": workload, "dp": args.dp, "out_dir": str(run_dir),
+                        "config": p.config, "spec": spec_kwargs,
+                        "recorded": {"additional_config": p.config, **recorded_base}}
+    results: dict[str, dict] = {}
+    bar = not args.quiet and sys.stderr.isatty()
+    context = multiprocessing.get_context("spawn")
+    with _SweepProgress([out_dir / "runs" / p.name for p in points], args.dp,
+                        len(prepared.trace), bar) as progress, \
+            concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs, mp_context=context,
+                                                   max_tasks_per_child=1) as pool:
+        futures = {pool.submit(_run_point, jobs[p.name]): p for p in points}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                point = futures[future]
+                metrics = future.result()
+                if "error" in metrics:
+                    raise cli.ClusterFailed(
+                        f"run {point.name} ({point.label}) failed: {metrics['error']}; "
+                        f"report in {out_dir / 'runs' / point.name / 'error.txt'}")
+                results[point.name] = metrics
+                progress.done_runs += 1
+                if not bar:
+                    cli._note(args, f"sweep: {len(results)}/{len(points)} runs done "
+                                    f"({point.name}: {point.label})")
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return results
+
+
+# ----------------------------------------------------------------------- the table
+
+
+def _metric(metrics: dict, path: tuple):
+    value = metrics
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def make_rows(points: list[Point], results: dict[str, dict], out_dir: Path) -> list[dict]:
+    """One row per config: its metrics and their change against the baseline."""
+    base = results["baseline"]
+    rows = []
+    for p in points:
+        m = results[p.name]
+        row = {"name": p.name, "label": p.label, "values": p.values,
+               "additional_config": p.config,
+               "run_dir": str((out_dir / "runs" / p.name).relative_to(out_dir))}
+        for column, path, _, _, _ in COLUMNS:
+            value, ref = _metric(m, path), _metric(base, path)
+            row[column] = value
+            row[f"{column}_delta"] = (None if value is None or ref is None else value - ref)
+            row[f"{column}_delta_pct"] = (None if value is None or not ref
+                                          else (value - ref) / abs(ref) * 100)
+        rows.append(row)
+    return rows
+
+
+def pareto_front(rows: list[dict]) -> list[str]:
+    """Names of the rows no other row beats on both throughput (higher) and TPOT p99
+    (lower), in order of throughput."""
+    valid = [r for r in rows if r["throughput_tok_s"] is not None
+             and r["tpot_p99_ms"] is not None]
+    front = []
+    for r in valid:
+        dominated = any(
+            o["throughput_tok_s"] >= r["throughput_tok_s"] and o["tpot_p99_ms"]
+            <= r["tpot_p99_ms"] and (o["throughput_tok_s"] > r["throughput_tok_s"]
+                                     or o["tpot_p99_ms"] < r["tpot_p99_ms"])
+            for o in valid)
+        if not dominated:
+            front.append(r)
+    return [r["name"] for r in sorted(front, key=lambda r: r["throughput_tok_s"])]
+
+
+def best_row(rows: list[dict], objective: str, max_tpot_p99_ms: float | None):
+    """The best grid point (never the baseline) for the objective; None when none
+    qualifies. Ties go to the earlier point."""
+    candidates = [r for r in rows if r["name"] != "baseline"]
+    if max_tpot_p99_ms is not None:
+        candidates = [r for r in candidates if r["tpot_p99_ms"] is not None
+                      and r["tpot_p99_ms"] <= max_tpot_p99_ms]
+    key = {"throughput": lambda r: -(r["throughput_tok_s"] or 0.0),
+           "tpot_p99": lambda r: r["tpot_p99_ms"] if r["tpot_p99_ms"] is not None
+           else float("inf"),
+           "bubble": lambda r: r["bubble_ratio"] if r["bubble_ratio"] is not None
+           else float("inf")}[objective]
+    return min(candidates, key=key) if candidates else None
+
+
+def _cell(row: dict, column: str, scale: float, unit: str, baseline: bool) -> str:
+    value = row[column]
+    if value is None:
+        return "-"
+    text = f"{value * scale:.1f}" if column != "balance_ratio" else f"{value:.3f}"
+    if column == "pauses":
+        text = str(value)
+    if baseline:
+        return text
+    if column in ("bubble_ratio", "balance_ratio", "pauses"):
+        delta = row[f"{column}_delta"]
+        if delta is None:
+            return text
+        d = (f"{delta * scale:+.1f} pp" if column == "bubble_ratio"
+             else f"{delta:+.3f}" if column == "balance_ratio" else f"{delta:+d}")
+        return f"{text} ({d})"
+    pct = row[f"{column}_delta_pct"]
+    return text if pct is None else f"{text} ({pct:+.1f} %)"
+
+
+_HEADERS = ("throughput tok/s", "DP bubble %", "balance", "TPOT p50 ms", "TPOT p99 ms",
+            "TTFT p90 ms", "pauses")
+
+
+def markdown_table(rows: list[dict], front: list[str]) -> str:
+    lines = ["| run | config | " + " | ".join(_HEADERS) + " |",
+             "|---|---|" + "---:|" * len(_HEADERS)]
+    for row in rows:
+        cells = [_cell(row, c, s, u, row["name"] == "baseline") for c, _, _, s, u in COLUMNS]
+        mark = " *" if row["name"] in front else ""
+        lines.append(f"| {row['name']}{mark} | {row['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], grid: dict, path: Path) -> None:
+    fields = ["name", *grid] + [f"{c}{s}" for c, *_ in COLUMNS
+                                for s in ("", "_delta", "_delta_pct")] + ["run_dir"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (row["values"].get(k, "") if k in grid else row[k])
+                             for k in fields})
+
+
+# ----------------------------------------------------------------------- plots
+
+
+def plot_pareto(rows: list[dict], front: list[str], best: str | None, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    ax = fig.add_subplot()
+    by_name = {r["name"]: r for r in rows}
+    points = [r for r in rows if r["throughput_tok_s"] is not None
+              and r["tpot_p99_ms"] is not None]
+    grid = [r for r in points if r["name"] != "baseline"]
+    ax.scatter([r["tpot_p99_ms"] for r in grid], [r["throughput_tok_s"] for r in grid],
+               color="tab:blue", label="grid point", zorder=2)
+    if "baseline" in by_name and by_name["baseline"] in points:
+        b = by_name["baseline"]
+        ax.scatter([b["tpot_p99_ms"]], [b["throughput_tok_s"]], color="black", marker="s",
+                   label="baseline (DyntraLB off)", zorder=3)
+    line = sorted((by_name[n] for n in front), key=lambda r: r["tpot_p99_ms"])
+    ax.plot([r["tpot_p99_ms"] for r in line], [r["throughput_tok_s"] for r in line],
+            color="tab:red", marker="o", markerfacecolor="none", markersize=12,
+            label="Pareto front", zorder=4)
+    if best is not None:
+        r = by_name[best]
+        ax.scatter([r["tpot_p99_ms"]], [r["throughput_tok_s"]], color="gold",
+                   edgecolor="black", marker="*", s=260, label=f"best ({best})", zorder=5)
+    labels: dict[tuple, list[str]] = {}  # runs with identical results share one label
+    for r in points:
+        labels.setdefault((r["tpot_p99_ms"], r["throughput_tok_s"]), []).append(r["name"])
+    for xy, names in labels.items():
+        text = ",".join(names) if len(names) <= 3 else \
+            f"{names[0]},{names[1]} +{len(names) - 2} same"
+        ax.annotate(text, xy, textcoords="offset points", xytext=(5, 4), fontsize="x-small")
+    ax.set_xlabel("TPOT p99 (ms)  - lower is better")
+    ax.set_ylabel("throughput (output tok/s)  - higher is better")
+    ax.set_title("Sweep: throughput against TPOT p99")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+def plot_kv_blocks(trace, block_size: int, thresholds: list, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    blocks = [num_blocks(r.prompt_tokens, block_size) for r in trace]
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.hist(blocks, bins=min(60, max(10, len(set(blocks)))), color="tab:gray")
+    colours = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown")
+    for i, t in enumerate(sorted(thresholds)):
+        above = sum(b > t for b in blocks)
+        ax.axvline(t, color=colours[i % len(colours)], linestyle="--",
+                   label=f"long_req_block_threshold={t} ({above} requests above)")
+    ax.set_xlabel(f"KV blocks per request at arrival (prompt tokens / block_size {block_size})")
+    ax.set_ylabel("requests")
+    ax.set_title(f"Workload: per-request KV blocks ({len(trace)} requests)")
+    if thresholds:
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+# ----------------------------------------------------------------------- command
+
+
+def _check_out(value: str | None, overwrite: bool) -> Path:
+    out = cli.prepare_out_dir(value, overwrite, "sweep")
+    stale = [out / f for f in _SWEEP_FILES if (out / f).exists()]
+    if (out / "runs").exists():
+        stale.append(out / "runs")
+    if stale and not overwrite:
+        raise cli.UsageError(f"--out {out}: already holds a sweep ({stale[0].name}); choose "
+                             "a new directory or pass --overwrite to replace it")
+    for p in stale:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return out
+
+
+def run(args) -> int:
+    """The ``sweep`` command (cli.main handles UsageError / ClusterFailed exit codes)."""
+    if args.dp is None:
+        args.dp = cli.DEFAULT_DP
+    args.torchrun = None
+    args.transport = "thread"
+    if not args.grid:
+        raise cli.UsageError("--grid: required (e.g. --grid bubble_threshold=1,2,5)")
+    cores = os.cpu_count() or 1
+    if args.jobs > cores:
+        raise cli.UsageError(f"--jobs {args.jobs}: more than the {cores} cores of this "
+                             "machine (each job is a busy process of its own)")
+    if args.device == "npu":
+        raise cli.UsageError("--device npu: sweep runs on the thread transport, CPU only")
+    if args.max_tpot_p99_ms is not None and args.objective not in (None, "throughput"):
+        raise cli.UsageError(f"--max-tpot-p99-ms: picks the highest throughput under a TPOT "
+                             f"p99 limit; it does not combine with --objective "
+                             f"{args.objective}")
+    args.objective = args.objective or "throughput"
+    grid = parse_grid(args.grid)
+    base_text, source = (cli.read_config_arg(args.additional_config)
+                         if args.additional_config is not None
+                         else (json.dumps(cli.DEFAULT_ADDITIONAL_CONFIG), "the default config"))
+    base, problems = cli.check_config(base_text, source, args)
+    if problems:
+        raise cli.UsageError(problems[0])
+    points = build_points(base.raw, grid, args)
+    n = len(points) - 1
+    if n > MAX_POINTS and not args.yes:
+        sizes = " x ".join(str(len(v)) for v in grid.values())
+        raise cli.UsageError(f"--grid: {n} points ({sizes}) is more than {MAX_POINTS}; "
+                             f"with the baseline that is {n + 1} runs. Pass --yes to run "
+                             "them all")
+    prepared = cli.prepare(args, [(json.dumps(p.config), p.name) for p in points[:1]])
+    for p in points:  # the last gate: the same checks as a run's RunSpec
+        cli.build_spec(args, prepared, cli.load_additional_config(json.dumps(p.config)),
+                       Path("."))
+    out_dir = _check_out(args.out, args.overwrite)
+
+    cli._note(args, f"sweep: {n} configs + baseline on workload {prepared.workload_label} "
+                    f"({len(prepared.trace)} requests), {args.dp} ranks, {args.jobs} "
+                    f"job(s) at a time, thread transport; writing {out_dir}")
+    start = time.monotonic()
+    results = run_points(args, points, prepared, out_dir)
+    wall = time.monotonic() - start
+    cli._note(args, f"sweep: {n + 1} runs finished in {wall:.1f} s wall-clock")
+
+    rows = make_rows(points, results, out_dir)
+    front = pareto_front(rows)
+    best = best_row(rows, args.objective, args.max_tpot_p99_ms)
+    objective = (f"highest throughput with TPOT p99 <= {args.max_tpot_p99_ms:g} ms"
+                 if args.max_tpot_p99_ms is not None else
+                 {"throughput": "highest throughput", "tpot_p99": "lowest TPOT p99",
+                  "bubble": "lowest DP bubble"}[args.objective])
+    thresholds = grid.get("long_req_block_threshold",
+                          [points[1].config["scheduler_config"]["dyntra_lb_config"].get(
+                              "long_req_block_threshold",
+                              DyntraLBConfig.long_req_block_threshold)])
+    plot_pareto(rows, front, best["name"] if best else None, out_dir / "pareto.png")
+    plot_kv_blocks(prepared.trace, cli._effective(args, "block_size"), thresholds,
+                   out_dir / "kv_blocks.png")
+    table = markdown_table(rows, front)
+    best_json = json.dumps(best["additional_config"]) if best else None
+    (out_dir / "sweep.json").write_text(json.dumps({
+        "workload": prepared.workload_label, "dp_size": args.dp, "seed": args.seed or 0,
+        "base_additional_config": base.raw, "grid": grid, "objective": objective,
+        "best": best["name"] if best else None, "best_additional_config":
+        best["additional_config"] if best else None, "pareto_front": front,
+        "wall_s": wall, "rows": rows}, indent=1, sort_keys=True) + "\n")
+    write_csv(rows, grid, out_dir / "sweep.csv")
+    best_text = (f"Best for {objective}: **{best['name']}** ({best['label']})\n\n"
+                 f"```\n--additional-config '{best_json}'\n```" if best else
+                 f"No grid point meets the objective ({objective}).")
+    (out_dir / "summary.md").write_text(
+        f"# dyntra-emu sweep: {prepared.workload_label}, dp={args.dp}\n\n"
+        f"{n} configs and the baseline, seed {args.seed or 0}, "
+        f"{wall:.1f} s wall-clock. Changes against the baseline in brackets; * marks the "
+        f"Pareto front (throughput against TPOT p99).\n\n{table}\n\n{best_text}\n\n"
+        "![Pareto](pareto.png)\n\n![KV blocks](kv_blocks.png)\n")
+    print(table)
+    print()
+    if best is None:
+        print(f"No grid point meets the objective ({objective}).")
+    else:
+        print(f"Best for {objective}: {best['name']} ({best['label']}):")
+        print(f"--additional-config '{best_json}'")
+    print(f"\nOutputs in {out_dir}/: summary.md, sweep.json, sweep.csv, pareto.png, "
+          "kv_blocks.png, runs/<name>/ (metrics.json and event logs of each run)")
+    return 0
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``sweep`` on the ``dyntra-emu`` sub-command parser."""
+    parser = subparsers.add_parser(
+        "sweep", help="run a grid of DyntraLB configs on one workload; rank them",
+        description=cli._wrap(
+            "Run a grid of DyntraLB configs (the product of every --grid KEY=V1,V2,...) and "
+            "a baseline with DyntraLB off on one workload, --jobs at a time on the thread "
+            "transport; write a table of throughput, bubble, balance and latency with the "
+            "change against the baseline, a Pareto plot, and print the best config."),
+        formatter_class=cli._Formatter, allow_abbrev=False, epilog=_EPILOG)
+    cli._add_input_options(parser, single_config=False)
+    parser.add_argument("--additional-config", metavar="JSON|@FILE",
+                        help="base config the grid modifies (default: DyntraLB static mode "
+                             "from step 0); the baseline is it with DyntraLB disabled")
+    parser.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                        help="a dyntra_lb_config key and its values (repeatable; the grid "
+                             f"is the product). Keys: {', '.join(GRID_KEYS)}")
+    parser.add_argument("--jobs", type=cli._int_type(1), default=1, metavar="N",
+                        help="runs at a time, one process each (default: 1; at most the "
+                             "number of cores)")
+    parser.add_argument("--objective", choices=OBJECTIVES,
+                        help="what the best config optimises (default: throughput)")
+    parser.add_argument("--max-tpot-p99-ms", type=_positive_ms, metavar="MS",
+                        help="best = highest throughput among configs with TPOT p99 <= MS")
+    parser.add_argument("--yes", action="store_true",
+                        help=f"run a grid of more than {MAX_POINTS} points")
+    parser.add_argument("--seed", type=cli._int_type(0, 2**32 - 1), metavar="N",
+                        help="seed of every run (default: 0)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="output directory (default: runs/<date>-<time>-sweep)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous sweep in --out DIR")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar or status lines on stderr")
+    parser.set_defaults(func=run)
+    return parser

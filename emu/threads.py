@@ -1,0 +1,500 @@
+"""The thread transport: every rank of a run in this process, each in its own thread.
+
+``run_cluster`` picks it with ``RunSpec(transport="thread")``; ``run_in_threads`` is the
+counterpart of ``emu.launcher.launch``: same target signature (``target(ctx, args)``,
+``ctx`` an ``emu.launcher.RankContext``), same results, same ``ClusterError`` on a
+failure. Rank processes spend their time in gloo collectives, and with more ranks than
+cores each collective costs several context switches per rank; a thread waits on a
+lock instead, woken in microseconds.
+
+The collectives. ``ThreadGroup`` is a ``torch.distributed.ProcessGroup`` subclass whose
+``allreduce`` and ``allgather`` meet their peers in memory (``_Hub``: a lock per group,
+a wake-up lock per rank). ``dist.all_reduce(t, op=..., group=g)`` and
+``dist.all_gather(list, t, group=g)`` dispatch to a group's own methods, so the engine,
+the lockstep clock and the DyntraLB coordinator run unchanged, on the same tensors and
+dtypes (SUM, PRODUCT, MIN and MAX, as gloo offers them). The groups are made directly,
+not through ``init_process_group`` / ``Backend.register_backend``: those keep one default
+group per process, and here one process holds every rank. A collective whose peers do
+not all arrive within the collective timeout raises ``CollectiveTimeout``; once the run
+has failed every waiting and later collective raises ``CollectiveAborted`` — how a rank
+thread sees a dead peer, as a gloo rank sees a closed connection.
+
+The guard is the process transport's: every rank's ``CollectiveRecorder`` publishes into
+its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
+launching thread, so a hang or a disagreement is reported naming the ranks exactly as
+with processes. The launching thread supervises: the first rank that raises (a
+``kill`` fault raises ``emu.faults.RankKilled`` in its thread), a watchdog finding or
+the run timeout fails the run. Then every rank thread's Python stack is taken, the
+collectives are aborted so that every rank unwinds, and the threads are joined (they
+are daemon threads: one stuck outside a collective cannot block the interpreter's exit,
+and the report says it did not stop).
+
+Process-wide state the ranks would each set in their own process is set once for the
+run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
+``rank<r>.log`` of the thread that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
+holds while threads run and is restored afterwards. Python's and numpy's global RNGs are
+shared: every rank seeds them with the run's seed, and no engine code draws from them (a
+draw would make a result depend on how the threads interleave).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from emu.faults import RankKilled
+from emu.guard import SLOT_BYTES, GuardSlot, Watchdog
+from emu.launcher import ClusterError, RankContext
+
+# A rank error that is only the echo of the run failing elsewhere yields to a root cause
+# or a watchdog finding arriving within this long (as in emu.launcher).
+_ECHO_GRACE_S = 2.0
+# How long rank threads get to unwind after the collectives were aborted.
+_STOP_GRACE_S = 5.0
+
+
+class CollectiveTimeout(RuntimeError):
+    """A rank waited longer than the collective timeout for its peers."""
+
+
+class CollectiveAborted(RuntimeError):
+    """The run failed elsewhere; this rank's collective was cancelled."""
+
+
+def _sum(acc: torch.Tensor, t: torch.Tensor) -> None:
+    acc.add_(t)
+
+
+def _product(acc: torch.Tensor, t: torch.Tensor) -> None:
+    acc.mul_(t)
+
+
+def _min(acc: torch.Tensor, t: torch.Tensor) -> None:
+    torch.minimum(acc, t, out=acc)
+
+
+def _max(acc: torch.Tensor, t: torch.Tensor) -> None:
+    torch.maximum(acc, t, out=acc)
+
+
+_REDUCE = {dist.ReduceOp.SUM: _sum, dist.ReduceOp.PRODUCT: _product,
+           dist.ReduceOp.MIN: _min, dist.ReduceOp.MAX: _max}
+
+
+class _Abort:
+    """Shared by every group of a run: set once, when the run has failed."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.hubs: list[_Hub] = []
+
+    def set(self, reason: str) -> None:
+        self.reason = reason
+        for hub in self.hubs:
+            with hub.lock:
+                for wake in hub.waiters:
+                    _release(wake)
+
+
+def _release(wake: threading.Lock) -> None:
+    try:
+        wake.release()
+    except RuntimeError:  # already released (a rank that timed out and left)
+        pass
+
+
+class _Hub:
+    """Where the ranks of one group meet. A collective is one generation: each rank
+    adds its part under the lock; the last one to arrive publishes the result and wakes
+    each waiting rank through that rank's own lock (one wake-up per rank, no second
+    round on a shared lock). Results alternate between two slots: a generation's slot
+    is only reused two generations later, which needs every rank to have left it.
+
+    A rank that arrives with another collective than the one under way (kind, op,
+    shape, dtype) never joins it: both sides wait, as mismatched gloo ranks would, and
+    the watchdog reports the disagreement."""
+
+    def __init__(self, name: str, size: int, timeout_s: float, abort: _Abort):
+        self.name = name
+        self.size = size
+        self.timeout_s = timeout_s
+        self.abort = abort
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.arrived = 0
+        self.desc: tuple | None = None
+        self.acc: Any = None
+        self.results: list[Any] = [None, None]
+        self.waiters: list[threading.Lock] = []
+        self.wakes = [threading.Lock() for _ in range(size)]
+        for wake in self.wakes:
+            wake.acquire()  # held: a rank waits by acquiring its own
+        abort.hubs.append(self)
+
+    def all_reduce(self, rank: int, tensor: torch.Tensor, op) -> None:
+        reduce = _REDUCE.get(op)
+        if reduce is None:
+            raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
+                             f"MIN and MAX, got {op}")
+        desc = ("all_reduce", op, tensor.dtype, tensor.shape)
+        woken: list[threading.Lock] | None = None
+        with self.lock:
+            generation = self._enter(rank, desc)
+            if generation is not None:
+                if self.arrived == 0:
+                    self.acc = tensor.clone()
+                else:
+                    reduce(self.acc, tensor)
+                woken = self._arrive(rank)
+        self._wait(rank, generation, woken)
+        tensor.copy_(self.results[generation & 1])
+
+    def all_gather(self, rank: int, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        if len(outputs) != self.size:
+            raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
+                             f"tensors, got {len(outputs)}")
+        desc = ("all_gather", tensor.dtype, tensor.shape)
+        woken: list[threading.Lock] | None = None
+        with self.lock:
+            generation = self._enter(rank, desc)
+            if generation is not None:
+                if self.arrived == 0:
+                    self.acc = [None] * self.size
+                self.acc[rank] = tensor.clone()  # the sender may reuse its buffer at once
+                woken = self._arrive(rank)
+        self._wait(rank, generation, woken)
+        for out, part in zip(outputs, self.results[generation & 1], strict=True):
+            out.copy_(part)
+
+    def _enter(self, rank: int, desc: tuple) -> int | None:
+        """Under the lock: this rank's generation, or None when it arrives with another
+        collective than the one under way (it then only waits)."""
+        if self.abort.reason is not None:
+            raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
+        if self.arrived and desc != self.desc:
+            self.waiters.append(self.wakes[rank])
+            return None
+        if not self.arrived:
+            self.desc = desc
+        return self.generation
+
+    def _arrive(self, rank: int) -> list[threading.Lock] | None:
+        """Under the lock, once this rank's part is in: complete the collective when it
+        is the last (returns the wake-ups of the ranks waiting in it), else queue this
+        rank's wake-up (None)."""
+        self.arrived += 1
+        if self.arrived < self.size:
+            self.waiters.append(self.wakes[rank])
+            return None
+        self.results[self.generation & 1] = self.acc
+        self.acc = None
+        self.arrived = 0
+        self.generation += 1
+        woken, self.waiters = self.waiters, []
+        return woken
+
+    def _wait(self, rank: int, generation: int | None,
+              woken: list[threading.Lock] | None) -> None:
+        """The last rank in wakes the others; every other rank waits until its
+        collective has completed (one that can never complete, ``generation`` None,
+        ends only with the abort or the timeout). The wake-ups happen outside the
+        group's lock: a woken thread may take the GIL from the waker at any release,
+        and must not then find the lock held for its next collective."""
+        if woken is not None:
+            for wake in woken:
+                wake.release()
+            return
+        wake = self.wakes[rank]
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            woken = remaining > 0 and wake.acquire(timeout=remaining)
+            if self.abort.reason is not None:
+                raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
+            if not woken:
+                raise CollectiveTimeout(
+                    f"rank {rank} waited {self.timeout_s:g} s (collective_timeout_s) in a "
+                    f"collective on the {self.name} group; "
+                    f"{self.size - self.arrived} peer(s) never arrived")
+            if generation is not None and self.generation != generation:
+                return
+
+
+class ThreadGroup(dist.ProcessGroup):
+    """One rank's handle on a group of the thread transport: the ``group=`` argument of
+    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``."""
+
+    def __init__(self, hub: _Hub, rank: int):
+        super().__init__(rank, hub.size)
+        self._hub = hub
+        self._rank = rank
+
+    def allreduce(self, tensors, opts=None):
+        """``dist.all_reduce``: one tensor, reduced in place over every rank."""
+        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp.op
+        for tensor in tensors:
+            self._hub.all_reduce(self._rank, tensor, op)
+        return None  # completed synchronously; dist.all_reduce has nothing to wait for
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        """``dist.all_gather``: every rank's tensor into every rank's output list."""
+        for outputs, tensor in zip(output_lists, input_tensors, strict=True):
+            self._hub.all_gather(self._rank, outputs, tensor)
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Process-wide state, shared by every thread run in this process
+
+
+class _RankLogRouter(logging.Handler):
+    """The one handler of the ``dyntra_lb`` logger during thread runs: a record logged by
+    a rank thread goes to that rank's handler, any other to the root logger (where it
+    would have gone without thread runs)."""
+
+    def __init__(self, fallback_level: int):
+        super().__init__()
+        self.fallback_level = fallback_level
+        self.by_thread: dict[int, logging.Handler] = {}
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        handler = self.by_thread.get(threading.get_ident())
+        if handler is not None:
+            return handler.handle(record)
+        if record.levelno >= self.fallback_level:
+            logging.getLogger().handle(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:  # handle() does the work
+        pass
+
+
+_state_lock = threading.Lock()
+_state_users = 0
+_saved: dict[str, Any] = {}
+_router: _RankLogRouter | None = None
+
+
+@contextlib.contextmanager
+def _process_state() -> Iterator[None]:
+    """While any thread run is under way: one intra-op torch thread, and the
+    ``dyntra_lb`` logger routed per rank thread; both restored after the last run."""
+    global _state_users, _router
+    with _state_lock:
+        if _state_users == 0:
+            log = logging.getLogger("dyntra_lb")
+            _saved.update(num_threads=torch.get_num_threads(), level=log.level,
+                          propagate=log.propagate, handlers=list(log.handlers))
+            _router = _RankLogRouter(log.getEffectiveLevel())
+            torch.set_num_threads(1)
+            log.handlers = [_router]
+            log.setLevel(logging.INFO)
+            log.propagate = False
+        _state_users += 1
+    try:
+        yield
+    finally:
+        with _state_lock:
+            _state_users -= 1
+            if _state_users == 0:
+                log = logging.getLogger("dyntra_lb")
+                log.handlers = _saved["handlers"]
+                log.setLevel(_saved["level"])
+                log.propagate = _saved["propagate"]
+                torch.set_num_threads(_saved["num_threads"])
+                _router = None
+
+
+def route_rank_log(handler: logging.Handler) -> None:
+    """In a rank thread: the ``dyntra_lb`` records this thread logs go to ``handler``
+    until the thread's rank ends (``run_in_threads`` then closes it)."""
+    router = _router
+    if router is None:
+        raise RuntimeError("route_rank_log is for the rank threads of run_in_threads")
+    router.by_thread[threading.get_ident()] = handler
+
+
+def _unroute_rank_log() -> None:
+    handler = _router.by_thread.pop(threading.get_ident(), None)
+    if handler is not None:
+        handler.close()
+
+
+# ---------------------------------------------------------------------------------------
+# The launching thread
+
+
+class _RankThread:
+    """The launching thread's view of one rank thread."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.thread: threading.Thread | None = None
+        self.done = False
+        self.result: Any = None
+        self.error: tuple[str, str, bool] | None = None  # (summary, traceback, is_echo)
+        self.aborted = False  # ended by the launcher's abort of the collectives
+        self.stack = ""  # taken when the run failed while this rank still ran
+
+    def detail(self) -> str:
+        if self.error is not None and not self.aborted:
+            return self.error[1]
+        if self.done and self.error is None:
+            return "finished"
+        text = "stopped by the launcher"
+        if self.thread is not None and self.thread.is_alive():
+            text += f" but still running {_STOP_GRACE_S:g} s later (a daemon thread)"
+        return f"{text}; Python stack:\n{self.stack}" if self.stack else text
+
+
+def _summary(exc: BaseException) -> str:
+    if isinstance(exc, RankKilled):
+        return str(exc)
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
+def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_size: int,
+                   out_dir, collective_timeout_s: float,
+                   run_timeout_s: float | None) -> list:
+    """Run ``target(ctx, args)`` once per rank, each in its own thread of this process,
+    and return the results ordered by rank; raise ``ClusterError`` when a rank fails,
+    the watchdog finds a hang or a disagreement, or the run lasts longer than
+    ``run_timeout_s``. Every rank thread has ended (or is reported as not stopping)
+    when this returns or raises."""
+    abort = _Abort()
+    dp_hub = _Hub("dp", dp_size, collective_timeout_s, abort)
+    device_hub = _Hub("device", dp_size, collective_timeout_s, abort)
+    ranks = [_RankThread(r) for r in range(dp_size)]
+    changed = threading.Event()
+    deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
+
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, _process_state():
+        guard_path = os.path.join(tmp, "guard")
+        watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
+        with open(guard_path, "r+b") as f:
+            guard = mmap.mmap(f.fileno(), 0)
+
+        def body(state: _RankThread) -> None:
+            rank = state.rank
+            ctx = RankContext(rank, dp_size, rank, ThreadGroup(dp_hub, rank),
+                              ThreadGroup(device_hub, rank), torch.device("cpu"), out_dir,
+                              GuardSlot(guard, rank * SLOT_BYTES))
+            try:
+                state.result = target(ctx, args)
+            except BaseException as exc:  # noqa: BLE001 - reported by the launching thread
+                text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                echo = isinstance(exc, (CollectiveTimeout, CollectiveAborted))
+                state.error = (_summary(exc), text, echo)
+                state.aborted = isinstance(exc, CollectiveAborted)
+            finally:
+                _unroute_rank_log()
+                state.done = True
+                changed.set()
+
+        try:
+            for state in ranks:
+                state.thread = threading.Thread(target=body, args=(state,), daemon=True,
+                                                name=f"dyntra-emu-rank{state.rank}")
+                state.thread.start()
+            failure = _supervise(ranks, changed, watchdog, deadline, run_timeout_s)
+        except BaseException:  # KeyboardInterrupt in the launching thread
+            _take_stacks(ranks)
+            _stop(ranks, abort, "the launcher was interrupted")
+            watchdog.close()
+            raise
+        if failure is not None:
+            # What the ranks were doing when the run failed, before they unwind.
+            _take_stacks(ranks)
+            where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
+            _stop(ranks, abort, "another rank failed")
+            error = _cluster_error(ranks, failure, where)
+        else:
+            for state in ranks:
+                state.thread.join()
+            error = None
+        watchdog.close()  # the slots' views keep `guard` mapped until they are gone
+    if error is not None:
+        raise error
+    return [state.result for state in ranks]
+
+
+def _supervise(ranks: list[_RankThread], changed: threading.Event, watchdog: Watchdog,
+               deadline: float | None, run_timeout_s: float | None):
+    """Wait until every rank has returned; returns None, or (rank or None, message) of
+    the failure: a rank's own error, a watchdog finding, the run timeout, or a
+    collective error (the echo of a failure) nothing else explained within the grace."""
+    echo_since: float | None = None
+    while True:
+        changed.clear()
+        now = time.monotonic()
+        failed = [s for s in ranks if s.error is not None]
+        root = next((s for s in failed if not s.error[2]), None)
+        if root is not None:
+            return root.rank, root.error[0]
+        if all(s.done for s in ranks):
+            finding = watchdog.finish()
+            if finding is not None:
+                return None, finding
+            return (failed[0].rank, failed[0].error[0]) if failed else None
+        if deadline is not None and now >= deadline:
+            return None, f"run exceeded run_timeout_s={run_timeout_s} and was stopped"
+        finding = watchdog.poll(now, {s.rank for s in ranks if s.done and s.error is None})
+        if finding is not None:
+            return None, finding
+        if failed:
+            echo_since = now if echo_since is None else echo_since
+            if now - echo_since >= _ECHO_GRACE_S:
+                return failed[0].rank, failed[0].error[0]
+        timeouts = [watchdog.POLL_S]
+        if deadline is not None:
+            timeouts.append(deadline - now)
+        changed.wait(max(0.0, min(timeouts)))
+
+
+def _take_stacks(ranks: list[_RankThread]) -> None:
+    """The Python stack of every rank thread still running (for the report)."""
+    frames = sys._current_frames()
+    for state in ranks:
+        thread = state.thread
+        if thread is not None and not state.done and thread.ident in frames:
+            state.stack = "".join(traceback.format_stack(frames[thread.ident])).rstrip()
+
+
+def _stop(ranks: list[_RankThread], abort: _Abort, reason: str) -> None:
+    """Abort every collective and join the rank threads (each unwinds at its next
+    collective)."""
+    abort.set(reason)
+    end = time.monotonic() + _STOP_GRACE_S
+    for state in ranks:
+        if state.thread is not None:
+            state.thread.join(max(0.0, end - time.monotonic()))
+
+
+def _cluster_error(ranks: list[_RankThread], failure,
+                   where: dict[int, tuple[str, dict]]) -> ClusterError:
+    """``where``: every rank's ``Watchdog.describe`` and ``records`` at the failure."""
+    rank, message = failure
+    failed = [s.rank for s in ranks if s.error is not None and not s.aborted]
+    if rank is not None:
+        if rank in failed:
+            failed.remove(rank)
+        failed.insert(0, rank)
+    details, collectives = {}, {}
+    for state in ranks:
+        text, records = where[state.rank]
+        details[state.rank] = f"{text}\n{state.detail()}" if text else state.detail()
+        if text:
+            collectives[state.rank] = records
+    return ClusterError(rank, message, details, failed, collectives)

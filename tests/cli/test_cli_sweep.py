@@ -1,0 +1,111 @@
+"""`dyntra-emu sweep` through the real CLI: a 2x2 grid end to end (its table must be the
+metrics of the runs it lists), and bad input refused with one line, exit 2, nothing
+run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def sweep_requests() -> list[dict]:
+    """Sixteen requests of uneven size (two long prompts above 30 blocks of 16 tokens)."""
+    return [{"request_id": f"s{i}", "arrival_s": round(0.02 * i, 3),
+             "prompt_tokens": 600 if i in (3, 11) else 40 + 120 * (i % 4),
+             "output_tokens": 6 + 5 * (i % 5)} for i in range(16)]
+
+
+def test_sweep_2x2_end_to_end(cli, clikit, tmp_path):
+    trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
+    proc = cli("sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
+               "--grid", "mode=static,dynamic", "--grid", "long_req_block_threshold=30",
+               "--jobs", "2", "--out", "sw", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "sw"
+    for name in ("sweep.json", "sweep.csv", "summary.md", "pareto.png", "kv_blocks.png"):
+        assert (out / name).stat().st_size > 0, name
+    sweep = json.loads((out / "sweep.json").read_text())
+    rows = {r["name"]: r for r in sweep["rows"]}
+    assert list(rows) == ["baseline", "p01", "p02", "p03", "p04"]
+    assert sweep["grid"] == {"bubble_threshold": [1, 5], "mode": ["static", "dynamic"],
+                             "long_req_block_threshold": [30]}
+    base = json.loads((out / "runs" / "baseline" / "metrics.json").read_text())
+    assert base["config"]["additional_config"]["scheduler_config"]["dyntra_lb_config"][
+        "enabled"] is False
+    seen_values = set()
+    for name, row in rows.items():
+        metrics = json.loads((out / row["run_dir"] / "metrics.json").read_text())
+        assert metrics["requests_finished"] == 16
+        assert metrics["config"]["additional_config"] == row["additional_config"]
+        lb = row["additional_config"]["scheduler_config"]["dyntra_lb_config"]
+        for key, value in row["values"].items():
+            assert lb[key] == value
+        seen_values.add(tuple(sorted(row["values"].items())))
+        expected = {
+            "throughput_tok_s": metrics["throughput_tok_s"],
+            "bubble_ratio": metrics["bubble_ratio"],
+            "balance_ratio": metrics["balance_ratio"],
+            "tpot_p50_ms": metrics["tpot_ms"]["p50"],
+            "tpot_p99_ms": metrics["tpot_ms"]["p99"],
+            "ttft_p90_ms": metrics["ttft_ms"]["p90"],
+            "pauses": metrics["pauses"]["total"],
+        }
+        base_values = {
+            "throughput_tok_s": base["throughput_tok_s"], "bubble_ratio": base["bubble_ratio"],
+            "balance_ratio": base["balance_ratio"], "tpot_p50_ms": base["tpot_ms"]["p50"],
+            "tpot_p99_ms": base["tpot_ms"]["p99"], "ttft_p90_ms": base["ttft_ms"]["p90"],
+            "pauses": base["pauses"]["total"]}
+        for column, value in expected.items():
+            assert row[column] == value, (name, column)
+            assert row[f"{column}_delta"] == pytest.approx(value - base_values[column])
+        if name != "baseline":
+            assert lb["enabled"] is True
+    assert len(seen_values) == 5  # four distinct grid points and the baseline
+    assert any(r["pauses"] > 0 for r in rows.values())  # DyntraLB did something
+
+    # The CSV carries the same numbers.
+    with open(out / "sweep.csv") as f:
+        csv_rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert set(csv_rows) == set(rows)
+    for name, row in rows.items():
+        assert float(csv_rows[name]["throughput_tok_s"]) == pytest.approx(
+            row["throughput_tok_s"])
+        assert csv_rows[name]["mode"] == str(row["values"].get("mode", ""))
+
+    # Best for throughput among the grid points, printed as a ready config.
+    grid_rows = [r for n, r in rows.items() if n != "baseline"]
+    best = max(grid_rows, key=lambda r: r["throughput_tok_s"])
+    assert sweep["best"] == best["name"]  # ties: the earlier point
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--additional-config "))
+    printed = json.loads(line.split(" ", 1)[1].strip("'"))
+    assert printed == rows[sweep["best"]]["additional_config"]
+    top = max(rows.values(), key=lambda r: r["throughput_tok_s"])
+    assert top["name"] in sweep["pareto_front"]
+    assert "| p" in proc.stdout and "baseline (DyntraLB off)" in proc.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--grid", "foo=1,2"], "--grid foo=1,2: unknown key 'foo'; expected a dyntra_lb_config "
+                            "key: "),
+    (["--grid", "mode=static,fast"], "dyntra_lb_config.mode must be one of"),
+    (["--grid", "bubble_threshold"], "--grid bubble_threshold: expected KEY=V1,V2,..."),
+    (["--grid", "start_step=" + ",".join(map(str, range(9))),
+      "--grid", "bubble_threshold=" + ",".join(map(str, range(1, 9)))],
+     "--grid: 72 points (9 x 8) is more than 64"),
+    (["--grid", "mode=static", "--jobs", str((os.cpu_count() or 1) + 1)],
+     f"--jobs {(os.cpu_count() or 1) + 1}: more than the {os.cpu_count()} cores"),
+    ([], "--grid: required"),
+    (["--grid", "mode=static", "--max-tpot-p99-ms", "50", "--objective", "bubble"],
+     "--max-tpot-p99-ms: picks the highest throughput"),
+])
+def test_sweep_bad_input_is_one_line_and_nothing_runs(cli, clikit, tmp_path, tiny_trace,
+                                                      args, fragment):
+    proc = cli("sweep", "--workload", tiny_trace, *clikit.SMALL, *args, "--out", "never")
+    clikit.assert_user_error(proc, fragment)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "never").exists()

@@ -1,0 +1,173 @@
+"""Issue 13, the thread transport: every rank a thread of this process over in-memory
+collectives must give byte for byte the event logs, rank logs and metrics (wall-clock
+section aside) of real rank processes over gloo, and fail the way they fail: a hang or
+a disagreement named by the watchdog, a killed rank named, every rank thread ended.
+
+Each comparison runs a complete (small) run both ways: the first requests of a bundled
+workload, outputs capped so that a process run takes seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+
+from emu import cli as emu_cli
+from emu.cluster import TRANSPORTS, RunSpec, run_cluster
+from emu.faults import FaultPlan
+from emu.launcher import ClusterError
+from emu.metrics import compute_metrics, load_run
+from emu.workload import TraceRequest, load_trace
+
+pytestmark = pytest.mark.integration
+
+BLOCK_SIZE = 16
+
+
+def lb(**keys) -> dict:
+    return {"scheduler_config": {"dyntra_lb_config": {"enabled": True, **keys}}}
+
+
+STATIC = lb(mode="static", start_step=0, bubble_threshold=1.0, enable_diagnostics=True)
+# Longtail's longest prompts (~2,000 tokens) hold more than 100 blocks of 16 tokens.
+DYNAMIC = lb(mode="dynamic", start_step=0, long_req_block_threshold=100,
+             dynamic_max_step=8, enable_diagnostics=True)
+
+
+def bundled_prefix(name: str, n: int = 32, max_output: int = 48) -> list[TraceRequest]:
+    trace = load_trace(emu_cli.WORKLOADS_DIR / f"{name}.jsonl")[:n]
+    return [dataclasses.replace(r, output_tokens=min(r.output_tokens, max_output))
+            for r in trace]
+
+
+CASES = {
+    # name: (workload, additional config, faults)
+    "static": ("default", STATIC, None),
+    "dynamic": ("longtail", DYNAMIC, None),
+    "off": ("bimodal", None, None),
+    "slow": ("uniform", STATIC, ["slow:rank=1,extra_ms=7"]),
+    "kv_fail": ("default", STATIC, ["kv_fail:request={second}"]),
+}
+
+
+def case_spec(name: str, dp_size: int, out_dir) -> RunSpec:
+    workload, config, faults = CASES[name]
+    trace = bundled_prefix(workload)
+    if faults is not None:
+        faults = FaultPlan.of([f.format(second=trace[1].request_id) for f in faults])
+    return RunSpec(trace=trace, dp_size=dp_size, out_dir=out_dir, additional_config=config,
+                   max_num_seqs=4, block_size=BLOCK_SIZE, num_gpu_blocks=1024, device="cpu",
+                   strict=True, faults=faults, run_timeout_s=300.0)
+
+
+def without_wall(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "wall"}
+
+
+def rank_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("dyntra-emu-rank")]
+
+
+@pytest.mark.parametrize("dp_size", [2, 4])
+@pytest.mark.parametrize("name", list(CASES))
+def test_thread_transport_is_byte_identical_to_processes(tmp_path, name, dp_size,
+                                                         no_leftover_processes):
+    spec = case_spec(name, dp_size, tmp_path / "process")
+    processes = run_cluster(spec)
+    threads = run_cluster(dataclasses.replace(spec, transport="thread",
+                                              out_dir=tmp_path / "thread"))
+    assert not rank_threads()
+    assert [s.steps for s in threads.ranks] == [s.steps for s in processes.ranks]
+    for rank in range(dp_size):
+        a = processes.event_logs[rank].read_bytes()
+        assert a and a == threads.event_logs[rank].read_bytes(), f"rank {rank} event log"
+        assert processes.logs[rank].read_bytes() == threads.logs[rank].read_bytes()
+        assert threads.wall_logs[rank].stat().st_size > 0
+    a = compute_metrics(load_run(processes.out_dir))
+    b = compute_metrics(load_run(threads.out_dir))
+    assert without_wall(a) == without_wall(b)
+    assert a["requests_finished"] == len(spec.trace)
+    # The run exercises what its case is about.
+    if CASES[name][1] is not None:
+        assert a["plan_churn"]["active_steps"] > 0
+        assert "[dyntra_lb]" in processes.logs[0].read_text()
+    steps = [e for r in range(dp_size) for e in threads.events(r) if e["kind"] == "step"]
+    if name == "dynamic":  # switched on by a long request, and off again
+        assert any(s["lb_active"] for s in steps) and not all(s["lb_active"] for s in steps)
+    if name == "slow":
+        assert min(s["own_cost_s"] for s in steps if s["rank"] == 1) >= 0.027
+    if name == "kv_fail":  # the failed request's prompt is recomputed on its rank
+        assert max(s["scheduled_tokens"] for s in steps) >= spec.trace[1].prompt_tokens
+
+
+def test_cli_and_cluster_agree_on_transports():
+    assert emu_cli.TRANSPORTS == TRANSPORTS
+    assert RunSpec.__dataclass_fields__["transport"].default == "process"
+
+
+def _thread_spec(tmp_path, trace, **fields) -> RunSpec:
+    return RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, additional_config=STATIC,
+                   max_num_seqs=4, block_size=BLOCK_SIZE, device="cpu", strict=True,
+                   transport="thread", run_timeout_s=120.0, **fields)
+
+
+def test_hang_in_thread_mode_names_the_waiting_rank_and_stops_every_thread(tmp_path):
+    trace = bundled_prefix("default", n=8)
+    spec = _thread_spec(tmp_path, trace, collective_timeout_s=1.0,
+                        faults=FaultPlan.of(["delay:rank=1,site=engine.lockstep,step=5,"
+                                             "seconds=3"]))
+    with pytest.raises(ClusterError) as info:
+        run_cluster(spec)
+    err = info.value
+    assert err.rank is None
+    assert err.message.startswith("collective hang: no rank completed a collective for 1 s")
+    assert "waiting: rank 0 in seq " in err.message
+    assert err.message.endswith("engine.lockstep; not in a collective: rank 1")
+    assert err.collectives[0]["inside"] and not err.collectives[1]["inside"]
+    assert err.collectives[0]["entered"]["site"] == "engine.lockstep"
+    assert err.collectives[0]["entered"]["iteration"] == 5
+    assert "stopped by the launcher; Python stack:" in err.details[1]
+    assert "_sleep_before_collective" in err.details[1]
+    assert not rank_threads()
+
+
+def test_killed_rank_thread_is_named_and_the_run_stops(tmp_path, capfd):
+    trace = bundled_prefix("default", n=16)
+    with pytest.raises(ClusterError) as info:
+        run_cluster(_thread_spec(tmp_path, trace, faults=FaultPlan.of(["kill:rank=1,step=30"])))
+    err = info.value
+    assert err.rank == 1 and err.failed_ranks == [1]
+    assert err.message == "killed by fault kill:rank=1,step=30 at step 30"
+    assert "RankKilled" in err.details[1]
+    assert "stopped by the launcher" in err.details[0]
+    assert "rank 1 ends its thread at step 30" in capfd.readouterr().err
+    assert not rank_threads()
+
+
+def test_rank_error_in_thread_mode_is_named(tmp_path):
+    trace = bundled_prefix("default", n=8)
+    target = trace[1].request_id
+    with pytest.raises(ClusterError) as info:
+        run_cluster(_thread_spec(tmp_path, trace, faults=FaultPlan.of(
+            [f"kv_never:request={target},timeout_s=0.5"])))
+    err = info.value
+    assert err.rank == 1
+    assert err.message.startswith(f"emu.faults.KVTransferTimeout: request '{target}' on rank 1")
+    assert not rank_threads()
+
+
+def test_thread_transport_refuses_the_npu(tmp_path):
+    with pytest.raises(ValueError, match="transport 'thread' runs every rank on the CPU"):
+        run_cluster(dataclasses.replace(_thread_spec(tmp_path, bundled_prefix("default", 4)),
+                                        device="npu"))
+
+
+@pytest.mark.dp(2)
+def test_plugin_fixture_runs_threads(dyntra_cluster):
+    run = dyntra_cluster(trace=bundled_prefix("default", n=8), additional_config=STATIC,
+                         block_size=BLOCK_SIZE, max_num_seqs=4, transport="thread")
+    assert run.spec.transport == "thread"
+    assert run.metrics["requests_finished"] == 8
+    assert run.metrics["plan_churn"]["active_steps"] > 0
+    assert not rank_threads()
