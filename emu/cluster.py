@@ -32,7 +32,7 @@ from emu.clock import StepCostModel
 from emu.device import DEVICE_CHOICES
 from emu.engine import RankSummary
 from emu.faults import FaultPlan, check_plan
-from emu.impl import IMPLS
+from emu.impl import IMPLS, PLANNERS
 from emu.launcher import join_from_env, launch
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.scheduler import SCHEDULING_POLICIES
@@ -73,6 +73,10 @@ class RunSpec:
       ``vllm_ascend``: the vllm-ascend source tree for "vllm-ascend" (None: the
       ``DYNTRA_VLLM_ASCEND`` environment variable, else the installed package).
     - ``async_scheduling``: vLLM's async scheduling (``--impl vllm-ascend`` only).
+    - ``planner``: which planner the ranks run, "kit" (``dyntra_lb.planner``) or
+      "vllm-ascend" (``DyntraLBDPEngineCoreProc._balance_load``); None: the impl's own.
+      Only "vllm-ascend" runs can swap: with "kit" the rest of vllm-ascend's code runs
+      as it is and only its planner is ours.
     """
 
     trace: Sequence[TraceRequest]
@@ -99,6 +103,7 @@ class RunSpec:
     impl: str = "kit"
     vllm_ascend: str | None = None
     async_scheduling: bool = False
+    planner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,12 @@ def validate(spec: RunSpec) -> AdditionalConfig:
             raise ValueError(f"RunSpec.{name} must be a bool, got {getattr(spec, name)!r}")
     if spec.impl not in IMPLS:
         raise ValueError(f"RunSpec.impl must be one of {list(IMPLS)}, got {spec.impl!r}")
+    if spec.planner is not None and spec.planner not in PLANNERS:
+        raise ValueError(f"RunSpec.planner must be one of {list(PLANNERS)} or None, got "
+                         f"{spec.planner!r}")
+    if spec.impl == "kit" and spec.planner not in (None, "kit"):
+        raise ValueError(f"RunSpec.planner {spec.planner!r} needs impl 'vllm-ascend' (the kit "
+                         "always runs its own planner, dyntra_lb.planner)")
     if spec.router not in ROUTERS:
         raise ValueError(f"RunSpec.router must be one of {list(ROUTERS)}, got {spec.router!r}")
     if spec.device not in DEVICE_CHOICES:
