@@ -17,7 +17,7 @@ import pytest
 
 from emu.cluster import run_cluster
 from tests.integration.conftest import spec
-from tests.upstream.conftest import TREE, upstream_spec
+from tests.upstream.conftest import REPO, TREE, upstream_spec
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,34 @@ def test_kit_and_vllm_ascend_are_identical_step_by_step(upstream_run, tmp_path, 
     assert counts["plans"] > 0 and counts["requests"] == len(spec(name, 2, "-").trace)
     if name == "static":  # diagnostics on: rank 0's tables were compared line by line
         assert counts["diagnostics_lines"] > counts["plans"]
+
+
+BUNDLED = REPO / "fixtures" / "workloads"
+# Every divergence class docs/upstream-findings.md lists was fixed; a new one fails here.
+DOCUMENTED_DIVERGENCES: set[str] = set()
+
+
+@pytest.mark.parametrize("workload,mode", [("uniform", "static"), ("longtail", "dynamic")])
+def test_bundled_workloads_diff_identical(tmp_path, workload, mode):
+    """``dyntra-emu diff`` (kit against vllm-ascend) on the first 16 requests of a
+    bundled workload, outputs capped at 60 tokens, diagnostics on."""
+    requests = [json.loads(line) for line in
+                (BUNDLED / f"{workload}.jsonl").read_text().splitlines()[:16]]
+    trace = tmp_path / f"{workload}.jsonl"
+    trace.write_text("".join(json.dumps({**r, "output_tokens": min(r["output_tokens"], 60)})
+                             + "\n" for r in requests))
+    lb = {"enabled": True, "mode": mode, "start_step": 0, "enable_diagnostics": True,
+          "long_req_block_threshold": 40}
+    proc = _diff("--workload", trace, "--dp", 2, "--block-size", 16, "--max-num-seqs", 4,
+                 "--num-gpu-blocks", 1024, "--device", "cpu", "--quiet", "--vllm-ascend",
+                 TREE, "--additional-config", json.dumps({"scheduler_config": {
+                     "dyntra_lb_config": lb}}), "--out", tmp_path / "diff", "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["by_kind"]) <= DOCUMENTED_DIVERGENCES, json.dumps(report["first"],
+                                                                        indent=1)
+    assert report["counts"]["plans"] > 0 and report["counts"]["requests"] == 16
+    assert report["counts"]["diagnostics_lines"] > 0
 
 
 def mutated_tree(tmp_path: pathlib.Path) -> pathlib.Path:
