@@ -1,4 +1,4 @@
-"""Engine-side DyntraLB protocol (spec B.2–B.6, C): what a DP engine does right after
+"""Engine-side DyntraLB protocol (docs/protocol.md): what a DP engine does right after
 its wave/idle synchronization on every non-idle iteration.
 
 The engine owns one ``DyntraLBCoordinator`` per rank when DyntraLB is enabled and calls:
@@ -14,7 +14,7 @@ or dynamic mode after a long request; inside the ``start_step``/``end_step`` win
 gathers every rank's snapshot over the DP group, runs the planner — identically on every
 rank — and leaves this rank's row on the scheduler policy, where ``schedule()`` of the
 next iteration applies it. All its collectives go to the DP group it is given, in the
-order of B.6, so every rank issues the same sequence.
+order docs/protocol.md lists, so every rank issues the same sequence.
 
 This is the only ``dyntra_lb`` module that imports torch.
 """
@@ -81,7 +81,7 @@ class DyntraLBCoordinator:
 
     ``config`` is the parsed ``additional_config``: the validated ``dyntra_lb`` block
     drives the protocol and the engine-side diagnostics, while the per-iteration
-    step-counter line is gated by the raw config (``diagnostics_enabled``, A.7/H.14).
+    step-counter line is gated by the raw config (``diagnostics_enabled``, as vllm-ascend gates it).
     ``policy`` is the scheduler-side ``DyntraLBPolicy``. ``observe``, when given, wraps
     every collective: ``observe(site, op, tensor, fn)`` must call ``fn()`` and return
     its result (the emulator records the collective sequence through it).
@@ -118,7 +118,7 @@ class DyntraLBCoordinator:
         self._log_step_counter = diagnostics_enabled(config.raw)
         self._log_rank0 = cfg.enable_diagnostics and dp_rank == 0
 
-        # Dynamic-mode state (B.3/B.4); deliberately not reset at wave ends (H.6).
+        # Dynamic-mode state; deliberately not reset at wave ends (a production quirk).
         self.dynamic_enable = False
         self.dynamic_step = 0
         self.pending_long_req = False
@@ -143,14 +143,14 @@ class DyntraLBCoordinator:
     def on_add_request(self, num_blocks: int) -> None:
         """Called for every request the engine adds, before it enters the scheduler:
         in dynamic mode a request longer than ``long_req_block_threshold`` blocks arms
-        the pending flag that the next DyntraLB collective shares (B.4)."""
+        the pending flag that the next DyntraLB collective shares."""
         if self.mode == "dynamic" and num_blocks > self.long_req_block_threshold:
             self.pending_long_req = True
             self.pending_long_req_blk = max(self.pending_long_req_blk, num_blocks)
 
     def before_dp_sync(self, step_counter: int) -> None:
         """Called right before the wave/idle sync with the not-yet-incremented step
-        counter; logs the step-counter line on every rank (F.3)."""
+        counter; logs the step-counter line on every rank."""
         if self._log_step_counter:
             logger.info(diagnostics.step_counter_line(step_counter))
 
@@ -176,7 +176,8 @@ class DyntraLBCoordinator:
     # ------------------------------------------------------------------ protocol
 
     def _run_balance_load(self, step_counter: int, current_wave: int) -> None:
-        """B.3, in the reference's order."""
+        """vllm-ascend's ``run_balance_load``, in its order: the dynamic-mode flag, the
+        step window, the snapshot, the all-gather and plan, the dynamic countdown."""
         static = self.mode == "static"
         dynamic = self.mode == "dynamic"
         activated_this_step = False

@@ -33,7 +33,7 @@ logger = logging.getLogger("dyntra_lb")
 
 
 class RequestStatus(enum.IntEnum):
-    """vLLM 0.27.1's request statuses, same order and values (E.0); finished ⇔ > PREEMPTED.
+    """vLLM 0.27.1's request statuses, same order and values; finished ⇔ > PREEMPTED.
 
     Being an ``IntEnum`` numbered like vLLM's, its members compare equal to vLLM's, so
     the policy works unchanged on real vLLM requests.
@@ -154,7 +154,7 @@ class DyntraLBPolicy:
         policy = scheduler.policy
         self._priority = getattr(policy, "value", policy) == "priority"
 
-    # ----------------------------------------------------------- snapshot (E.2)
+    # ----------------------------------------------------------- snapshot
 
     def prepare_step(self) -> list[Any]:
         """Called by the coordinator right before the all-gather of an active step.
@@ -174,7 +174,7 @@ class DyntraLBPolicy:
         return self.admission_candidates
 
     def running_block_counts(self) -> list[int]:
-        """Block counts of the running requests, in list order (payload, spec C)."""
+        """Block counts of the running requests, in list order (the payload's running part)."""
         return block_counts(self.scheduler.running, self.scheduler.cache_config.block_size)
 
     def block_counts(self, requests: Iterable[Any]) -> list[int]:
@@ -230,7 +230,7 @@ class DyntraLBPolicy:
 
         Returns the ids the connector called not ready (or that could not get blocks,
         or that are beyond the limit): these are not published as candidates. Every
-        considered request counts toward the limit before its outcome is known (H.9).
+        considered request counts toward the limit before its outcome is known (as in production).
         """
         scheduler = self.scheduler
         connector = scheduler.connector
@@ -282,7 +282,7 @@ class DyntraLBPolicy:
                 scheduler.skipped_waiting.add_request(request)
         return not_ready
 
-    # ------------------------------------------------------- plan application (E.3)
+    # ------------------------------------------------------- plan application
 
     def apply_plan(self) -> list[Any]:
         """Called first thing in ``schedule()``: apply the plan made after the previous
@@ -313,7 +313,7 @@ class DyntraLBPolicy:
         values are ignored.
 
         The first pass prefers requests flagged ``lb_newly_added``. Nothing ever sets
-        that flag (spec H.2), so the pass is inert; it is kept because it is the
+        that flag (a production quirk), so the pass is inert; it is kept because it is the
         reference behaviour and an adapter could set the flag.
         """
         running = self.scheduler.running
@@ -337,7 +337,7 @@ class DyntraLBPolicy:
         return paused
 
     def _pause_request(self, request: Any) -> None:
-        """E.5: stop decoding a request but keep its KV blocks and computed tokens, so
+        """Stop decoding a request but keep its KV blocks and computed tokens, so
         it later resumes as a cached request. Unlike a preemption nothing is freed and
         ``num_preemptions`` is unchanged. The caller removed it from ``running``."""
         assert request.status == RequestStatus.RUNNING, \
@@ -348,7 +348,7 @@ class DyntraLBPolicy:
             logger.info(pause_line(request.request_id))
         self.scheduler.waiting.prepend_request(request)
 
-    # ------------------------------------------------------ scheduler hooks (E.3, E.6)
+    # ------------------------------------------------------ scheduler hooks
 
     def can_admit(self, request: Any) -> bool:
         """Waiting-loop gate, after blocked-status promotion and before any KV lookup:

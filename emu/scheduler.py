@@ -1,4 +1,4 @@
-"""Stub scheduler of one emulated rank, with vLLM 0.27.1's request lifecycle (spec E.0).
+"""Stub scheduler of one emulated rank, with vLLM 0.27.1's request lifecycle.
 
 The engine calls ``add_request`` for arrivals, then each step ``schedule(now_s)`` and,
 after the (modelled) forward, ``update_from_output(output, now_s)``. There is no model:
@@ -246,7 +246,7 @@ class Scheduler:
     # ---------------------------------------------------------------- schedule
 
     def schedule(self, now_s: float | None = None) -> SchedulerOutput:
-        """One scheduling pass (E.0). ``now_s`` is the virtual time at the start of the
+        """One scheduling pass, as vLLM's. ``now_s`` is the virtual time at the start of the
         step; it stamps the request records and remote transfers started now. Without
         it the time of the last ``update_from_output`` is used."""
         if now_s is None:

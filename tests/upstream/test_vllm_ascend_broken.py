@@ -15,7 +15,7 @@ from emu.cluster import run_cluster
 from emu.launcher import ClusterError
 from tests.upstream.conftest import TREE, upstream_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 CORE = pathlib.Path("vllm_ascend/patch/platform/patch_dyntra_lb_core.py")
 SKIPPED_AT = 12  # the step_counter at which rank 1 skips the all-gather
