@@ -4,7 +4,8 @@ another), step by step.
 Three ways in, one comparison (``emu.diff``):
 
 - ``diff [run flags]``: runs the trace twice with the same config, engine flags and
-  seed, ``--impl kit`` (A) and ``--impl vllm-ascend`` (B);
+  seed, ``--impl kit`` (A) and ``--impl vllm-ascend`` (B; ``--planner kit`` gives it our
+  planner, which isolates the planner from the rest of the step);
 - ``diff --vllm-ascend-a PATH --vllm-ascend-b PATH [run flags]``: both runs on
   vllm-ascend, from two trees (a contributor's before and after);
 - ``diff DIR_A DIR_B``: two run directories that already exist.
@@ -127,9 +128,13 @@ def _labels(dir_a: Path, dir_b: Path) -> tuple[str, str]:
     impls = []
     for d in (dir_a, dir_b):
         try:
-            impls.append(json.loads((d / "metrics.json").read_text())["config"]["impl"])
+            config = json.loads((d / "metrics.json").read_text())["config"]
+            impl = config["impl"]
         except (OSError, ValueError, KeyError, TypeError):
             impls.append(None)
+            continue
+        swapped = impl == "vllm-ascend" and config.get("planner") == "kit"
+        impls.append(f"{impl} (kit planner)" if swapped else impl)
     if None in impls or impls[0] == impls[1]:
         return ("A", "B") if None in impls else (f"A:{impls[0]}", f"B:{impls[1]}")
     return impls[0], impls[1]
