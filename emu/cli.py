@@ -748,9 +748,10 @@ def cmd_validate(args) -> int:
             print(f"problem: {problem}")
         print(f"{len(problems)} problem(s) found")
         return EXIT_FAILED
+    impl = "" if args.impl == "kit" else f" with --impl {args.impl}"
     print(f"OK: {sources[0][1]} ({_describe_config(prepared.configs[0])}) and workload "
           f"{prepared.workload_label} ({len(prepared.trace)} requests) are valid for "
-          f"dp={args.dp}")
+          f"dp={args.dp}{impl}")
     return 0
 
 
