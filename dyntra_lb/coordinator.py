@@ -33,7 +33,7 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
 from dyntra_lb.payload import pack, payload_len, unpack
-from dyntra_lb.planner import Plan, balance_load
+from dyntra_lb.planner import Plan, balance_load, warm_up
 
 logger = logging.getLogger("dyntra_lb")
 
@@ -133,6 +133,10 @@ class DyntraLBCoordinator:
         self._recv_tensors = [buf.tensor for buf in self._recv]
 
         self._step = _NO_BALANCE
+
+        # The compiled planner compiles (or loads numba's disk cache) here, at rank
+        # start-up, instead of inside the first planned decode step.
+        warm_up()
 
         if self._log_rank0:
             for line in diagnostics.config_lines(cfg):

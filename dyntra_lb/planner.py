@@ -6,6 +6,18 @@ fast, and all ranks must agree, so it has to be exact: the output equals the ref
 algorithm of spec D (transcribed literally in ``tests/literal_planner.py``) for every
 input, quirks included (spec H.4, H.7, H.8).
 
+Two implementations, one entry point
+------------------------------------
+This module is the Python planner (:func:`balance_load_python`). With numba installed
+(the ``fast`` extra; the ``test`` extra includes it) ``dyntra_lb/planner_native.py``
+compiles the same decisions into one loop, and :func:`balance_load` sends every call
+without an observer there (``IMPLEMENTATION`` says which one was picked at import).
+The compiled loop emits no observer events, so calls with an observer run the Python
+planner, as do inputs of types a payload never has (float sizes, say), where the Python
+planner's own conversions and errors apply. Both give identical plans; the tests check
+both against the literal oracle. :func:`warm_up` moves numba's compile (or disk-cache
+load) to rank start-up.
+
 How it is fast while giving identical plans
 -------------------------------------------
 The reference scans every (running R, waiting W) pair of a card twice per round, for up
@@ -89,6 +101,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+try:  # the compiled planner (the "fast" extra); without numba the Python one runs
+    from dyntra_lb import planner_native as _native
+except ImportError:
+    _native = None
+
+# Which planner serves balance_load calls without an observer.
+IMPLEMENTATION = "python" if _native is None else "numba"
 
 THROUGHPUT_FIXED = 20000
 THROUGHPUT_PER_BLOCK = 19.2
@@ -643,7 +663,42 @@ def balance_load(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = N
     stops at the first 0 and ranks beyond the sequence are empty. ``max_num_seqs`` None
     skips the fill step. ``observer`` receives the decision events described in the
     module docstring.
+
+    With numba installed (``IMPLEMENTATION == "numba"``) calls without an observer run
+    the compiled planner of ``dyntra_lb.planner_native``; calls with an observer (the
+    compiled loop emits no events) and inputs it does not take run
+    :func:`balance_load_python`. Both give the same plans.
     """
+    if observer is None:
+        plans = balance_load_native(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,
+                                    threshold=threshold, max_iters=max_iters)
+        if plans is not None:
+            return plans
+    return balance_load_python(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,
+                               threshold=threshold, max_iters=max_iters, observer=observer)
+
+
+def balance_load_native(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = None,
+                        threshold: float = 5.0, max_iters: int = 1000) -> list[Plan] | None:
+    """:func:`balance_load` (no observer) on the compiled planner alone, or None when
+    numba is not installed or the compiled planner declines the input (see
+    ``dyntra_lb.planner_native.plan``)."""
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if _native is None:
+        return None
+    rows = _native.plan(requests_by_rank, dp_size, max_num_seqs, threshold, max_iters,
+                        THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK, _MAX_TOTAL_BLOCKS)
+    if rows is None:
+        return None
+    return [Plan(out_blk, in_blk, not in_blk) for out_blk, in_blk in rows]
+
+
+def balance_load_python(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = None,
+                        threshold: float = 5.0, max_iters: int = 1000,
+                        observer=None) -> list[Plan]:
+    """:func:`balance_load` in pure Python: the fallback without numba, the path of
+    every call with an observer, and the second implementation the tests compare."""
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
     parsed = [_parse(requests_by_rank, r) for r in range(dp_size)]
@@ -670,3 +725,11 @@ def balance_load(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = N
     if observer is not None:
         observer({"kind": "plans", "plans": [p.to_dict() for p in plans]})
     return plans
+
+
+def warm_up() -> None:
+    """Compile the numba planner now (or load it from numba's disk cache), so that the
+    first decode step does not pay for it; a no-op on the Python path. Each rank calls
+    it once at start-up (``DyntraLBCoordinator.__init__``)."""
+    if _native is not None:
+        balance_load([([2, 1, 3], 1), ([1], 1)], 2, max_num_seqs=2)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dyntra_lb import planner
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import AdditionalConfig, load_additional_config
 from emu import impl
@@ -242,6 +243,10 @@ def run_cluster(spec: RunSpec) -> RunResult:
     config = validate(spec)
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if config.dyntra_lb.enabled:
+        # Compile the numba planner here, once, so that the ranks load numba's disk cache
+        # at start-up instead of each compiling it while the others wait in a collective.
+        planner.warm_up()
     summaries = launch(
         _rank_main,
         (spec, config),

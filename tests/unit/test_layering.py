@@ -9,7 +9,8 @@ import sys
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "dyntra_lb"
-PURE_MODULES = ["blocks", "config", "diagnostics", "payload", "planner", "policy"]
+PURE_MODULES = ["blocks", "config", "diagnostics", "payload", "planner", "planner_native",
+                "policy"]
 
 
 def _imported_roots(path: pathlib.Path) -> set[str]:

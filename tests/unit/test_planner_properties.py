@@ -1,8 +1,9 @@
-"""The real planner equals the literal oracle of spec D (tests/literal_planner.py) on
-generated snapshots: dp 1-16, ranks missing from the input, zeros in the payload, split
-values outside the list, duplicate and long-tail sizes, sizes beyond the planner's bitset
-range, max_num_seqs None or 1-256, thresholds below and above 1 (and NaN / inf), lowered
-max_iters. Sizes are bounded so the O(rounds * running * waiting) oracle stays fast."""
+"""Both planners (the Python one and, with numba, the compiled one) equal the literal
+oracle of spec D (tests/literal_planner.py) on generated snapshots: dp 1-16, ranks
+missing from the input, zeros in the payload, split values outside the list, duplicate
+and long-tail sizes, sizes beyond the Python planner's bitset range, max_num_seqs None
+or 1-256, thresholds below and above 1 (and NaN / inf), lowered max_iters. Sizes are
+bounded so the O(rounds * running * waiting) oracle stays fast."""
 
 import importlib.util
 import math
@@ -13,12 +14,33 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from dyntra_lb import planner
 from dyntra_lb.planner import balance_load
 
 _spec = importlib.util.spec_from_file_location(
     "literal_planner", Path(__file__).resolve().parents[1] / "literal_planner.py")
 literal_planner = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(literal_planner)
+
+
+
+def _compiled(requests_by_rank, dp, **kw):
+    plans = planner.balance_load_native(requests_by_rank, dp, **kw)
+    # Every generated input is payload-typed, so the compiled planner must take it.
+    assert plans is not None
+    return plans
+
+
+# The implementations every property compares with the oracle (and so with each other).
+IMPLEMENTATIONS = [planner.balance_load_python]
+if planner.IMPLEMENTATION == "numba":
+    IMPLEMENTATIONS.append(_compiled)
+
+
+def _all_plans(requests_by_rank, dp, **kw):
+    """The plans of every implementation, as dicts."""
+    return [[p.to_dict() for p in impl(requests_by_rank, dp, **kw)] for impl in IMPLEMENTATIONS]
+
 
 # Size profiles: each example draws its sizes from one of these, so duplicates, dense
 # small sizes (ties, oscillation), long tails and sparse large sizes all occur.
@@ -91,12 +113,12 @@ snapshots = st.one_of(any_snapshots(), any_snapshots(), any_snapshots(), tie_sna
 @example(([([10], 1), ([2, 18], 1)], 2, None, 1, 1000))
 def test_planner_equals_literal_oracle(case):
     requests_by_rank, dp, max_num_seqs, threshold, max_iters = case
-    real = balance_load(requests_by_rank, dp, max_num_seqs=max_num_seqs,
-                        threshold=threshold, max_iters=max_iters)
     oracle = literal_planner.literal_balance_load(
         requests_by_rank, dp, max_num_seqs=max_num_seqs, max_iters=max_iters,
         threshold=threshold)
-    assert [p.to_dict() for p in real] == oracle
+    for plans in _all_plans(requests_by_rank, dp, max_num_seqs=max_num_seqs,
+                            threshold=threshold, max_iters=max_iters):
+        assert plans == oracle
 
 
 @st.composite
@@ -124,15 +146,17 @@ def full_snapshots(draw):
 @given(full_snapshots())
 def test_planner_equals_literal_oracle_on_payload_shaped_snapshots(case):
     rows, dp, max_num_seqs, threshold = case
-    real = balance_load(rows, dp, max_num_seqs=max_num_seqs, threshold=threshold)
     oracle = literal_planner.literal_balance_load(rows, dp, max_num_seqs=max_num_seqs,
                                                   threshold=threshold)
-    assert [p.to_dict() for p in real] == oracle
+    for plans in _all_plans(rows, dp, max_num_seqs=max_num_seqs, threshold=threshold):
+        assert plans == oracle
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots)
 def test_observer_sees_the_result_and_changes_nothing(case):
+    # With numba the call with an observer runs the Python planner and the plain one
+    # the compiled planner: their plans must agree.
     requests_by_rank, dp, max_num_seqs, threshold, max_iters = case
     events = []
     watched = balance_load(requests_by_rank, dp, max_num_seqs=max_num_seqs,
@@ -166,6 +190,6 @@ def test_planner_equals_literal_oracle_on_long_skewed_runs(seed):
             long = rng.random(blks.size) < 0.5
             blks[long] = rng.integers(700, 2501, size=int(long.sum()))
         rows.append((blks.astype(np.int64).tolist(), max_num_seqs))
-    real = balance_load(rows, dp, max_num_seqs=max_num_seqs)
-    assert [p.to_dict() for p in real] == literal_planner.literal_balance_load(
-        rows, dp, max_num_seqs=max_num_seqs)
+    oracle = literal_planner.literal_balance_load(rows, dp, max_num_seqs=max_num_seqs)
+    for plans in _all_plans(rows, dp, max_num_seqs=max_num_seqs):
+        assert plans == oracle

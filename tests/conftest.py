@@ -1,0 +1,19 @@
+"""Hypothesis profiles, loaded before any test module builds its ``@settings``.
+
+``ci`` (the default): derandomized, so every run (CI or local) tests the same examples
+and a failure reproduces by rerunning; no example database, so earlier runs cannot
+change what runs; 300 examples for the tests that do not set their own count (the
+planner and fuzz tests set theirs). ``explore``: a fresh random seed on every run and
+the example database in ``.hypothesis/``, for hunting new failures locally:
+
+    HYPOTHESIS_PROFILE=explore pytest -q tests/unit -n 2
+"""
+
+import os
+
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, max_examples=300,
+                          print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

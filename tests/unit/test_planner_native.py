@@ -1,0 +1,120 @@
+"""Which planner runs: ``dyntra_lb.planner`` selects the compiled planner
+(``dyntra_lb.planner_native``) at import when numba imports, and the Python planner
+otherwise; calls with an observer, and inputs the compiled planner declines, run the
+Python planner. (That both give the oracle's plans is test_planner_properties.py.)"""
+
+import fractions
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import numpy as np
+import pytest
+from numba.core.caching import FunctionCache, NullCache
+
+from dyntra_lb import planner, planner_native
+
+SNAPSHOT = [([300, 200, 50], 2), ([100, 250, 20], 1), ([150, 50], 2)]
+
+
+def test_the_compiled_planner_is_selected_when_numba_imports():
+    # numba is a test dependency, so this also proves CI runs the compiled planner.
+    assert numba.__version__
+    assert planner.IMPLEMENTATION == "numba"
+
+
+def test_calls_without_observer_run_the_compiled_planner(monkeypatch):
+    expected = planner.balance_load_python(SNAPSHOT, 3, threshold=0.1)
+
+    def python_planner_must_not_run(*args, **kwargs):
+        raise AssertionError("the Python planner ran")
+
+    monkeypatch.setattr(planner, "balance_load_python", python_planner_must_not_run)
+    assert planner.balance_load(SNAPSHOT, 3, threshold=0.1) == expected
+    assert planner.balance_load_native(SNAPSHOT, 3, threshold=0.1) == expected
+
+
+def test_calls_with_an_observer_run_the_python_planner(monkeypatch):
+    def compiled_planner_must_not_run(*args, **kwargs):
+        raise AssertionError("the compiled planner ran")
+
+    monkeypatch.setattr(planner_native, "plan", compiled_planner_must_not_run)
+    events = []
+    plans = planner.balance_load(SNAPSHOT, 3, threshold=0.1, observer=events.append)
+    assert [e["kind"] for e in events if e["kind"] == "swap"] == ["swap", "swap"]
+    assert plans == planner.balance_load_python(SNAPSHOT, 3, threshold=0.1)
+
+
+def _rows(first=(30, 20, 5)):
+    return [(list(first), 1), ([10, 40], 1)]
+
+
+@pytest.mark.parametrize("make_rows, kw", [
+    (lambda: _rows((30.0, 20, 5)), {}),                             # float sizes
+    (lambda: [([True, True, False], 1), ([True], 1)], {}),          # bools only
+    (lambda: [(iter([30, 20, 5]), 1), ([10, 40], 1)], {}),          # not a list
+    (_rows, {"threshold": fractions.Fraction(1, 3)}),
+    (_rows, {"threshold": 2**60 + 1}),                              # int beyond a float
+    (_rows, {"max_num_seqs": 2.0}),                                 # Python planner: TypeError
+    (lambda: _rows((2**31, 20, 5)), {}),                            # beyond int32: ValueError
+])
+def test_inputs_the_compiled_planner_declines_go_to_the_python_planner(make_rows, kw):
+    assert planner.balance_load_native(make_rows(), 2, **kw) is None
+    try:
+        expected = planner.balance_load_python(make_rows(), 2, **kw)
+    except (TypeError, ValueError) as error:
+        with pytest.raises(type(error)) as raised:
+            planner.balance_load(make_rows(), 2, **kw)
+        assert str(raised.value) == str(error)
+    else:
+        assert planner.balance_load(make_rows(), 2, **kw) == expected
+
+
+def test_payload_rows_as_numpy_arrays_are_taken():
+    rows = [(np.array([30, 20, 5, 0], dtype=np.int32), 1), (np.array([10, 40]), 1)]
+    plans = planner.balance_load_native(rows, 2, threshold=1)
+    assert plans == planner.balance_load_python(rows, 2, threshold=1)
+
+
+def test_without_numba_the_python_planner_is_selected():
+    # A fresh interpreter in which "import numba" fails.
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["numba"] = None
+        from dyntra_lb import planner
+        print(planner.IMPLEMENTATION)
+        print(planner.balance_load_native([([3], 1), ([1, 2], 1)], 2, threshold=1.0))
+        print([p.to_dict() for p in planner.balance_load([([3], 1), ([1, 2], 1)], 2,
+                                                         threshold=1.0)])
+        planner.warm_up()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.splitlines()
+    assert out == ["python", "None",
+                   "[{'out_blk': [], 'in_blk': [], 'freeze': True}, "
+                   "{'out_blk': [1], 'in_blk': [2], 'freeze': False}]"]
+
+
+def test_no_writable_cache_location_compiles_without_a_disk_cache(monkeypatch):
+    # What numba meets on a read-only install with a read-only home: no cache locator.
+    monkeypatch.setattr(numba.core.config, "CACHE_LOCATOR_CLASSES", "ZipCacheLocator")
+
+    def add_one(x):
+        return x + 1
+
+    compiled = planner_native._cached_jit(add_one)
+    assert compiled(1) == 2
+    assert isinstance(compiled._cache, NullCache)
+
+
+def test_the_kernel_is_cached_on_disk_in_a_writable_checkout():
+    if not os.access(os.path.dirname(planner_native.__file__), os.W_OK):
+        pytest.skip("installed read-only")
+    assert isinstance(planner_native._balance._cache, FunctionCache)
+
+
+def test_warm_up_compiles_the_kernel():
+    planner.warm_up()
+    assert planner_native._balance.signatures
