@@ -8,7 +8,9 @@ Commands:
   every metric side by side and overlay plots;
 - ``validate``: check a config and a trace for a DP size, list every problem;
 - ``replay`` / ``explain``: offline tools over diagnostics logs (emu/replay.py,
-  emu/explain.py), registered here when those modules are present.
+  emu/explain.py), registered here when those modules are present;
+- ``diff``: kit against vllm-ascend (or two vllm-ascend trees, or two run directories)
+  step by step (emu/diff_cli.py, emu/diff.py).
 
 Every user error (bad flag, bad file, contradictory settings) is one message naming the
 flag or file:line and what was expected, exit code 2, and nothing is started. Modules
@@ -50,7 +52,7 @@ from emu.costs import (
 )
 from emu.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import COLLECTIVE_SITES, FaultPlan, parse_fault, plan_problems
-from emu.impl import IMPLS
+from emu.impl import IMPLS, PLANNERS
 from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.recipes import is_recipe, seed_table, write_recipe_trace
@@ -88,7 +90,7 @@ WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "workloads
 # Files a run leaves in its directory; --overwrite removes exactly these.
 _RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
               "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
-              "load_ab.png", "bubble_ab.png", "tpot_ab.png")
+              "load_ab.png", "bubble_ab.png", "tpot_ab.png", "load_diff.png", "diff.json")
 _AB_RUN_DIRS = ("a", "b")
 
 EXIT_USAGE = 2
@@ -256,6 +258,9 @@ def check_impl(args, cfg) -> list[str]:
     scheduler; vllm-ascend: its tree and vLLM)."""
     from emu import impl
 
+    if args.impl == "kit" and getattr(args, "planner", None) == "vllm-ascend":
+        return ["--planner vllm-ascend: only with --impl vllm-ascend (the kit always runs "
+                "its own planner, dyntra_lb/planner.py)"]
     try:
         impl.check(args.impl, cfg, dp_size=args.dp, async_scheduling=args.async_scheduling,
                    vllm_ascend=args.vllm_ascend,
@@ -309,7 +314,7 @@ def _spec_kwargs(args) -> dict:
     """RunSpec fields given on the command line (RunSpec applies its defaults to the rest)."""
     names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
              "router", "scheduling_policy", "seed", "device", "impl", "vllm_ascend",
-             "async_scheduling", "transport")
+             "async_scheduling", "transport", "planner")
     kwargs = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "collective_timeout", None) is not None:
         kwargs["collective_timeout_s"] = args.collective_timeout
@@ -705,7 +710,7 @@ def _recorded_impl(spec) -> dict:
     from emu.impl.vllm_ascend.tree import resolve
 
     return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
-            **resolve(spec.vllm_ascend).describe()}
+            "planner": spec.planner or "vllm-ascend", **resolve(spec.vllm_ascend).describe()}
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:
@@ -909,9 +914,10 @@ def cmd_validate(args) -> int:
     for warning in trace_warnings(prepared.configs[0].dyntra_lb, prepared.trace,
                                   _effective(args, "block_size")):
         print(f"warning: {warning}")
+    impl = "" if args.impl == "kit" else f" with --impl {args.impl}"
     print(f"OK: {sources[0][1]} ({_describe_config(prepared.configs[0])}) and workload "
           f"{prepared.workload_label} ({len(prepared.trace)} requests) are valid for "
-          f"dp={args.dp}")
+          f"dp={args.dp}{impl}")
     return 0
 
 
@@ -926,6 +932,7 @@ examples:
   dyntra-emu validate --additional-config @decode.json --dp 8
   dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
   dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
+  dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
   dyntra-emu <command> --help                    # options of one command
 
 Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
@@ -1000,7 +1007,10 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=34)
 
 
-def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) -> None:
+def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool,
+                       impl: bool = True) -> None:
+    """The flags that define a run; ``impl`` False leaves out --impl (diff picks the
+    impl of each of its two runs itself)."""
     d = SPEC_DEFAULTS
     parser.add_argument(
         "--workload", metavar="FILE|NAME", default=DEFAULT_WORKLOAD,
@@ -1042,14 +1052,19 @@ def _add_input_options(parser: argparse.ArgumentParser, *, single_config: bool) 
                              f"{', '.join(PROFILES)}) or a profile file, e.g. from "
                              f"`{PROG} fit-cost` (default: {DEFAULT_PROFILE}; "
                              "docs/cost-models.md)")
-    parser.add_argument("--impl", choices=IMPLS, default="kit",
-                        help="which DyntraLB runs in the ranks: kit (ours, dyntra_lb/, in the "
-                             "stub engine) or vllm-ascend (vllm-ascend's own, unmodified, on "
-                             "vLLM's engine loop and scheduler; needs vLLM, see README) "
-                             "(default: kit)")
+    if impl:
+        parser.add_argument(
+            "--impl", choices=IMPLS, default="kit",
+            help="which DyntraLB runs in the ranks: kit (ours, dyntra_lb/, in the stub "
+                 "engine) or vllm-ascend (vllm-ascend's own, unmodified, on vLLM's engine "
+                 "loop and scheduler; needs vLLM, see README) (default: kit)")
     parser.add_argument("--vllm-ascend", metavar="PATH",
                         help="vllm-ascend source tree for --impl vllm-ascend (default: "
                              f"${VLLM_ASCEND_ENV}, else the installed vllm_ascend)")
+    parser.add_argument("--planner", choices=PLANNERS,
+                        help="the planner of --impl vllm-ascend ranks: vllm-ascend's "
+                             "_balance_load, or kit (dyntra_lb/planner.py in its place, the "
+                             "rest of vllm-ascend unchanged) (default: the impl's own)")
     parser.add_argument("--async-scheduling", action="store_true", default=False,
                         help="vLLM's async scheduling (the Async* DyntraLB scheduler; "
                              "--impl vllm-ascend only)")
@@ -1152,7 +1167,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_arguments(fit_cost)
     fit_cost.set_defaults(func=cmd_fit_cost, parser=fit_cost)
 
-    for module in ("emu.replay", "emu.explain", "emu.sweep"):
+    for module in ("emu.replay", "emu.explain", "emu.sweep", "emu.diff_cli"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ModuleNotFoundError as exc:

@@ -38,7 +38,7 @@ from emu.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.device import DEVICE_CHOICES
 from emu.engine import RankSummary
 from emu.faults import FaultPlan, check_plan
-from emu.impl import IMPLS
+from emu.impl import IMPLS, PLANNERS
 from emu.launcher import join_from_env, launch
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.run_status import write_status
@@ -91,6 +91,10 @@ class RunSpec:
       ``emu.threads``; CPU and ``impl`` "kit" only, no torchrun). Virtual time makes
       the event logs, rank logs and metrics of both byte-identical; "thread" is several
       times faster once ranks outnumber cores.
+    - ``planner``: which planner the ranks run, "kit" (``dyntra_lb.planner``) or
+      "vllm-ascend" (``DyntraLBDPEngineCoreProc._balance_load``); None: the impl's own.
+      Only "vllm-ascend" runs can swap: with "kit" the rest of vllm-ascend's code runs
+      as it is and only its planner is ours.
     """
 
     trace: Sequence[TraceRequest]
@@ -118,6 +122,7 @@ class RunSpec:
     vllm_ascend: str | None = None
     async_scheduling: bool = False
     transport: str = "process"
+    planner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,12 @@ def validate(spec: RunSpec) -> AdditionalConfig:
             raise ValueError(f"RunSpec.{name} must be a bool, got {getattr(spec, name)!r}")
     if spec.impl not in IMPLS:
         raise ValueError(f"RunSpec.impl must be one of {list(IMPLS)}, got {spec.impl!r}")
+    if spec.planner is not None and spec.planner not in PLANNERS:
+        raise ValueError(f"RunSpec.planner must be one of {list(PLANNERS)} or None, got "
+                         f"{spec.planner!r}")
+    if spec.impl == "kit" and spec.planner not in (None, "kit"):
+        raise ValueError(f"RunSpec.planner {spec.planner!r} needs impl 'vllm-ascend' (the kit "
+                         "always runs its own planner, dyntra_lb.planner)")
     if spec.router not in ROUTERS:
         raise ValueError(f"RunSpec.router must be one of {list(ROUTERS)}, got {spec.router!r}")
     if spec.device not in DEVICE_CHOICES:

@@ -291,6 +291,8 @@ class EngineCore:
         step.step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
                                        len(self.scheduler.running))
         self.num_dummy_steps += 1
+        # The KV loads DyntraLB's prefetch starts after this step start once it is done.
+        self.connector.set_virtual_time((step.clock_us + step.step_us) / 1e6)
 
     def _has_global_unfinished_reqs(self, local_unfinished: bool) -> bool:
         """The wave/idle sync, with DyntraLB's part right after it (as vllm-ascend's

@@ -211,6 +211,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: set[Request] = set()
+        self._finished_unreported = False  # vLLM's finished_req_ids is not empty
         self.enable_diagnostics = enable_diagnostics
         self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics) \
             if dyntra_lb else None
@@ -229,9 +230,9 @@ class Scheduler:
         return bool(self.running or self.waiting or self.skipped_waiting)
 
     def has_requests(self) -> bool:
-        """vLLM: unfinished or finished-but-unreported requests; the stub reports
-        finished requests from ``update_from_output`` directly, so the same."""
-        return self.has_unfinished_requests()
+        """vLLM: unfinished requests, or requests finished since the last ``schedule()``
+        (vLLM schedules once more to hand their ids to the workers)."""
+        return self.has_unfinished_requests() or self._finished_unreported
 
     def running_blocks(self) -> int:
         """Sum of the DyntraLB block counts of ``running``."""
@@ -252,6 +253,7 @@ class Scheduler:
             now_s = self._now_s
         else:
             self._now_s = now_s
+        self._finished_unreported = False
         connector = self.connector
         if connector is not None:
             connector.set_virtual_time(now_s)
@@ -482,6 +484,7 @@ class Scheduler:
                 finished.append(request)
         if finished:
             self.running[:] = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            self._finished_unreported = True
         return finished
 
     def _free_request(self, request: Request) -> None:

@@ -19,6 +19,8 @@ import importlib
 from types import ModuleType
 
 IMPLS = {"kit": "emu.impl.kit", "vllm-ascend": "emu.impl.vllm_ascend"}
+# The planners a vllm-ascend rank can run (RunSpec.planner); the kit runs only its own.
+PLANNERS = ("kit", "vllm-ascend")
 
 
 def get(name: str) -> ModuleType:

@@ -64,6 +64,10 @@ def build(ctx, spec, config, out_dir):
 
     route_logs(out_dir, ctx.rank, spec)
     core = import_tree(resolve(spec.vllm_ascend))
+    if config.dyntra_lb.enabled:
+        # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
+        core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
+                           config.dyntra_lb.enable_diagnostics)
     variant = _variant(config, spec.dp_size, spec.async_scheduling)
     with model_dir(max_model_len_of(spec)) as model_path:
         vllm_config = build_vllm_config(

@@ -38,6 +38,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.coordinator import ALLGATHER_SITE
+from dyntra_lb.planner import balance_load
 from emu.clock import LockstepClock
 from emu.engine import RankSummary, StallError
 from emu.eventlog import EventLog, WallLog
@@ -189,9 +190,13 @@ class _EmulatedEngine:
         return result
 
     def _balance_load(self, *args, **kwargs):
-        """vllm-ascend's planner, timed for the wall log."""
+        """The planner of ``_do_lb_allgather``, timed for the wall log: vllm-ascend's
+        own, or with ``RunSpec.planner`` "kit" ours (same arguments), its plans handed
+        back as the ``{"out_blk", "in_blk", "freeze"}`` dicts vllm-ascend reads."""
         start = time.perf_counter()
         try:
+            if self._emu_rank.planner == "kit":
+                return [plan.to_dict() for plan in balance_load(*args, **kwargs)]
             return super()._balance_load(*args, **kwargs)
         finally:
             self._emu_rank.planner_s += time.perf_counter() - start
@@ -218,6 +223,7 @@ class EmulatedRank:
         self.max_steps = spec.max_steps
         self.stall_steps = spec.stall_steps
         self.block_size = spec.block_size
+        self.planner = spec.planner or "vllm-ascend"
         self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
         self.faults = faults
         cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)

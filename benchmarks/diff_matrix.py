@@ -1,0 +1,97 @@
+"""`dyntra-emu diff` (kit against vllm-ascend's DyntraLB) over a small matrix: workload x
+mode x config x KV pressure, dp=2, block size 16. Prints one row per cell: identical, or
+the divergence kinds with their first iteration. The traces are the first ``--n``
+requests of the bundled workloads with output lengths capped at ``--max-output`` (so
+that a cell runs in a few minutes on a loaded laptop); "KV pressure" gives each rank
+``--num-gpu-blocks`` just above what the largest request needs.
+
+    DYNTRA_VLLM_ASCEND=../shared/upstream/vllm-ascend \\
+        .venv-upstream/bin/python benchmarks/diff_matrix.py --out runs/diff-matrix
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+BLOCK_SIZE = 16
+CELLS = [  # (workload, mode, config, kv pressure)
+    ("uniform", "static", "default", False),
+    ("uniform", "static", "bt0.2", False),
+    ("uniform", "dynamic", "default", False),
+    ("uniform", "static", "default", True),
+    ("longtail", "static", "default", False),
+    ("longtail", "static", "bt0.2", False),
+    ("longtail", "dynamic", "default", False),
+    ("longtail", "dynamic", "bt0.2", False),
+    ("longtail", "static", "default", True),
+    ("longtail", "dynamic", "default", True),
+]
+
+
+def small_trace(workload: str, n: int, max_output: int, out: pathlib.Path) -> tuple:
+    lines = (REPO / "fixtures" / "workloads" / f"{workload}.jsonl").read_text().splitlines()
+    requests = [json.loads(line) for line in lines if line.strip()][:n]
+    for r in requests:
+        r["output_tokens"] = min(r["output_tokens"], max_output)
+    out.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    need = max(-(-(r["prompt_tokens"] + r["output_tokens"]) // BLOCK_SIZE) for r in requests)
+    return out, need
+
+
+def config(mode: str, variant: str) -> dict:
+    lb = {"enabled": True, "mode": mode, "start_step": 0, "enable_diagnostics": True}
+    if mode == "dynamic":
+        lb["long_req_block_threshold"] = 40  # > 640 prompt tokens at block size 16
+    if variant == "bt0.2":
+        lb["bubble_threshold"] = 0.2
+    return {"scheduler_config": {"dyntra_lb_config": lb}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--max-output", type=int, default=60)
+    parser.add_argument("--max-num-seqs", type=int, default=4)
+    parser.add_argument("--only", default=None, help="run only cells whose name contains this")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    exe = pathlib.Path(sys.executable).with_name("dyntra-emu")
+    for workload, mode, variant, pressure in CELLS:
+        name = f"{workload}-{mode}-{variant}{'-kv' if pressure else ''}"
+        if args.only and args.only not in name:
+            continue
+        trace, need = small_trace(workload, args.n, args.max_output,
+                                  args.out / f"{workload}.jsonl")
+        blocks = need + 8 if pressure else 1024
+        cmd = [str(exe), "diff", "--workload", str(trace), "--dp", "2", "--block-size",
+               str(BLOCK_SIZE), "--num-gpu-blocks", str(blocks), "--max-num-seqs",
+               str(args.max_num_seqs), "--device", "cpu", "--quiet", "--overwrite",
+               "--additional-config", json.dumps(config(mode, variant)),
+               "--out", str(args.out / name)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        report_path = args.out / name / "diff.json"
+        if proc.returncode not in (0, 1) or not report_path.exists():
+            print(f"{name:<34} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
+                  flush=True)
+            continue
+        report = json.loads(report_path.read_text())
+        steps = report["counts"]["steps"]
+        if report["identical"]:
+            verdict = f"identical ({steps} step records)"
+        else:
+            first = report["first"]
+            kinds = ", ".join(f"{k} x{g['count']}" for k, g in report["by_kind"].items())
+            verdict = (f"DIVERGENT first {first['kind']} rank {first['rank']} iter "
+                       f"{first['iter']}: {kinds}")
+        print(f"{name:<34} blocks={blocks:<5} {verdict}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

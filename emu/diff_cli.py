@@ -1,0 +1,204 @@
+"""`dyntra-emu diff`: our DyntraLB against vllm-ascend's (or one vllm-ascend tree against
+another), step by step.
+
+Three ways in, one comparison (``emu.diff``):
+
+- ``diff [run flags]``: runs the trace twice with the same config, engine flags and
+  seed, ``--impl kit`` (A) and ``--impl vllm-ascend`` (B; ``--planner kit`` gives it our
+  planner, which isolates the planner from the rest of the step);
+- ``diff --vllm-ascend-a PATH --vllm-ascend-b PATH [run flags]``: both runs on
+  vllm-ascend, from two trees (a contributor's before and after);
+- ``diff DIR_A DIR_B``: two run directories that already exist.
+
+Exit codes: 0 identical, 1 divergent, 2 bad input (one message, nothing started), 3 a
+run failed (its report is in ``DIR/a|b/error.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+from emu import cli
+from emu.diff import DiffInputError, compare, format_report, plot_load, read_run
+
+EXIT_DIVERGENT = 1
+EXIT_RUN_FAILED = 3
+RUN_DIRS = ("a", "b")
+PLOT = "load_diff.png"
+REPORT = "diff.json"
+
+_EPILOG = """\
+examples:
+  dyntra-emu diff --workload longtail --dp 2 --vllm-ascend ~/src/vllm-ascend
+      kit (A) against vllm-ascend's DyntraLB (B), DyntraLB static from step 0
+  dyntra-emu diff --vllm-ascend-a ~/src/vllm-ascend-main --vllm-ascend-b ~/src/vllm-ascend \\
+      --workload uniform --dp 2 --block-size 16 --out runs/my-change
+      a vllm-ascend branch (B) against its base (A), same trace, config and seed
+  dyntra-emu diff runs/a runs/b --json
+      two runs made before (any impl); --out DIR writes the plot and diff.json there
+
+Prints "identical" with what was compared, or the first divergence (rank, iteration,
+both sides' differing fields, every rank's plan and queue state there, the steps
+before it) and every divergence grouped by kind (plan, schedule, snapshot, counter,
+collectives, kv, time, request, diagnostics). --out DIR gets a/ and b/ (the runs),
+diff.json and load_diff.png (per-rank load of both runs, divergences marked).
+Exit code 0 identical, 1 divergent, 2 bad input, 3 a run failed.
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``diff`` on the ``dyntra-emu`` sub-command parser."""
+    parser = subparsers.add_parser(
+        "diff", help="run kit and vllm-ascend (or two vllm-ascend trees) on the same "
+                     "trace, or read two run directories; compare step by step",
+        description=cli._wrap(
+            "Compare two runs of the same trace, config and seed step by step: what "
+            "DyntraLB planned and what the scheduler did on every rank at every "
+            "iteration, the collectives, the request records and the diagnostics "
+            "lines. Without DIR_A DIR_B it makes both runs itself."),
+        formatter_class=cli._Formatter, allow_abbrev=False, epilog=_EPILOG)
+    parser.add_argument("dirs", nargs="*", metavar="DIR_A DIR_B",
+                        help="two existing run directories to compare (then no run flags)")
+    cli._add_input_options(parser, single_config=True, impl=False)
+    parser.add_argument("--vllm-ascend-a", metavar="PATH",
+                        help="run A on this vllm-ascend tree instead of the kit (with "
+                             "--vllm-ascend-b)")
+    parser.add_argument("--vllm-ascend-b", metavar="PATH",
+                        help="run B on this vllm-ascend tree (with --vllm-ascend-a)")
+    cli._add_run_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--context", type=cli._int_type(0), default=3, metavar="N",
+                        help="steps shown before the first divergence (default: 3)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+# Flags that only make sense when diff makes the runs itself.
+_REPORT_FLAGS = {"dirs", "json", "context", "out", "func", "parser", "command"}
+
+
+def _given_run_flags(args, parser: argparse.ArgumentParser) -> list[str]:
+    given = []
+    for action in parser._actions:
+        if (action.dest in _REPORT_FLAGS or not action.option_strings
+                or action.default == argparse.SUPPRESS):
+            continue
+        if getattr(args, action.dest, None) != action.default:
+            given.append(action.option_strings[0])
+    return given
+
+
+def run(args) -> int:
+    try:
+        if args.dirs:
+            return _diff_dirs(args)
+        return _diff_runs(args)
+    except DiffInputError as exc:
+        raise cli.UsageError(str(exc)) from None
+
+
+def _diff_dirs(args) -> int:
+    if len(args.dirs) != 2:
+        raise cli.UsageError(f"DIR_A DIR_B: expected two run directories, got "
+                             f"{len(args.dirs)} ({' '.join(args.dirs)}); or none, to make "
+                             "both runs")
+    flags = _given_run_flags(args, args.parser)
+    if flags:
+        raise cli.UsageError(f"{flags[0]}: not allowed with DIR_A DIR_B (the runs exist "
+                             "already; only --json, --context and --out apply)")
+    labels = _labels(*(Path(d) for d in args.dirs))
+    a, b = (read_run(d, label) for d, label in zip(args.dirs, labels, strict=True))
+    out = None
+    if args.out is not None:
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise cli.UsageError(f"--out {out}: cannot create the directory: "
+                                 f"{exc.strerror or exc}") from None
+    return _report(args, a, b, out)
+
+
+def _labels(dir_a: Path, dir_b: Path) -> tuple[str, str]:
+    """Each run's impl from its metrics.json ("A" / "B" when unknown or the same)."""
+    impls = []
+    for d in (dir_a, dir_b):
+        try:
+            config = json.loads((d / "metrics.json").read_text())["config"]
+            impl = config["impl"]
+        except (OSError, ValueError, KeyError, TypeError):
+            impls.append(None)
+            continue
+        swapped = impl == "vllm-ascend" and config.get("planner") == "kit"
+        impls.append(f"{impl} (kit planner)" if swapped else impl)
+    if None in impls or impls[0] == impls[1]:
+        return ("A", "B") if None in impls else (f"A:{impls[0]}", f"B:{impls[1]}")
+    return impls[0], impls[1]
+
+
+def _sides(args) -> list[tuple[str, str, str | None]]:
+    """(label, impl, tree) of runs A and B."""
+    tree_a, tree_b = args.vllm_ascend_a, args.vllm_ascend_b
+    if tree_a is None and tree_b is None:
+        if args.async_scheduling:
+            raise cli.UsageError("--async-scheduling: run A is the kit, which emulates "
+                                 "synchronous scheduling only; compare two vllm-ascend "
+                                 "trees (--vllm-ascend-a/--vllm-ascend-b) instead")
+        return [("kit", "kit", None), ("vllm-ascend", "vllm-ascend", args.vllm_ascend)]
+    if tree_a is None or tree_b is None:
+        missing = "--vllm-ascend-b" if tree_a is not None else "--vllm-ascend-a"
+        raise cli.UsageError(f"{missing}: required with the other of --vllm-ascend-a/"
+                             "--vllm-ascend-b (both runs use a vllm-ascend tree)")
+    if args.vllm_ascend is not None:
+        raise cli.UsageError("--vllm-ascend: not allowed with --vllm-ascend-a/"
+                             "--vllm-ascend-b (they name both trees)")
+    return [("A", "vllm-ascend", tree_a), ("B", "vllm-ascend", tree_b)]
+
+
+def _diff_runs(args) -> int:
+    args.torchrun = None
+    if args.dp is None:
+        args.dp = cli.DEFAULT_DP
+    sides = _sides(args)
+    sources = cli._config_sources(args)
+    runs = []
+    for label, impl, tree in sides:  # check both before anything starts
+        side = copy.copy(args)
+        side.impl, side.vllm_ascend = impl, tree
+        if impl == "kit":
+            side.planner = None  # --planner chooses the planner of the vllm-ascend runs
+        elif args.planner == "kit":
+            label += " (kit planner)"
+        runs.append((label, side, cli.prepare(side, sources)))
+    out = cli.prepare_out_dir(args.out, args.overwrite, "diff", RUN_DIRS)
+    for (label, side, prepared), name in zip(runs, RUN_DIRS, strict=True):
+        try:
+            cli.run_one(side, prepared, prepared.configs[0], out / name,
+                        f"{name.upper()} ({label})")
+        except cli.ClusterFailed as exc:
+            print(f"dyntra-emu diff: error: run {name.upper()} ({label}): {exc}",
+                  file=sys.stderr)
+            return EXIT_RUN_FAILED
+    a, b = (read_run(out / name, label)
+            for (label, _, _), name in zip(runs, RUN_DIRS, strict=True))
+    return _report(args, a, b, out)
+
+
+def _report(args, a, b, out: Path | None) -> int:
+    report = compare(a, b, before=args.context)
+    text = json.dumps(report.to_dict(), indent=1) if args.json else format_report(report)
+    if out is not None:
+        (out / REPORT).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        plot_load(a, b, report, out / PLOT)
+    try:
+        print(text, flush=True)
+        if out is not None and not args.json:
+            print(f"\nOutputs in {out}/: {REPORT}, {PLOT}"
+                  + (", a/ and b/ (the runs)" if not args.dirs else ""))
+    except BrokenPipeError:
+        pass
+    return 0 if report.identical else EXIT_DIVERGENT
