@@ -1,4 +1,5 @@
-"""Hypothesis profiles, loaded before any test module builds its ``@settings``.
+"""Hypothesis profiles, loaded before any test module builds its ``@settings``; the
+compiled planner's cache, built once per session.
 
 ``ci`` (the default): derandomized, so every run (CI or local) tests the same examples
 and a failure reproduces by rerunning; no example database, so earlier runs cannot
@@ -17,3 +18,13 @@ settings.register_profile("ci", derandomize=True, database=None, max_examples=30
                           print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    """Before any test (and, under xdist, before the workers start): compile the numba
+    planner into its disk cache once, so that no rank of a test compiles it (tens of
+    seconds) while its peers wait in a collective."""
+    if not hasattr(config, "workerinput"):
+        from dyntra_lb import planner
+
+        planner.warm_up()
