@@ -298,6 +298,11 @@ class Watchdog:
                 return (f"collective mismatch: rank {r} finished its run after "
                         f"{self._short(r, done)}, while rank {waiter} waits in "
                         f"{self._short(waiter, top)}")
+        lowest = min(int(entered[r]) for r in blocked)
+        if int(heads[:, _COMPLETED].max()) >= lowest:
+            # A peer already completed the collective the last rank waits in: that rank
+            # is only slow to leave it (a starved process on a loaded machine), not stuck.
+            return None
         rows = {r: self._row(r, int(entered[r])) for r in blocked}
         if len({(int(row[0]), int(row[1])) for row in rows.values()}) > 1:
             parts = "; ".join(f"rank {r} waits in {self._format(r, row)}"

@@ -158,6 +158,19 @@ def test_ranks_stuck_in_different_collectives_are_a_mismatch_once_nothing_moves(
         "iteration 4, step_counter 4, wave 0")
 
 
+def test_a_rank_slow_to_leave_a_collective_its_peer_completed_is_no_mismatch(tmp_path):
+    # Rank 0 completed seq 4 and waits in seq 5; rank 1 is still inside seq 4 (a starved
+    # process on a loaded machine): seq 4 did complete, so nothing is stuck yet.
+    ranks = Ranks(tmp_path, timeout_s=10.0)
+    ranks.steps(4)
+    ranks.steps(1, ranks=[0])
+    ranks.stuck_in(0, "engine.lockstep", "all_reduce_max", ranks.step)
+    ranks.stuck_in(1, "engine.lockstep", "all_reduce_max", ranks.step)
+    assert ranks.watchdog.poll(100.0, set()) is None
+    assert ranks.watchdog.poll(105.0, set()) is None  # stable for 5 s: still only slow
+    assert ranks.watchdog.poll(110.0, set()).startswith("collective hang: ")
+
+
 def test_ranks_stuck_in_the_same_collective_are_a_hang_at_the_timeout(tmp_path):
     ranks = Ranks(tmp_path, timeout_s=10.0)
     ranks.steps(4)
