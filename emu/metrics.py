@@ -280,7 +280,8 @@ def _lb_activity(run: Run) -> dict:
         "waves": len({s["wave"] for s in run.steps[0]}) if run.steps else 0,
         "longest_wave_steps": max((s["step_counter"] for s in run.steps[0]), default=0)
         if run.steps else 0,
-        "largest_prompt_tokens": max((r["prompt_tokens"] for r in run.requests),
+        "largest_prompt_tokens": max((r["prompt_tokens"] for r in run.requests
+                                      if r["prompt_tokens"] is not None),  # partial runs
                                      default=None),
     }
 
