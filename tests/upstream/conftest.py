@@ -21,6 +21,7 @@ from emu.cluster import RunResult, RunSpec, run_cluster
 from emu.engine import RankSummary
 from emu.impl.vllm_ascend.tree import ENV_VAR, SUPPORTED_VLLM, installed_vllm
 from tests.integration.conftest import (  # noqa: F401 - fixtures shared with this tier
+    STATIC_CONFIG,
     kit,
     no_leftover_processes,
     spec,
@@ -56,10 +57,22 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.skip(reason=f"upstream tier not run: {WHY_NOT}"))
 
 
+# Scheduler variants of the static run: vLLM's async scheduling, vllm-ascend's
+# recompute scheduler (each with DyntraLB, so the Async/Recompute DyntraLB classes run).
+VARIANTS = {
+    "static-async": {"async_scheduling": True},
+    "static-recompute": {"additional_config": {"scheduler_config": {
+        **STATIC_CONFIG["scheduler_config"], "recompute_scheduler_enable": True}}},
+}
+
+
 def upstream_spec(name: str, dp_size: int, out_dir: pathlib.Path, **fields) -> RunSpec:
-    """The integration tier's named run, on vllm-ascend's DyntraLB."""
-    fields = {"vllm_ascend": str(TREE), "run_timeout_s": 600.0, **fields}
-    return dataclasses.replace(spec(name, dp_size, out_dir), impl="vllm-ascend", **fields)
+    """The integration tier's named run (or a scheduler variant of the static one), on
+    vllm-ascend's DyntraLB."""
+    fields = {"vllm_ascend": str(TREE), "run_timeout_s": 600.0, **VARIANTS.get(name, {}),
+              **fields}
+    base = spec("static" if name in VARIANTS else name, dp_size, out_dir)
+    return dataclasses.replace(base, impl="vllm-ascend", **fields)
 
 
 @pytest.fixture(scope="session")

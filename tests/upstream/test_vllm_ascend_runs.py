@@ -133,3 +133,20 @@ def test_replay_of_vllm_ascends_diagnostics_reproduces_every_plan(upstream_run, 
     plans = sum(s["plan_generated"] is not None for s in kit.steps(result, 0))
     assert report["summary"]["snapshots"] == plans > 0
     assert report["summary"]["reproduced"] == plans
+
+
+@pytest.mark.parametrize("name,scheduler", [
+    ("static-async", "vllm_ascend.core.dyntra_lb_scheduler.AsyncDyntraLBScheduler"),
+    ("static-recompute", "vllm_ascend.core.recompute_scheduler.DyntraLBRecomputeScheduler"),
+])
+def test_scheduler_variants_run_production_s_class_to_the_end(upstream_run, kit, name,
+                                                              scheduler):
+    """Async scheduling and the recompute scheduler select the DyntraLB scheduler class
+    production selects, and the run completes with plans on every rank."""
+    result = upstream_run(name, 2)
+    assert scheduler in (result.out_dir / "rank0.vllm.log").read_text()
+    records = [r for rank in range(2) for r in kit.requests(result, rank)]
+    assert sorted(r["request_id"] for r in records) == sorted(
+        t.request_id for t in _trace("static", 2))
+    assert all(r["finish_s"] is not None for r in records)
+    assert all(summary.num_plans > 0 for summary in result.ranks)
