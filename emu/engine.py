@@ -82,6 +82,18 @@ class StallError(RuntimeError):
     iterations."""
 
 
+def describe_stall(rank: int, stall_steps: int, iteration: int, wave: int, stuck: list,
+                   paused, free_blocks: int) -> str:
+    """The StallError message of either engine: the stuck rank and its requests' states."""
+    described = ", ".join(
+        f"{r.request_id} ({r.status.name}"
+        f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
+    more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+    return (f"rank {rank} is stuck: {len(stuck)} unfinished request(s) but no token "
+            f"scheduled for {stall_steps} steps (iteration {iteration}, wave {wave}); "
+            f"{described}{more}; KV blocks free: {free_blocks}")
+
+
 @dataclass
 class _Step:
     """What one iteration did, for its step record."""
@@ -333,16 +345,11 @@ class EngineCore:
 
     def _describe_stall(self) -> str:
         scheduler = self.scheduler
-        paused = scheduler.lb.paused_req_ids if scheduler.lb is not None else set()
-        stuck = [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting]
-        described = ", ".join(
-            f"{r.request_id} ({r.status.name}"
-            f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
-        more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
-        return (f"rank {self.dp_rank} is stuck: {len(stuck)} unfinished request(s) but no "
-                f"token scheduled for {self.spec.stall_steps} steps (iteration "
-                f"{self.iteration}, wave {self.current_wave}); {described}{more}; KV blocks "
-                f"free: {scheduler.kv_cache_manager.pool.get_num_free_blocks()}")
+        return describe_stall(
+            self.dp_rank, self.spec.stall_steps, self.iteration, self.current_wave,
+            [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting],
+            scheduler.lb.paused_req_ids if scheduler.lb is not None else set(),
+            scheduler.kv_cache_manager.pool.get_num_free_blocks())
 
     def _num_waiting(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.skipped_waiting)

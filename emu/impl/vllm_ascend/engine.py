@@ -34,13 +34,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import EngineCoreRequestType
 from vllm.v1.engine.core import DPEngineCoreProc, EngineCore, EngineShutdownState
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.coordinator import ALLGATHER_SITE
 from dyntra_lb.planner import balance_load
 from emu.clock import LockstepClock
-from emu.engine import RankSummary, StallError
+from emu.engine import RankSummary, StallError, describe_stall
 from emu.eventlog import EventLog, WallLog
 from emu.guard import CollectiveRecorder
 from emu.impl.vllm_ascend import collectives
@@ -460,17 +460,11 @@ class EmulatedRank:
 
     def _stalled(self) -> None:
         scheduler = self.scheduler
-        paused = getattr(scheduler, "_lb_paused_req_ids", ())
-        stuck = [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting]
-        described = ", ".join(
-            f"{r.request_id} ({RequestStatus(r.status).name}"
-            f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
-        more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
-        raise StallError(
-            f"rank {self.dp_rank} is stuck: {len(stuck)} unfinished request(s) but no token "
-            f"scheduled for {self.stall_steps} steps (iteration {self.iteration}, wave "
-            f"{self.engine.current_wave}); {described}{more}; KV blocks free: "
-            f"{scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}")
+        raise StallError(describe_stall(
+            self.dp_rank, self.stall_steps, self.iteration, self.engine.current_wave,
+            [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting],
+            getattr(scheduler, "_lb_paused_req_ids", ()),
+            scheduler.kv_cache_manager.block_pool.get_num_free_blocks()))
 
 
 def _plan_dict(plan) -> dict | None:
