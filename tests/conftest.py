@@ -28,3 +28,13 @@ def pytest_configure(config):
         from dyntra_lb import planner
 
         planner.warm_up()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say once, at the end, why the upstream tier did not run (its tests are skipped
+    with the reason; under xdist only this root conftest reaches the summary)."""
+    reasons = {report.longrepr[2] for report in terminalreporter.stats.get("skipped", [])
+               if isinstance(report.longrepr, tuple) and "upstream tier not run" in
+               report.longrepr[2]}
+    for reason in sorted(reasons):
+        terminalreporter.write_line(reason.removeprefix("Skipped: "))

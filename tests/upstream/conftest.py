@@ -99,8 +99,3 @@ def upstream_run(tmp_path_factory):
                              logs=[out_dir / f"rank{r}.log" for r in ranks])
 
     return get
-
-
-def pytest_terminal_summary(terminalreporter):
-    if WHY_NOT is not None and terminalreporter.stats.get("skipped"):
-        terminalreporter.write_line(f"upstream tier not run: {WHY_NOT}")
