@@ -111,11 +111,11 @@ def _shared_root(tmp_path_factory) -> pathlib.Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-@pytest.fixture(scope="session")
-def shared_run(tmp_path_factory):
-    """``shared_run(name, dp_size) -> RunResult``: runs the named cluster once per
-    session; later calls (from any xdist worker) reuse the files of the first."""
-    root = _shared_root(tmp_path_factory) / "engine-clusters"
+def shared_runs(tmp_path_factory, subdir: str, make_spec):
+    """``get(name, dp_size) -> RunResult`` over ``make_spec(name, dp_size, out_dir)``:
+    each named cluster runs once per session; later calls (from any xdist worker) reuse
+    the files of the first."""
+    root = _shared_root(tmp_path_factory) / subdir
     root.mkdir(parents=True, exist_ok=True)
 
     def get(name: str, dp_size: int) -> RunResult:
@@ -123,20 +123,23 @@ def shared_run(tmp_path_factory):
         with open(root / f"{name}-dp{dp_size}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             done = out_dir / "summaries.json"
-            if done.exists():
-                summaries = [RankSummary(**s) for s in json.loads(done.read_text())]
-                ranks = range(dp_size)
-                return RunResult(
-                    out_dir=out_dir, ranks=summaries,
-                    event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
-                    wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
-                    logs=[out_dir / f"rank{r}.log" for r in ranks],
-                )
-            result = run_cluster(spec(name, dp_size, out_dir))
-            done.write_text(json.dumps([dataclasses.asdict(s) for s in result.ranks]))
-            return result
+            if not done.exists():
+                result = run_cluster(make_spec(name, dp_size, out_dir))
+                done.write_text(json.dumps([dataclasses.asdict(s) for s in result.ranks]))
+            summaries = [RankSummary(**s) for s in json.loads(done.read_text())]
+            ranks = range(dp_size)
+            return RunResult(out_dir=out_dir, ranks=summaries,
+                             event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
+                             wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
+                             logs=[out_dir / f"rank{r}.log" for r in ranks])
 
     return get
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """``shared_run(name, dp_size) -> RunResult``: the named kit runs of ``spec``."""
+    return shared_runs(tmp_path_factory, "engine-clusters", spec)
 
 
 # ---------------------------------------------------------------- log helpers

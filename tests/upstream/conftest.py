@@ -10,20 +10,18 @@ can never pass on a tier that did not run.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
 import os
 import pathlib
 
 import pytest
 
-from emu.cluster import RunResult, RunSpec, run_cluster
-from emu.engine import RankSummary
+from emu.cluster import RunSpec
 from emu.impl.vllm_ascend.tree import ENV_VAR, SUPPORTED_VLLM, installed_vllm
 from tests.integration.conftest import (  # noqa: F401 - fixtures shared with this tier
     STATIC_CONFIG,
     kit,
     no_leftover_processes,
+    shared_runs,
     spec,
 )
 
@@ -79,23 +77,4 @@ def upstream_spec(name: str, dp_size: int, out_dir: pathlib.Path, **fields) -> R
 def upstream_run(tmp_path_factory):
     """``upstream_run(name, dp_size) -> RunResult``: each named vllm-ascend run once per
     session, shared by every test and xdist worker that asks for it."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "upstream"
-    root.mkdir(parents=True, exist_ok=True)
-
-    def get(name: str, dp_size: int) -> RunResult:
-        out_dir = root / f"{name}-dp{dp_size}"
-        with open(root / f"{name}-dp{dp_size}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            done = out_dir / "summaries.json"
-            ranks = range(dp_size)
-            if not done.exists():
-                result = run_cluster(upstream_spec(name, dp_size, out_dir))
-                done.write_text(json.dumps([dataclasses.asdict(s) for s in result.ranks]))
-            summaries = [RankSummary(**s) for s in json.loads(done.read_text())]
-            return RunResult(out_dir=out_dir, ranks=summaries,
-                             event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
-                             wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
-                             logs=[out_dir / f"rank{r}.log" for r in ranks])
-
-    return get
+    return shared_runs(tmp_path_factory, "upstream", upstream_spec)
