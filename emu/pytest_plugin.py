@@ -64,7 +64,8 @@ def _trace_from(trace, workload):
     if (trace is None) == (workload is None):
         raise ValueError("dyntra_cluster: pass exactly one of trace=... or workload=...")
     if workload is not None:
-        from emu.cli import UsageError, resolve_workload
+        from emu.cli.errors import UsageError
+        from emu.cli.inputs import resolve_workload
 
         try:
             return load_trace(resolve_workload(str(workload)))
