@@ -109,7 +109,10 @@ class RunSpec:
         "check invariants every step on every rank (requests and KV blocks conserved, "
         "paused requests keep their KV, admission only from the plan's set); slower",
         section="run")
-    stall_steps: int = knob(10_000, Int(1))
+    stall_steps: int = knob(
+        10_000, Int(1),
+        "a rank that holds unfinished requests but schedules no token for N consecutive "
+        "steps fails the run, naming those requests", section="run")
     transport: str = knob(
         "process", Choice(TRANSPORTS),
         "process: one process per rank over gloo; thread: every rank a thread of this "

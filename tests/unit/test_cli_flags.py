@@ -55,11 +55,13 @@ def test_knobs_without_help_are_not_flags():
 def test_parsed_flags_reach_the_runspec():
     args = build_parser().parse_args(
         ["run", "--max-num-seqs", "7", "--block-size", "16", "--router", "least_loaded",
-         "--strict", "--transport", "thread", "--collective-timeout", "5", "--seed", "9"])
+         "--strict", "--transport", "thread", "--collective-timeout", "5", "--seed", "9",
+         "--stall-steps", "50"])
     spec = RunSpec(trace=[], dp_size=2, out_dir=".", **spec_kwargs(args))
     assert (spec.max_num_seqs, spec.block_size, spec.router) == (7, 16, "least_loaded")
     assert (spec.strict, spec.transport, spec.collective_timeout_s, spec.seed) == (
         True, "thread", 5.0, 9)
+    assert spec.stall_steps == 50
 
 
 def test_unset_flags_give_the_runspec_its_own_defaults():
