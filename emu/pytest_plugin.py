@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from emu.knobs import is_int
+
 DEFAULT_DP = 2
 
 
@@ -135,7 +137,7 @@ def _dp_from_marker(node) -> int:
         raise pytest.UsageError(f"{node.nodeid}: @pytest.mark.dp takes one argument, the "
                                 f"number of DP ranks, e.g. @pytest.mark.dp(2)")
     n = marker.args[0]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if not is_int(n) or n < 1:
         raise pytest.UsageError(f"{node.nodeid}: @pytest.mark.dp expects an integer >= 1, "
                                 f"got {n!r}")
     return n

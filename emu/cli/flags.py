@@ -14,9 +14,10 @@ import textwrap
 
 from emu.cli.inputs import bundled_workloads
 from emu.costs import DEFAULT_PROFILE, PROFILES
-from emu.faults import COLLECTIVE_SITES, parse_fault
+from emu.faults import parse_fault
 from emu.knobs import Choice, Int, Switch
 from emu.limits import MAX_DP_SIZE
+from emu.sites import COLLECTIVE_SITES
 from emu.spec import knobs
 
 DEFAULT_DP = 4

@@ -37,7 +37,6 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 from dyntra_lb.blocks import block_counts
-from dyntra_lb.coordinator import ALLGATHER_SITE
 from dyntra_lb.planner import balance_load
 from emu.clock import LockstepClock
 from emu.engine import RankSummary, StallError, describe_stall
@@ -47,6 +46,7 @@ from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.intake import Arrivals
+from emu.sites import ALLGATHER_SITE
 
 # The token every emulated forward samples (any id below the model's vocab size).
 _SAMPLED_TOKEN = 1
