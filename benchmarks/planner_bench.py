@@ -1,4 +1,4 @@
-"""Planner speed: the literal oracle of spec D (tests/literal_planner.py, the production
+"""Planner speed: the literal oracle of docs/planner.md (tests/literal_planner.py, the production
 algorithm), the Python planner (dyntra_lb.planner.balance_load_python) and the compiled
 planner (dyntra_lb.planner.balance_load_native, numba) side by side in one process, on
 generated snapshots.

@@ -1,4 +1,4 @@
-"""The load unit of DyntraLB: a request's KV-block count (spec glossary).
+"""The load unit of DyntraLB: a request's KV-block count (docs/protocol.md, "The payload").
 
 Everything DyntraLB measures, publishes and plans is in blocks: the engine counts a
 newly added request to arm dynamic mode, the policy counts running requests and

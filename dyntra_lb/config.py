@@ -1,13 +1,15 @@
 """DyntraLB configuration: the ``dyntra_lb_config`` block, the surrounding
-``scheduler_config`` switches and the startup (deployment) checks (spec A).
+``scheduler_config`` switches and the startup (deployment) checks (docs/config.md).
 
 Read once at startup: the engine builds ``load_additional_config(...)`` from the
 ``--additional-config`` value, runs ``check_deployment`` before starting any rank, and
 hands ``AdditionalConfig.dyntra_lb`` to the coordinator and the scheduler policy. Every
-rejection is a ``ValueError``. The DyntraLB messages (A.3, the scheduler_config message
-of A.4, A.5 step 4) are the reference's text character for character; the generic
+rejection is a ``ValueError``. The DyntraLB messages (in docs/config.md: the validation
+order, the scheduler_config message, the DyntraLB startup checks) are the reference's
+text character for character; the generic
 balance-scheduling, short-request-first and recompute rejections, the batch-job rejection
-(H.12), the JSON errors and the type checks of the sibling switches are worded by us.
+(docs/protocol.md, quirk Q10), the JSON errors and the type checks of the sibling
+switches are worded by us.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ def _type_name(value: Any) -> str:
 
 @dataclass(frozen=True)
 class DyntraLBConfig:
-    """``additional_config["scheduler_config"]["dyntra_lb_config"]`` (spec A.2).
+    """``additional_config["scheduler_config"]["dyntra_lb_config"]`` (docs/config.md).
 
-    Constructing it validates in the spec's order (A.3 step 3); ``bubble_threshold`` is
-    stored as a float. NaN and +inf thresholds pass, as in the reference (H.12).
+    Constructing it validates in vllm-ascend's order (docs/config.md, "Validation
+    order"); ``bubble_threshold`` is stored as a float. NaN and +inf thresholds pass, as
+    in the reference (docs/protocol.md, quirk Q10).
     """
 
     enabled: bool = False
@@ -98,7 +101,8 @@ class DyntraLBConfig:
 
     @classmethod
     def from_dict(cls, d: Any) -> DyntraLBConfig:
-        """Build from the user's ``dyntra_lb_config`` value (A.3): None means all
+        """Build from the user's ``dyntra_lb_config`` value (docs/config.md, "Validation
+        order"): None means all
         defaults; anything but a dict, or a dict with unknown keys, is rejected."""
         if d is None:
             d = {}
@@ -120,10 +124,11 @@ def _sorted_keys(keys: list) -> list:
 
 @dataclass(frozen=True)
 class AdditionalConfig:
-    """The parts of vllm-ascend's ``additional_config`` that matter to DyntraLB (A.4).
+    """The parts of vllm-ascend's ``additional_config`` that matter to DyntraLB
+    (docs/config.md, "The surrounding scheduler_config").
 
     ``raw`` is the user's dict as given; ``diagnostics_enabled`` and the scheduler-side
-    diagnostics flag read it directly (A.7).
+    diagnostics flag read it directly (docs/config.md, "How the engine resolves the config").
     """
 
     dyntra_lb: DyntraLBConfig
@@ -336,7 +341,8 @@ def check_deployment(
     nnodes_within_dp: int = 1,
     async_scheduling: bool = False,
 ) -> str:
-    """Startup checks of spec A.5, in the reference's order; returns the scheduler
+    """Startup checks (docs/config.md, "Decode-node startup checks"), in the reference's
+    order; returns the scheduler
     variant that applies: ``"plain"``, ``"async"``, ``"recompute"`` or
     ``"async_recompute"`` (combined with DyntraLB when ``dyntra_lb.enabled``).
 
@@ -399,10 +405,11 @@ def check_deployment(
 
 
 def diagnostics_enabled(additional_config_raw: Any) -> bool:
-    """Raw-config diagnostics switch (A.7 last bullet): True only when
+    """Raw-config diagnostics switch (docs/config.md, "How the engine resolves the
+    config"): True only when
     ``scheduler_config.dyntra_lb_config.enable_diagnostics is True`` in a chain of dicts.
     Ignores ``enabled`` and does not validate; the step-counter line and the recompute
-    scheduler's summary are gated by it (H.14)."""
+    scheduler's summary are gated by it (docs/protocol.md, quirk Q11)."""
     if isinstance(additional_config_raw, AdditionalConfig):
         additional_config_raw = additional_config_raw.raw
     if not isinstance(additional_config_raw, dict):

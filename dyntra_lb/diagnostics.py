@@ -1,10 +1,11 @@
-"""Text of every DyntraLB diagnostics line and table (spec F), byte for byte.
+"""Text of every DyntraLB diagnostics line and table, byte for byte; each
+function's docstring starts with the heading of its entry in docs/diagnostics.md.
 
 Pure functions: each returns the exact text, the caller decides whether diagnostics are
 on and logs it at INFO through ``logging.getLogger("dyntra_lb")`` — one logger call per
 line or table (tables are returned as one string joined by ``"\\n"``). The emulator's
-replay tool parses the same text, so these formats are a contract: change them only with
-the spec.
+replay tool parses the same text, so these formats are a contract: change them only when
+vllm-ascend's change.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ _CONFIG_KEYS = (
 
 
 def enable_line() -> str:
-    """F.1: the engine-core wrapper found DyntraLB enabled (rank 0)."""
+    """Enable line: the engine-core wrapper found DyntraLB enabled (rank 0)."""
     return f"{PREFIX} Enable DyntraLB DP load balancing."
 
 
 def config_lines(cfg: Any) -> list[str]:
-    """F.2: the effective config at DP init (rank 0). The first line always says
+    """Config dump: the effective config at DP init (rank 0). The first line always says
     ``enabled = True`` because it is only printed when DyntraLB is on."""
     lines = [f"{PREFIX} dyntra_lb_config.enabled = True"]
     lines += [f"{PREFIX} dyntra_lb_config.{key} = {getattr(cfg, key)}" for key in _CONFIG_KEYS]
@@ -40,13 +41,13 @@ def config_lines(cfg: Any) -> list[str]:
 
 
 def step_counter_line(step_counter: int) -> str:
-    """F.3: every ``_has_global_unfinished_reqs`` call on every rank, with the
+    """Step-counter line: every ``_has_global_unfinished_reqs`` call on every rank, with the
     step counter before upstream increments it. No prefix."""
     return f"_has_global_unfinished_reqs | step_counter: {step_counter}"
 
 
 def wave_end_line(next_wave: int) -> str:
-    """F.4: a wave ended (no engine running); ``next_wave`` is the incremented wave."""
+    """Wave-end line: a wave ended (no engine running); ``next_wave`` is the incremented wave."""
     return (
         f"{PREFIX} run_busy_loop() | No engines running, step_counter set to 0, "
         f"current_wave incremented to {next_wave}."
@@ -54,7 +55,7 @@ def wave_end_line(next_wave: int) -> str:
 
 
 def activation_line(blk_num: int, threshold: int, current_wave: int, step_counter: int) -> str:
-    """F.5: dynamic mode switched on by a long request (``blk_num`` is the global max)."""
+    """Dynamic activation: switched on by a long request (``blk_num`` is the global max)."""
     return (
         f"{PREFIX} Dynamic LB enabled by long request: blk_num={blk_num}, "
         f"threshold={threshold}, current_wave={current_wave}, step_counter={step_counter}"
@@ -62,7 +63,7 @@ def activation_line(blk_num: int, threshold: int, current_wave: int, step_counte
 
 
 def deactivation_line(k: int, current_wave: int, step_counter: int) -> str:
-    """F.6: dynamic mode switched off after ``k`` active steps without a long request."""
+    """Dynamic deactivation: switched off after ``k`` active steps without a long request."""
     return (
         f"{PREFIX} Dynamic LB disabled after {k} steps without long request: "
         f"current_wave={current_wave}, step_counter={step_counter}"
@@ -74,7 +75,7 @@ def _items(values: Iterable[int]) -> str:
 
 
 def requests_table(requests_by_rank: Sequence[tuple[Sequence[int], int]]) -> str:
-    """F.7: the gathered snapshot, printed on rank 0 after planning. Waiting shows only
+    """Requests table: the gathered snapshot, printed on rank 0 after planning. Waiting shows only
     the positive entries after the split (the zero padding is hidden)."""
     lines = ["=" * 85, f"{PREFIX} requests_by_rank (DP Workload Status):"]
     for rank, (blks, split) in enumerate(requests_by_rank):
@@ -94,7 +95,8 @@ def _plan_fields(plan: Any) -> tuple[Sequence[int], Sequence[int], bool]:
 
 
 def modifications_table(plans: Sequence[Any]) -> str:
-    """F.8: one plan per rank (``Plan`` objects or the reference's plan dicts), printed
+    """Modifications table: one plan per rank (``Plan`` objects or the reference's plan
+    dicts), printed
     on rank 0 right after the requests table."""
     lines = ["=" * 60, f"{PREFIX} modifications:"]
     for rank, plan in enumerate(plans):
@@ -107,7 +109,7 @@ def modifications_table(plans: Sequence[Any]) -> str:
 
 
 def pause_line(request_id: str) -> str:
-    """F.9: the scheduler paused a running request (keeps its KV)."""
+    """``DYNTRA_LB_PAUSE``: the scheduler paused a running request (keeps its KV)."""
     return f"DYNTRA_LB_PAUSE request_id={request_id}"
 
 
@@ -124,7 +126,7 @@ def scheduler_summary_line(
     scheduler_block_size: int,
     cache_block_size: int,
 ) -> str:
-    """F.10: printed at the end of every ``schedule()``.
+    """Scheduler summary: printed at the end of every ``schedule()``.
 
     Requests need ``status`` (a ``RequestStatus`` member, compared by name, or its name
     as a string), ``request_id`` and ``num_tokens``. "Schedulable" means WAITING or

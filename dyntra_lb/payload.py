@@ -1,4 +1,4 @@
-"""The DyntraLB all-gather wire format (spec C).
+"""The DyntraLB all-gather wire format (docs/protocol.md, "The payload").
 
 Each rank packs its snapshot into one int32 buffer of ``2 * max_num_seqs + 2`` slots
 right before the all-gather of an active step, and every rank unpacks all gathered

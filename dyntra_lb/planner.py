@@ -1,10 +1,11 @@
-"""DyntraLB planner (spec D): the gathered snapshot -> one plan per DP rank.
+"""DyntraLB planner (docs/planner.md): the gathered snapshot -> one plan per DP rank.
 
 Every rank calls :func:`balance_load` on the decoded all-gather payload after each active
 decode step and keeps its own row. It sits on the decode critical path, so it has to be
 fast, and all ranks must agree, so it has to be exact: the output equals the reference
-algorithm of spec D (transcribed literally in ``tests/literal_planner.py``) for every
-input, quirks included (spec H.4, H.7, H.8).
+algorithm of docs/planner.md (transcribed literally in ``tests/literal_planner.py``) for
+every input, quirks included (docs/protocol.md, quirks Q4, Q7, Q8). The docstrings of the
+planner's steps below start with the docs/planner.md heading that describes the step.
 
 Two implementations, one entry point
 ------------------------------------
@@ -72,11 +73,12 @@ this order. Sizes are block counts; ``round`` is the reference's round counter (
 advances on productive rounds).
 
 * ``{"kind": "parsed", "cards": [{"rank", "running": [...], "waiting": [...],
-  "tot_blk"}]}`` — after parsing (D.2), per rank in rank order.
+  "tot_blk"}]}`` — after parsing (docs/planner.md, "Input and parsing"), per rank in rank order.
 * ``{"kind": "fill", "rank", "blk", "tot_blk"}`` — one per waiting item pulled into a
-  free slot (D.4); ``tot_blk`` is the rank's total after the pull.
+  free slot (fill step); ``tot_blk`` is the rank's total after the pull.
 * ``{"kind": "round", "round", "order": [ranks, most loaded first], "tot_blk": [per rank,
-  indexed by rank], "avg", "bubble"}`` — start of each round, after the sort (D.7 step 1).
+  indexed by rank], "avg", "bubble"}`` — start of each round, after the sort (main loop,
+  step 1).
 * ``{"kind": "swap", "round", "rank", "mode": "increase" | "decrease", "out_blk",
   "in_blk", "newly_added" (of the swapped-out item), "dist_before", "dist_after",
   "tie_rule", "tot_blk"}`` — one per performed swap. ``tie_rule`` is true when the
@@ -84,13 +86,14 @@ advances on productive rounds).
   an earlier equally good one).
 * ``{"kind": "drop", "round", "rank", "blk", "newly_added", "throughput_before",
   "throughput_after", "tie_rule", "tot_blk"}`` — the throughput heuristic paused a
-  running item (D.6); ``tie_rule`` as for swaps (equal throughput, newly added wins).
+  running item (throughput-drop heuristic); ``tie_rule`` as for swaps (equal throughput,
+  newly added wins).
 * ``{"kind": "no_drop", "round", "rank", "throughput"}`` — the heuristic was tried and
   found nothing (``throughput`` is None when at most one request runs in total).
 * ``{"kind": "stop", "reason": "bubble_below_threshold" | "no_progress" | "max_iters",
   "round", "bubble"}`` — why the loop ended (``bubble`` is the last value computed).
 * ``{"kind": "cancel", "rank", "cancelled": [...], "out_blk", "in_blk"}`` — per rank with
-  at least one cancelled pair (D.8): the cancelled values, and the lists that survive.
+  at least one cancelled pair (cancellation): the cancelled values, and the lists that survive.
 * ``{"kind": "plans", "plans": [plan dicts, by rank]}`` — the result.
 """
 
@@ -113,7 +116,8 @@ IMPLEMENTATION = "python" if _native is None else "numba"
 THROUGHPUT_FIXED = 20000
 THROUGHPUT_PER_BLOCK = 19.2
 
-# Block counts arrive as int32 (spec C). The float argument of the module docstring
+# Block counts arrive as int32 (docs/protocol.md, "The payload"). The float argument of
+# the module docstring
 # needs rounding errors far below 1/4: true while the sum of all |block counts| stays
 # below _MAX_TOTAL_BLOCKS (a real payload is far below).
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -292,7 +296,7 @@ class _Card:
 
 
 def _parse(requests_by_rank, rank: int) -> tuple[_Card, int]:
-    """D.2: running = entries before ``split``, waiting = the rest, up to the first 0.
+    """Input and parsing: running = entries before ``split``, waiting = the rest, up to the first 0.
     Also returns a bound on the sum of the rank's |block counts|."""
     if rank >= len(requests_by_rank):
         return _Card(rank, [], []), 0
@@ -383,7 +387,7 @@ class _Planner:
         self.observer = observer
 
     def bubble(self, max_blk: int) -> float:
-        """D.3, given the current maximum ``tot_blk``."""
+        """Bubble metric, given the current maximum ``tot_blk``."""
         avg = self.total / self.n
         if self.ratio:
             if max_blk <= 0:
@@ -392,7 +396,7 @@ class _Planner:
         return max_blk - avg
 
     def fill(self, max_num_seqs: int) -> None:
-        """D.4: admit the head of each rank's waiting list into its free slots."""
+        """Fill step: admit the head of each rank's waiting list into its free slots."""
         observer = self.observer
         for card in self.cards:
             k = min(max_num_seqs - len(card.run), len(card.wait))
@@ -412,7 +416,7 @@ class _Planner:
                               "tot_blk": card.tot})
 
     def swap(self, card: _Card, increase: bool, rnd: int) -> bool:
-        """D.5: find and perform the best swap on ``card``; True if one was made."""
+        """Swap search: find and perform the best swap on ``card``; True if one was made."""
         if not card.run or not card.wait:
             return False
         if card.rcode is None:
@@ -486,7 +490,7 @@ class _Planner:
         return True
 
     def _swap_one_rank(self, card: _Card, increase: bool, rnd: int, base: float) -> bool:
-        """D.5 with one rank: target == tot, so every distance (and the baseline) is
+        """Swap search with one rank: target == tot, so every distance (and the baseline) is
         exactly 0.0 and only the tie rule can pick: the first newly added running item
         that has a waiting item on the right side, paired with the first such item."""
         if card.nnew == 0:
@@ -522,8 +526,8 @@ class _Planner:
         card.put_waiting(r_code)
 
     def drop(self, rnd: int) -> bool:
-        """D.6 on the most loaded card (``cards[0]``; the cards are sorted whenever this
-        runs, so ``cards[1]`` holds the largest other total)."""
+        """Throughput-drop heuristic on the most loaded card (``cards[0]``; the cards are
+        sorted whenever this runs, so ``cards[1]`` holds the largest other total)."""
         card = self.cards[0]
         observer = self.observer
         num = self.num_running
@@ -575,7 +579,7 @@ class _Planner:
         return True
 
     def run(self, max_iters: int) -> None:
-        """D.7: the main loop."""
+        """Main loop."""
         cards = self.cards
         threshold = self.threshold
         observer = self.observer
@@ -626,8 +630,8 @@ def _rank_of(card: _Card) -> int:
 
 
 def _cancel(plan: Plan) -> list[int]:
-    """D.8: each ``in`` value cancels the first not yet cancelled equal ``out`` value, so
-    per value the first ``min(#in, #out)`` occurrences go on both sides. Returns the
+    """Cancellation: each ``in`` value cancels the first not yet cancelled equal ``out``
+    value, so per value the first ``min(#in, #out)`` occurrences go on both sides. Returns the
     cancelled values (``in`` order)."""
     common = Counter(plan.in_blk) & Counter(plan.out_blk)
     if not common:
@@ -655,7 +659,7 @@ def _cancel(plan: Plan) -> list[int]:
 def balance_load(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = None,
                  threshold: float = 5.0, max_iters: int = 1000,
                  observer=None) -> list[Plan]:
-    """Plan one step for every DP rank (spec D); every rank calls this on the same
+    """Plan one step for every DP rank (docs/planner.md); every rank calls this on the same
     gathered snapshot and keeps ``plans[dp_rank]``.
 
     ``requests_by_rank[r]`` is ``(blks, split)``: rank r's running block counts followed

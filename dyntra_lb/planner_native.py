@@ -1,5 +1,6 @@
-"""The planner of spec D compiled with numba: the same plans as the Python planner in
-``dyntra_lb/planner.py``, for the calls that need no observer.
+"""The planner of docs/planner.md compiled with numba: the same plans as the Python planner
+in ``dyntra_lb/planner.py``, for the calls that need no observer. Docstrings of the
+planner's steps start with the docs/planner.md heading that describes the step.
 
 ``dyntra_lb.planner`` imports this module once, at its own import, when numba is
 installed (the ``fast`` extra), and sends every ``balance_load`` call without an
@@ -29,7 +30,7 @@ chosen (size, newly_added) pair. What differs is the index, built for compiled l
 
 State lives in flat int64 arrays: a table ``cs`` with one row per card, arrays over all
 cards' distinct sizes (``g`` = a global size index) and over all items. Swaps, drops and
-fills append global size indices to an out log and an in log; D.8 runs on those logs.
+fills append global size indices to an out log and an in log; cancellation runs on those logs.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def _earlier(seq, a, b):
 
 @_inline
 def _bubble(max_blk, total, n, ratio):
-    """D.3, given the current maximum tot_blk."""
+    """Bubble metric, given the current maximum tot_blk."""
     avg = total / n
     if ratio:
         if max_blk <= 0:
@@ -263,7 +264,8 @@ def _first_waiting(head, seq, g, first):
 @_inline
 def _perform_swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
                   r_item, w_item):
-    """D.5's perform_swap on card c: log, update the totals, exchange the two items."""
+    """Swap search, performing a swap on card c: log, update the totals, exchange the
+    two items."""
     _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, r_item, False)
     _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, w_item, True)
     out_log[gs[_NOUT]] = ig[r_item]
@@ -280,7 +282,7 @@ def _perform_swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, i
 @_jit
 def _swap_one_rank(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
                    increase):
-    """D.5 with one rank: every distance is 0.0, so only the tie rule picks: the first
+    """Swap search with one rank: every distance is 0.0, so only the tie rule picks: the first
     newly added running item with a waiting item on the mode's side, and the first such
     waiting item."""
     if cs[c, _NNEW] == 0:
@@ -305,7 +307,7 @@ def _swap_one_rank(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, 
 @_jit
 def _swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, n, c,
           increase):
-    """D.5: find and perform the best swap on card c; True if one was made."""
+    """Swap search: find and perform the best swap on card c; True if one was made."""
     if cs[c, _NRUN] == 0 or cs[c, _NWAIT] == 0:
         return False
     if n == 1:
@@ -387,8 +389,8 @@ def _swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, n
 @_jit
 def _drop(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, order, n, tp_fixed,
           tp_per_block):
-    """D.6 on the most loaded card (``order[0]``; ``order`` is sorted whenever this runs,
-    so ``order[1]`` holds the largest other total)."""
+    """Throughput-drop heuristic on the most loaded card (``order[0]``; ``order`` is sorted
+    whenever this runs, so ``order[1]`` holds the largest other total)."""
     num = gs[_NUM_RUN]
     c = order[0]
     if num <= 1 or cs[c, _NRUN] == 0:
@@ -427,7 +429,7 @@ def _drop(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, order, n,
 
 @_jit
 def _fill(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, in_log, n, max_num_seqs):
-    """D.4: admit the head of each rank's waiting list into its free slots (before any
+    """Fill step: admit the head of each rank's waiting list into its free slots (before any
     move, so the waiting list is still the row after the split)."""
     for c in range(n):
         first = cs[c, _ITEMS] + cs[c, _NRUN]
@@ -454,8 +456,8 @@ def _grow(log, used, need):
 
 @_jit
 def _row_lengths(flat, row_start, row_len, n, max_total):
-    """D.2's truncation: each row's length up to its first 0. Also checks the exactness
-    bounds of the Python planner (int32 sizes; the sum over rows of length x largest
+    """Input and parsing, the truncation: each row's length up to its first 0. Also checks
+    the exactness bounds of the Python planner (int32 sizes; the sum over rows of length x largest
     |size| below ``max_total``) and returns (False, lengths) when one fails."""
     lengths = np.zeros(n, np.int64)
     bound = 0
@@ -540,7 +542,7 @@ def _build_lists(cs, dv, rc, wc, head, tail, nxt, seq, ig, lengths, split, n):
 
 @_jit
 def _cancel(log, used, other, other_used, size):
-    """D.8 for one side: per value, its first min(#in, #out) occurrences cancel. Entries
+    """Cancellation for one side: per value, its first min(#in, #out) occurrences cancel. Entries
     are global size indices (no two ranks share one), so one pass serves every rank.
     Returns the keep mask of ``log``."""
     theirs = np.zeros(size, np.int64)
@@ -577,8 +579,8 @@ def _by_rank(log, used, keep, dv, owner, n):
 @_cached_jit
 def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio, max_iters,
              tp_fixed, tp_per_block, max_total):
-    """The whole planner (D.2-D.8) on the flattened rows. Returns (False, empty arrays)
-    when the input is outside the exactness bounds, else (True, out sizes, out counts
+    """The whole planner (parsing to cancellation) on the flattened rows. Returns (False,
+    empty arrays) when the input is outside the exactness bounds, else (True, out sizes, out counts
     per rank, in sizes, in counts per rank)."""
     ok, lengths = _row_lengths(flat, row_start, row_len, n, max_total)
     if not ok:

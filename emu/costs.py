@@ -12,7 +12,8 @@ sets the DP step time. A profile is a named, documented set of linear coefficien
 - ``per_running_request_s``: per running request (sampling, per-sequence bookkeeping);
 - ``per_kv_block_s``: per KV *block* of the running requests. Only the
   ``planner-heuristic`` profile uses it: it is DyntraLB's own latency heuristic
-  (spec D.6, ``20000 + 19.2 * M`` microseconds), kept to compare against; as physics it
+  (docs/planner.md, "Throughput-drop heuristic": ``20000 + 19.2 * M`` microseconds), kept
+  to compare against; as physics it
   makes attention over the same tokens 16x cheaper at block size 2048 than at 128.
 
 Profiles are picked by name (``PROFILES``) or read from a JSON file

@@ -52,7 +52,7 @@ def _items(items) -> str:
 
 class _Cards:
     """Block counts held by each rank while the planner works, as (size, newly_added)
-    in the planner's list order. Only moved as the events say (D.4-D.6), to display."""
+    in the planner's list order. Only moved as the events say (fill, swaps, drops), to display."""
 
     def __init__(self, parsed: dict) -> None:
         self.running = {c["rank"]: [(v, False) for v in c["running"]] for c in parsed["cards"]}
@@ -147,7 +147,8 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
     def close_round(next_kind: str) -> None:
         """Name the searches the round made without a result, seen from the next event:
         a decrease swap, a drop or a new round means the searches before it came up
-        empty (D.7: increase on the least loaded card, then decrease on the most)."""
+        empty (docs/planner.md, "Main loop": increase on the least loaded card, then
+        decrease on the most)."""
         if not order_now:
             return
         if "increase" not in searched and next_kind in ("swap_decrease", "drop"):
@@ -252,7 +253,7 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
 
 def _fold_repeated_rounds(out: list[str], marks: list) -> list[str]:
     """Replace runs of rounds whose text repeats the round before them word for word
-    (an oscillation, H.4) by one line naming them."""
+    (an oscillation, docs/protocol.md quirk Q4) by one line naming them."""
     if not marks:
         return list(out)
     folded = out[:marks[0][0]]

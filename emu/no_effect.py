@@ -27,7 +27,8 @@ def _lb_config(metrics: dict) -> DyntraLBConfig | None:
 
 def never_arms(lb: DyntraLBConfig, largest_prompt_tokens: int, block_size: int) -> str | None:
     """The reason dynamic mode can never activate on these prompts, or None. A request
-    arms it when its prompt has more than ``long_req_block_threshold`` blocks (B.4)."""
+    arms it when its prompt has more than ``long_req_block_threshold`` blocks
+    (docs/protocol.md, "Dynamic mode")."""
     if lb.mode != "dynamic":
         return None
     largest = num_blocks(largest_prompt_tokens, block_size)

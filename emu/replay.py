@@ -2,8 +2,8 @@
 
 Used offline, after a run with DyntraLB diagnostics on (static mode and
 ``enable_diagnostics``), on a log written by the emulator or by a vllm-ascend decode
-node. Rank 0 prints, for every all-gather, the gathered snapshot (spec F.7, the
-``requests_by_rank`` table) and the plan it made (F.8, the ``modifications`` table).
+node. Rank 0 prints, for every all-gather, the gathered snapshot (docs/diagnostics.md, the
+``requests_by_rank`` table) and the plan it made (the ``modifications`` table).
 This module rebuilds each snapshot, runs ``dyntra_lb.planner.balance_load`` on it with
 the logged config, and reports which plans this checkout's planner reproduces exactly.
 
@@ -15,11 +15,13 @@ on continuation lines of a multi-line message). Anything that is not a DyntraLB 
 ignored; a DyntraLB table that is cut off or has a row that does not parse is reported
 as a warning with its line number, and that snapshot is left out of the comparison.
 
-Reconstruction (spec F.7 against C and D.2): a row ``Run(n): [...]`` lists
+Reconstruction (docs/diagnostics.md's requests table against docs/protocol.md's payload
+and docs/planner.md's parser): a row ``Run(n): [...]`` lists
 ``blks[:split]`` and ``Wait(m): [...]`` lists the *positive* entries of ``blks[split:]``,
 so the snapshot is rebuilt as ``(run + wait, n)``. The trailing zero padding is dropped,
 which does not change the plan. What cannot be rebuilt is a zero block count inside the
-waiting part: the planner stops at the first 0 (D.2) while the table hides zeros and
+waiting part: the planner stops at the first 0 (docs/planner.md, "Input and parsing")
+while the table hides zeros and
 still lists the values after it. A request always has at least one token, so a real
 payload never holds such a zero; a log that did would replay as a mismatch.
 """
@@ -39,7 +41,7 @@ from pathlib import Path
 from dyntra_lb.planner import balance_load
 from emu.run_status import unfinished_note
 
-DEFAULT_THRESHOLD = 5.0  # DyntraLBConfig.bubble_threshold default (spec A.2)
+DEFAULT_THRESHOLD = 5.0  # DyntraLBConfig.bubble_threshold default (docs/config.md)
 MAX_SNAPSHOT_PLOTS = 200  # per-snapshot bar charts written besides overview.png
 
 # --- line cleaning -----------------------------------------------------------------
@@ -74,7 +76,7 @@ def clean_line(raw: str) -> tuple[str, str]:
     return stream, line
 
 
-# --- the DyntraLB lines (spec F) ---------------------------------------------------
+# --- the DyntraLB lines (docs/diagnostics.md) --------------------------------------
 
 _REQ_HEADER = re.compile(r"\[dyntra_lb\] requests_by_rank \(DP Workload Status\):")
 _MOD_HEADER = re.compile(r"\[dyntra_lb\] modifications:")
@@ -124,7 +126,7 @@ class Snapshot:
     """One logged all-gather: the rebuilt ``requests_by_rank`` and the logged plans.
 
     ``step`` is the ``step_counter`` the planner ran at (the value vLLM's step counter had
-    after its increment, the one compared with start_step/end_step): the F.3 line printed
+    after its increment, the one compared with start_step/end_step): the step-counter line printed
     just before the table shows one less, because it is logged before the increment.
     ``problem`` says why the snapshot cannot be compared (None when it can)."""
 
@@ -465,7 +467,7 @@ class ReplayReport:
 
 def snapshot_bounds(snapshots: Iterable[Snapshot]) -> int:
     """Smallest max_num_seqs the logged snapshots allow: running never exceeds it and a
-    payload holds at most ``2 * max_num_seqs`` entries (spec C)."""
+    payload holds at most ``2 * max_num_seqs`` entries (docs/protocol.md, "The payload")."""
     low = 0
     for s in snapshots:
         for blks, split in s.requests_by_rank or ():

@@ -1,8 +1,8 @@
-"""TEST ORACLE: a literal, slow, line-by-line transcription of spec section D.
+"""TEST ORACLE: a literal, slow, line-by-line transcription of docs/planner.md.
 
 This is NOT the planner. ``dyntra_lb.planner.balance_load`` is the planner; this module
 exists only so tests and ``benchmarks/planner_bench.py`` can check that planner's output
-against the algorithm exactly as the spec words it: items are dicts compared by value,
+against the algorithm exactly as vllm-ascend runs it: items are dicts compared by value,
 ``list.remove`` removes the first equal dict, cards are re-sorted with Python's stable
 sort, every swap search scans all running x waiting pairs. Keep it dumb: any cleverness
 here would make it a second implementation instead of an oracle.
@@ -16,12 +16,12 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
                          threshold=5):
     """Spec D, transcribed. Returns a list of ``dev_num`` dicts
     ``{"out_blk": [...], "in_blk": [...], "freeze": bool}``."""
-    # D.1 output
+    # Call and output
     modifications = []
     for _ in range(dev_num):
         modifications.append({"out_blk": [], "in_blk": [], "freeze": False})
 
-    # D.2 parsing
+    # Input and parsing
     cards = []
     for r in range(dev_num):
         if r < len(requests_by_rank):
@@ -44,7 +44,7 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
         cards.append({"card_idx": r, "running": running, "waiting": waiting,
                       "tot_blk": tot_blk})
 
-    # D.3 bubble
+    # Bubble metric
     def get_bubble():
         tots = [card["tot_blk"] for card in cards]
         max_blk = max(tots)
@@ -55,7 +55,7 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
             return (max_blk - avg) / max_blk
         return max_blk - avg
 
-    # D.4 fill from waiting
+    # Fill step
     if max_num_seqs is not None:
         for card in cards:
             while len(card["running"]) < max_num_seqs and len(card["waiting"]) > 0:
@@ -65,7 +65,7 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
                 card["tot_blk"] += item["blk_num"]
                 card["running"].append(item)
 
-    # D.5 swap search
+    # Swap search
     def find_best_swap(card, mode):
         total = 0
         for c in cards:
@@ -100,7 +100,7 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
         card["running"].append(w_item)
         card["waiting"].append(r_item)
 
-    # D.6 throughput drop
+    # Throughput-drop heuristic
     def try_drop_for_throughput(max_card):
         n = 0
         for c in cards:
@@ -130,7 +130,7 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
         max_card["waiting"].append(best_item)
         return True
 
-    # D.7 main loop
+    # Main loop
     iteration = 0
     while iteration < max_iters:
         cards.sort(key=lambda c: c["tot_blk"], reverse=True)
@@ -159,7 +159,7 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
             break
         iteration += 1
 
-    # D.8 cancellation, D.9 freeze
+    # Cancellation, Freeze
     for mod in modifications:
         out_blk = mod["out_blk"]
         cancelled = [False] * len(out_blk)

@@ -1,6 +1,6 @@
 """Issue 3, property 4: dynamic mode is inactive until a request longer than
 long_req_block_threshold arrives, then plans for dynamic_max_step + 1 steps after the
-last long request (spec B.4), identically on every rank process."""
+last long request (docs/protocol.md, "Dynamic mode"), identically on every rank process."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def test_dynamic_timeline(shared_run, kit, dp_size):
     assert a["long3"] > a["long2"] + kit.DYNAMIC_MAX_STEP + 1
     assert result.ranks[0].waves == 1  # no wave end inside the timeline
 
-    # Expected, from B.4: plans at [A, A + dynamic_max_step] after each activation,
+    # Expected (docs/protocol.md, "Dynamic mode"): plans at [A, A + dynamic_max_step]
+    # after each activation,
     # extended by every long request that arrives while active; the flag all-reduce
     # runs whenever dynamic balancing was off at the start of the iteration.
     windows = [(a["long1"], a["long2"] + kit.DYNAMIC_MAX_STEP),

@@ -6,7 +6,8 @@ from the event log this rebuilds which requests were running when each step bega
 (admitted / resumed / paused / preempted / finished ids, checked against `num_running`)
 and every request's block count at that moment (prompt + tokens generated so far, from
 its request record), then requires that the requests paused and admitted at step k+1
-are exactly what the plan generated at step k asks for (spec E.3): per block count v,
+are exactly what the plan generated at step k asks for (docs/protocol.md, "Applying the
+plan"): per block count v,
 min(#v in out_blk, #running with v) requests paused; the entering requests' block
 counts drawn from in_blk, none when frozen; nothing paused without a plan. The same
 check against the plan of step k+1 (applied in the step that made it) or of step k-1

@@ -30,7 +30,7 @@ def _additional(dyntra=None, **scheduler):
     return {"scheduler_config": sched}
 
 
-# --- A.2 / A.3: DyntraLBConfig ---------------------------------------------------------
+# --- DyntraLBConfig (docs/config.md) -----------------------------------------------------
 
 
 def test_defaults_for_none_and_empty():
@@ -197,7 +197,8 @@ def test_dynamic_max_step_not_positive(value):
 
 
 def test_validation_order():
-    """Each failing key is reported only once every earlier check passes (A.3 step 3)."""
+    """Each failing key is reported only once every earlier check passes (docs/config.md,
+    "Validation order")."""
     bad = {
         "enabled": 1,
         "enable_diagnostics": 1,
@@ -252,7 +253,7 @@ def test_direct_construction_validates():
         DyntraLBConfig(mode="sometimes")
 
 
-# --- A.4: load_additional_config -------------------------------------------------------
+# --- load_additional_config -----------------------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -432,7 +433,7 @@ def test_switch_must_be_bool(key):
     assert str(info.value) == f"additional_config.scheduler_config.{key} must be a bool, got str."
 
 
-# --- A.5 / H.12: check_deployment -------------------------------------------------------
+# --- check_deployment (quirk Q10) ------------------------------------------------------
 
 ON = {"enabled": True}
 
@@ -550,7 +551,7 @@ def test_dyntra_lb_with_batch_job_sched():
 
 def test_dyntra_lb_block_order():
     """Within the DyntraLB block: role, then dp size, then nodes, then profiling, then
-    batch-job (A.5 step 4 order, H.12 last)."""
+    batch-job (docs/config.md, "Decode-node startup checks"; batch-job last, quirk Q10)."""
     raw = _additional(
         ON, profiling_chunk_config={"enabled": True}, batch_job_sched_config={"enabled": True}
     )
@@ -605,7 +606,7 @@ def test_dyntra_lb_checks_before_recompute():
     _check_raises(raw, "DyntraLB requires data_parallel_size > 1.", dp=1)
 
 
-# --- A.7: diagnostics_enabled -----------------------------------------------------------
+# --- diagnostics_enabled ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""DyntraLBCoordinator (spec B.2–B.6, C, F.2–F.8) against a fake policy and fake
+"""DyntraLBCoordinator (docs/protocol.md, "DyntraLB's part"; docs/diagnostics.md) against
+a fake policy and fake
 collectives: the other ranks' contributions are scripted, this rank's are real."""
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _config(diag=False, raw_diag=None, **lb):
     lb["enable_diagnostics"] = diag
     cfg = load_additional_config({"scheduler_config": {"dyntra_lb_config": lb}})
     if raw_diag is not None:
-        # A raw config whose enable_diagnostics differs from the validated one (A.7):
+        # A raw config whose enable_diagnostics differs from the validated one (docs/config.md):
         # only the step-counter line follows the raw value.
         raw = {"scheduler_config": {"dyntra_lb_config": {"enable_diagnostics": raw_diag}}}
         cfg = type(cfg)(dyntra_lb=cfg.dyntra_lb, raw=raw)
@@ -179,7 +180,7 @@ def test_payload_layout_and_pending_flag_reset(make):
     policy.candidates = [9, 2, 7]
     coord.on_add_request(20)
     _iterate(coord, 2)
-    assert dp.log[2] == ("all_gather", [5, 3, 9, 2, 2, 1])  # spec C example
+    assert dp.log[2] == ("all_gather", [5, 3, 9, 2, 2, 1])  # docs/protocol.md, "The payload"
     assert coord.pending_long_req is False and coord.pending_long_req_blk == 0
 
 

@@ -22,7 +22,7 @@ from dyntra_lb.diagnostics import (
 
 
 class RequestStatus(enum.IntEnum):
-    """vLLM 0.27.1's order (spec E.0)."""
+    """vLLM 0.27.1's ``RequestStatus`` order (finished ⇔ > PREEMPTED)."""
 
     WAITING = enum.auto()
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
@@ -173,7 +173,8 @@ def test_modifications_table_empty():
 
 
 def test_summary_worked_example():
-    """F.10 worked example, statuses as vLLM IntEnum members."""
+    """The worked case of docs/diagnostics.md, "Scheduler summary", statuses as vLLM
+    IntEnum members."""
     line = scheduler_summary_line(
         running=[_req("r", 17, RequestStatus.RUNNING)],
         waiting=[_req("w", 9, RequestStatus.WAITING)],

@@ -1,5 +1,5 @@
 """`dyntra-emu explain` (emu/explain.py): the planner's decision trace for one snapshot,
-checked on the worked examples of spec D.11."""
+checked on the worked examples of docs/planner.md."""
 
 import argparse
 import json

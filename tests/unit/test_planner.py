@@ -1,4 +1,4 @@
-"""Spec D: the planner on the worked examples of D.11, the parser edge cases, the public
+"""docs/planner.md: the planner on its worked examples, the parser edge cases, the public
 API and the observer events. Every example is also checked against the literal oracle
 (tests/literal_planner.py), so a wrong oracle cannot hide behind a wrong planner."""
 
@@ -41,7 +41,7 @@ def _kinds(events, kind):
     return [e for e in events if e["kind"] == kind]
 
 
-# --- D.11 worked examples -------------------------------------------------------------
+# --- Worked examples -----------------------------------------------------------------
 
 
 def test_ex1_absolute_threshold_one_swap():
@@ -133,7 +133,7 @@ def test_ex8_result_depends_on_max_iters_parity():
         _plan(snapshot, 2, max_num_seqs=2, threshold=1, max_iters=max_iters)
 
 
-# --- D.2 parser edge cases ----------------------------------------------------------
+# --- Input and parsing: edge cases -------------------------------------------------
 
 
 def test_parser_stops_at_first_zero():
@@ -144,7 +144,7 @@ def test_parser_stops_at_first_zero():
 
 
 def test_zero_hides_waiting_entries_after_it():
-    # The 0 is inside the waiting part: the later 50 is never seen (H.7).
+    # The 0 is inside the waiting part: the later 50 is never seen (quirk Q7).
     snapshot = [([100], 1), ([10, 0, 50], 1)]
     (parsed,) = _kinds(_events(snapshot, 2, threshold=1), "parsed")
     assert parsed["cards"][1]["waiting"] == []

@@ -1,5 +1,5 @@
 """Both planners (the Python one and, with numba, the compiled one) equal the literal
-oracle of spec D (tests/literal_planner.py) on generated snapshots: dp 1-16, ranks
+oracle of docs/planner.md (tests/literal_planner.py) on generated snapshots: dp 1-16, ranks
 missing from the input, zeros in the payload, split values outside the list, duplicate
 and long-tail sizes, sizes beyond the Python planner's bitset range, max_num_seqs None
 or 1-256, thresholds below and above 1 (and NaN / inf), lowered max_iters. Sizes are
@@ -67,7 +67,7 @@ _THRESHOLDS = st.one_of(
 @st.composite
 def tie_snapshots(draw):
     """Few ranks, a handful of tiny sizes, small max_num_seqs: exact distance ties,
-    zero-gain swaps of newly added items (H.4), oscillation to max_iters, one rank."""
+    zero-gain swaps of newly added items (quirk Q4), oscillation to max_iters, one rank."""
     dp = draw(st.sampled_from([1, 2, 2, 2, 3]))
     rows = []
     for _ in range(draw(st.integers(1, dp))):
@@ -108,7 +108,7 @@ snapshots = st.one_of(any_snapshots(), any_snapshots(), any_snapshots(), tie_sna
 @settings(max_examples=2000, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(snapshots)
-# Spec D.11 Ex.7 (zero-gain swap, newly added) and its no-fill variant (rejected).
+# docs/planner.md, worked examples 7 (zero-gain swap, newly added) and 7b (no fill: rejected).
 @example(([([10], 1), ([2, 18], 0)], 2, 1, 1, 1000))
 @example(([([10], 1), ([2, 18], 1)], 2, None, 1, 1000))
 def test_planner_equals_literal_oracle(case):

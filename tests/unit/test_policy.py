@@ -1,4 +1,5 @@
-"""Unit tests of dyntra_lb.policy (spec E.2-E.6), on the emulator's stub scheduler and,
+"""Unit tests of dyntra_lb.policy (docs/protocol.md, "Plan application on the scheduler"),
+on the emulator's stub scheduler and,
 for engine-agnostic details, on a minimal stand-in scheduler."""
 
 import logging
@@ -48,7 +49,7 @@ def ids(requests):
     return [r.request_id for r in requests]
 
 
-# ------------------------------------------------------------------- state / E.1
+# ------------------------------------------------------------------------ state
 
 
 def test_initial_state_and_no_plan_means_unrestricted_admission():
@@ -99,7 +100,7 @@ def test_invalid_block_size_raises():
         scheduler.lb.running_block_counts()
 
 
-# ---------------------------------------------------------------- pause (E.3, E.5)
+# ---------------------------------------------------------------------- pause
 
 
 def test_pause_keeps_kv_and_computed_tokens():
@@ -165,7 +166,7 @@ def test_paused_request_is_not_readmitted_in_the_same_step():
     assert scheduler.running == [waiting]
 
 
-# --------------------------------------------------------- resume (E.6) and freeze
+# ---------------------------------------------------------- resume and freeze
 
 
 def test_paused_request_resumes_as_cached_request_without_plan():
@@ -238,7 +239,7 @@ def test_new_arrival_is_not_a_candidate_of_the_current_plan():
     assert lb.admit_req_ids == set()
 
 
-# ------------------------------------------------------------------ admission (E.3)
+# ------------------------------------------------------------------ admission
 
 
 def test_admission_by_block_count_in_candidate_order():
@@ -289,7 +290,7 @@ def test_plan_is_not_cleared_after_use():
     assert step(scheduler, 1.0).num_scheduled_tokens == {}
 
 
-# ------------------------------------------------------------- prepare step (E.2)
+# --------------------------------------------------------------- prepare step
 
 
 def test_prefetch_limit_counts_before_outcome(monkeypatch):
@@ -416,7 +417,7 @@ def test_candidates_include_preempted_exclude_blocked():
     assert list(scheduler.waiting) == [preempted]
 
 
-# ------------------------------------------------------- paused-id lifecycle (E.6)
+# -------------------------------------------------------- paused-id lifecycle
 
 
 def test_paused_ids_leave_on_schedule_free_and_preempt():
@@ -444,11 +445,11 @@ def test_scheduler_calls_free_and_preempt_hooks(monkeypatch):
     assert calls == [("free", "b"), ("preempt", "c")]
 
 
-# ------------------------------------------------- spec consequences (H.5, H.9)
+# ------------------------------------- consequences (docs/protocol.md, Q5, Q9)
 
 
 def test_paused_kv_can_stall_a_preempted_head_of_line_request_for_good():
-    """H.5 taken to its end on a KV-tight rank. The pause frees no KV; in the same step
+    """Quirk Q5 taken to its end on a KV-tight rank. The pause frees no KV; in the same step
     the remaining running request cannot grow and preempts itself, so no waiting loop
     runs and it is prepended ahead of the paused request. Recomputing it needs more
     blocks than the paused request leaves free, and the FCFS waiting loop stops at it

@@ -1,10 +1,10 @@
 """`dyntra-emu replay` (emu/replay.py): reading diagnostics logs in vLLM's prefix styles,
 rebuilding snapshots, re-planning, and reporting mismatches, cut-off tables and garbage.
 
-The fixtures under tests/data/logs/ were written from the spec D.11 examples with the
-spec's table formats; their modifications tables hold the plans of the literal spec
-transcription (tests/literal_planner.py), so a fixture that stops reproducing means the
-planner or the reader changed.
+The fixtures under tests/data/logs/ were written from the worked examples of
+docs/planner.md with the table formats of docs/diagnostics.md; their modifications tables
+hold the plans of the literal transcription (tests/literal_planner.py), so a fixture that
+stops reproducing means the planner or the reader changed.
 """
 
 import argparse
@@ -351,7 +351,7 @@ def test_round_trip_reproduces_every_plan(snapshot, threshold, style):
 
 def test_zero_inside_waiting_cannot_be_rebuilt():
     """The documented limit: the table hides a 0 in the waiting part, the planner stops
-    at it (spec D.2, H.7). Real requests never have 0 blocks."""
+    at it (docs/protocol.md, quirk Q7). Real requests never have 0 blocks."""
     snap = [([5, 3, 0, 7], 2), ([1], 1)]
     lines = diagnostics.requests_table(snap).split("\n")
     lines += diagnostics.modifications_table(balance_load(snap, 2, threshold=1.0)).split("\n")
