@@ -91,10 +91,11 @@ class RunSpec:
       ``emu.threads``; CPU and ``impl`` "kit" only, no torchrun). Virtual time makes
       the event logs, rank logs and metrics of both byte-identical; "thread" is several
       times faster once ranks outnumber cores.
-    - ``planner``: which planner the ranks run, "kit" (``dyntra_lb.planner``) or
-      "vllm-ascend" (``DyntraLBDPEngineCoreProc._balance_load``); None: the impl's own.
-      Only "vllm-ascend" runs can swap: with "kit" the rest of vllm-ascend's code runs
-      as it is and only its planner is ours.
+    - ``planner``: which planner the ranks run (``emu.impl.PLANNERS``): one of ours from
+      ``dyntra_lb.planners`` ("reference" = production's algorithm, or an opt-in one),
+      or "vllm-ascend" (``DyntraLBDPEngineCoreProc._balance_load``, impl "vllm-ascend"
+      only); None: the impl's own ("reference" for the kit). In a "vllm-ascend" run one
+      of ours takes the place of ``_balance_load`` and the rest of its code runs as is.
     """
 
     trace: Sequence[TraceRequest]
@@ -183,9 +184,9 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if spec.planner is not None and spec.planner not in PLANNERS:
         raise ValueError(f"RunSpec.planner must be one of {list(PLANNERS)} or None, got "
                          f"{spec.planner!r}")
-    if spec.impl == "kit" and spec.planner not in (None, "kit"):
-        raise ValueError(f"RunSpec.planner {spec.planner!r} needs impl 'vllm-ascend' (the kit "
-                         "always runs its own planner, dyntra_lb.planner)")
+    if spec.impl == "kit" and spec.planner == "vllm-ascend":
+        raise ValueError("RunSpec.planner 'vllm-ascend' needs impl 'vllm-ascend' (the kit "
+                         "runs the planners of dyntra_lb.planners)")
     if spec.router not in ROUTERS:
         raise ValueError(f"RunSpec.router must be one of {list(ROUTERS)}, got {spec.router!r}")
     if spec.device not in DEVICE_CHOICES:

@@ -41,6 +41,7 @@ from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from emu.clock import LockstepClock
 from emu.eventlog import EventLog, WallLog
 from emu.guard import CollectiveRecorder
+from emu.impl import planner_name
 from emu.intake import Arrivals
 from emu.invariants import StrictChecker
 from emu.kv import RemoteKVConnector
@@ -189,7 +190,8 @@ class EngineCore:
         # The DP group is gloo, so DyntraLB's buffers stay on the CPU (as in vLLM).
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
-            dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder)
+            dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
+            planner=planner_name(spec))
 
     # ------------------------------------------------------------------ loop
 

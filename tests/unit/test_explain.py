@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dyntra_lb.planner
+import dyntra_lb.planners
 from emu import explain
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -22,7 +23,7 @@ def _explain(snapshot, *, max_num_seqs=None, threshold=5.0, dp=None):
 
 
 def test_trace_is_the_production_planner_observer():
-    assert explain.balance_load is dyntra_lb.planner.balance_load
+    assert dyntra_lb.planners.get("reference") is dyntra_lb.planner.balance_load
     snapshot = [([20, 100, 30], 1), ([40, 40], 2)]
     direct = []
     plans = dyntra_lb.planner.balance_load(snapshot, 2, max_num_seqs=2, threshold=5.0,

@@ -1,7 +1,7 @@
 """``dyntra-emu diff`` on real runs: our DyntraLB (kit) against vllm-ascend's on the tier's
 static and dynamic runs (identical, diagnostics lines included), a contributor's change
 to vllm-ascend's planner named at the first step where the plans part, and the planner
-swap (``RunSpec.planner="kit"`` in vllm-ascend's engine) leaving the event logs
+swap (``RunSpec.planner="reference"`` in vllm-ascend's engine) leaving the event logs
 byte-identical."""
 
 from __future__ import annotations
@@ -129,12 +129,13 @@ def test_a_changed_tie_rule_is_named_at_the_first_step_where_the_plans_part(tmp_
 
 
 @pytest.mark.parametrize("name", ["static", "dynamic"])
-def test_the_kit_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tmp_path, name):
-    """``planner="kit"``: vllm-ascend's engine and scheduler with dyntra_lb.planner in
+def test_the_reference_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tmp_path, name):
+    """``planner="reference"``: vllm-ascend's engine and scheduler with dyntra_lb.planner in
     place of ``_balance_load``; the event logs are byte-identical to vllm-ascend's own
     planner's, and both wall logs time the planner at every planning step."""
     own = upstream_run(name, 2)
-    swapped = run_cluster(upstream_spec(name, 2, tmp_path / "kit-planner", planner="kit"))
+    swapped = run_cluster(upstream_spec(name, 2, tmp_path / "reference-planner",
+                                        planner="reference"))
     for rank in range(2):
         assert swapped.event_logs[rank].read_bytes() == own.event_logs[rank].read_bytes()
     metrics_plans = sum(s.num_plans for s in swapped.ranks)
