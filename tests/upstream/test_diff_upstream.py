@@ -144,3 +144,18 @@ def test_the_reference_planner_in_vllm_ascends_engine_changes_no_byte(upstream_r
         timed = [json.loads(line) for line in result.wall_logs[0].open()]
         assert all("planner_s" in w for w in timed)
         assert sum(w["planner_s"] > 0 for w in timed) == result.ranks[0].num_plans
+
+
+def test_the_opt_in_planner_runs_the_same_in_both_engines(tmp_path):
+    """``planner="fill-protect"`` in the kit and in vllm-ascend's engine (in place of
+    ``_balance_load``): the same plans and the same steps, byte for byte, and different
+    plans from the reference's on this trace (so the swap really ran it)."""
+    kit = run_cluster(dataclasses.replace(spec("static", 2, tmp_path / "kit"),
+                                          planner="fill-protect"))
+    ours = run_cluster(upstream_spec("static", 2, tmp_path / "vllm-ascend",
+                                     planner="fill-protect"))
+    reference = run_cluster(spec("static", 2, tmp_path / "reference"))
+    for rank in range(2):
+        assert ours.event_logs[rank].read_bytes() == kit.event_logs[rank].read_bytes()
+    assert [p.read_bytes() for p in kit.event_logs] != \
+        [p.read_bytes() for p in reference.event_logs]
