@@ -40,16 +40,17 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from emu.clock import LockstepClock
 from emu.eventlog import EventLog, WallLog
+from emu.fault_injection import injector_for
 from emu.guard import CollectiveRecorder
 from emu.impl import planner_name
 from emu.intake import Arrivals
 from emu.invariants import StrictChecker
 from emu.kv import RemoteKVConnector
 from emu.scheduler import Request, Scheduler, SchedulerOutput
+from emu.sites import DP_SYNC_SITE
 
 logger = logging.getLogger("dyntra_lb")
 
-DP_SYNC_SITE = "engine.dp_sync"
 # vLLM's DPEngineCoreProc syncs the DP group's unfinished state every 32 steps.
 DP_SYNC_INTERVAL = 32
 
@@ -128,8 +129,8 @@ class EngineCore:
         self.dp_group = ctx.dp_group
         self.device = ctx.device.type
         self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
-        # faults: this rank's emu.faults.FaultInjector, or None (then no fault work).
-        faults = spec.faults.for_rank(ctx.rank) if spec.faults is not None else None
+        # faults: this rank's FaultInjector, or None (then no fault work).
+        faults = injector_for(spec.faults, ctx.rank)
         self.faults = faults
         cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
         self.cost = cost_model.cost

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from emu.knobs import is_int, is_number
 from emu.metrics import Run, bubble_ratio, step_series, tpot_values_ms
 from emu.no_effect import no_effect_notes
 
@@ -266,7 +267,7 @@ def _flatten(metrics: dict, keys: list[str] | None = None) -> dict:
                 if isinstance(v, dict) and "rank" in v:
                     v = {k: x for k, x in v.items() if k != "rank"}
                 walk(f"{prefix}.{i}", v)
-        elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        elif value is None or is_number(value):
             out[prefix] = value
 
     if keys is None:
@@ -319,7 +320,7 @@ def _md_plots(path, plots) -> list[str]:
 def _num(value, digits: int) -> str:
     if value is None:
         return "-"
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return str(value)
     return f"{value:.{digits}f}"
 

@@ -38,7 +38,6 @@ from vllm.v1.request import Request
 
 from dyntra_lb import planners
 from dyntra_lb.blocks import block_counts
-from dyntra_lb.coordinator import ALLGATHER_SITE
 from emu.clock import LockstepClock
 from emu.engine import RankSummary, StallError, describe_stall
 from emu.eventlog import EventLog, WallLog
@@ -48,6 +47,7 @@ from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.intake import Arrivals
+from emu.sites import ALLGATHER_SITE
 
 # The token every emulated forward samples (any id below the model's vocab size).
 _SAMPLED_TOKEN = 1
