@@ -1,8 +1,8 @@
 """The planner registry: which planner a DyntraLB run uses, by name.
 
-Every place that runs a planner (the coordinator of each rank, ``dyntra-emu replay`` and
-``explain``, the vllm-ascend planner swap, the benchmarks) looks its planner up here with
-:func:`get` and calls it like :func:`dyntra_lb.planner.balance_load`:
+Every place that runs a planner by name (the coordinator of each rank, ``dyntra-emu
+replay`` and ``explain``, the vllm-ascend planner swap) looks it up here with :func:`get`
+and calls it like :func:`dyntra_lb.planner.balance_load`:
 ``planner(requests_by_rank, dp_size, *, max_num_seqs=None, threshold=5.0, max_iters=1000,
 observer=None) -> list[Plan]``. A planner is a pure function of the gathered snapshot:
 every rank calls it on the same input and must get the same plans.
