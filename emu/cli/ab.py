@@ -68,13 +68,8 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
-    from emu.report import (
-        ab_table,
-        ab_wall_table,
-        headroom_summary,
-        write_ab_plots,
-        write_ab_summary_md,
-    )
+    from emu.plots import write_ab_plots
+    from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
 
     _check_combinations(args)
     sources, labels = _ab_sources(args)
