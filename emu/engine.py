@@ -152,8 +152,6 @@ class EngineCore:
             enable_diagnostics=lb_config.enabled and lb_config.enable_diagnostics,
             policy=spec.scheduling_policy,
         )
-        if faults is not None:
-            faults.attach(self.scheduler)
         self.clock = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
                                    device=ctx.device, observe=self.recorder)
         self.coordinator = self._make_coordinator(ctx, config) if lb_config.enabled else None

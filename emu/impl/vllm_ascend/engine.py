@@ -339,11 +339,12 @@ class EmulatedRank:
         requests = scheduler.requests
         sampled = [[_SAMPLED_TOKEN] if requests[rid].num_computed_tokens
                    >= requests[rid].num_tokens else [] for rid in req_ids]
-        done = scheduler.connector.finished_recving(self.clock_us)
+        done, invalid = scheduler.connector.finished_recving(self.clock_us)
         return ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
-            kv_connector_output=KVConnectorOutput(finished_recving=done or None))
+            kv_connector_output=KVConnectorOutput(finished_recving=done or None,
+                                                  invalid_block_ids=invalid))
 
     def dummy_forward(self) -> None:
         """The executor's ``execute_dummy_batch``: the lockstep collective at the fixed
