@@ -14,7 +14,7 @@ resumed, admitted, preempted, finished, tokens, dummy step), the snapshot (runni
 waiting counts and block sums), ``step_counter`` and the wave, the collective sequence
 (site, op, shape, dtype), the KV pool and virtual time; then every request record; then
 the diagnostics lines of ``rank<r>.log`` with the prefixes removed
-(``emu.replay.clean_line``).
+(``emu.logscan.clean_line``).
 
 Normalised before comparing (both are orders vLLM does not define): ``preempted`` is
 compared as a sorted list (vLLM's ``preempted_req_ids`` is a set), and the emulator's
@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emu.logscan import clean_line
 from emu.metrics import RunError, load_run
-from emu.replay import clean_line
 
 # Step-record field -> divergence kind. A field not listed is compared as kind "other".
 STEP_FIELDS = {

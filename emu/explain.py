@@ -23,7 +23,8 @@ from collections import Counter
 from dyntra_lb import planners
 from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
 from emu.knobs import is_int
-from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int, read_log
+from emu.logscan import read_log
+from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int
 from emu.run_status import unfinished_note
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dyntra_lb import diagnostics
 from dyntra_lb.planner import balance_load
 from emu import replay
-from emu.replay import clean_line, read_log, scan_lines
+from emu.logscan import clean_line, read_log, scan_lines
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
