@@ -115,9 +115,9 @@ PROFILES = {
                     "scheduled token"),
     "planner-heuristic": StepCostModel(
         name="planner-heuristic", per_kv_token_s=0.0, per_kv_block_s=19.2e-6,
-        description="DyntraLB's own latency heuristic as physics (spec D.6): 20 ms + "
-                    "19.2 us per KV block (+ 5 us per scheduled token); depends on the "
-                    "block size, kept for comparison"),
+        description="DyntraLB's own latency heuristic as physics (docs/planner.md, "
+                    "Throughput-drop heuristic): 20 ms + 19.2 us per KV block (+ 5 us per "
+                    "scheduled token); depends on the block size, kept for comparison"),
     "ascend-qwen3-30b-a3b": StepCostModel(
         name="ascend-qwen3-30b-a3b", fixed_s=0.0194947, per_kv_token_s=0.10128e-6,
         per_scheduled_token_s=0.0,

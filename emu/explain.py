@@ -121,8 +121,8 @@ def _swap_text(e) -> str:
             f"{e['in_blk']}; distance from the average {_num(e['dist_before'])} -> "
             f"{_num(e['dist_after'])}; DP{e['rank']} now {e['tot_blk']} blocks")
     if e["tie_rule"]:
-        text += ("\n      taken by the tie rule (D.5): at equal distance a newly added "
-                 "running item wins" + (", even with zero gain (H.4)"
+        text += ("\n      taken by the tie rule (Swap search): at equal distance a newly added "
+                 "running item wins" + (", even with zero gain (quirk Q4, docs/protocol.md)"
                                         if e["dist_before"] == e["dist_after"] else ""))
     return text
 
@@ -173,13 +173,14 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
             metric = ("ratio: bubble = (max - avg) / max" if threshold < 1
                       else "absolute: bubble = max - avg, in blocks")
             out.append(f"planner trace: dp={len(e['cards'])}, max_num_seqs={max_num_seqs}, "
-                       f"threshold={threshold} ({metric})")
-            out.append("input (D.2; later, * marks items the fill step moved to running, "
-                       "the planner's newly added ones):")
+                       f"threshold={threshold} ({metric}); (names) are docs/planner.md's "
+                       "sections")
+            out.append("input (Input and parsing; later, * marks items the fill step moved to "
+                       "running, the planner's newly added ones):")
             out.extend(f"  DP{c['rank']}  {cards.line(c['rank'])}" for c in e["cards"])
         elif kind == "fill":
             if not any(line.startswith("fill") for line in out):
-                out.append(f"fill (D.4): free running slots (below max_num_seqs="
+                out.append(f"fill (Fill step): free running slots (below max_num_seqs="
                            f"{max_num_seqs}) take the head of the waiting list")
             cards.move(e)
             out.append(f"  DP{e['rank']} admits {e['blk']} -> {e['tot_blk']} blocks")
@@ -193,7 +194,7 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
             loads = ", ".join(f"DP{r} {tots[r]}" for r in e["order"])
             verdict = ("below the threshold: stop" if e["bubble"] < threshold
                        else f">= threshold {threshold}: balance")
-            out.append(f"round {e['round']} (D.7): loads {loads} (most loaded first); "
+            out.append(f"round {e['round']} (Main loop): loads {loads} (most loaded first); "
                        f"avg {_num(e['avg'])}; bubble {_num(e['bubble'])} {verdict}")
             if not cards.lost and e["bubble"] >= threshold:
                 out.extend(f"    DP{r}  {cards.line(r)}" for r in e["order"])
@@ -214,8 +215,8 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
             close_round("drop")
             fixed, per = THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
             out.append(f"  no swap this round -> throughput drop on the most loaded DP"
-                       f"{e['rank']} (D.6: modelled throughput = running requests / "
-                       f"({fixed} + {per} * largest load))")
+                       f"{e['rank']} (Throughput-drop heuristic: modelled throughput = "
+                       f"running requests / ({fixed} + {per} * largest load))")
             if kind == "drop":
                 cards.move(e)
                 tots[e["rank"]] = e["tot_blk"]
@@ -238,17 +239,17 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
                 text = f"bubble {_num(e['bubble'])} < threshold {threshold}"
             else:
                 text = (f"max_iters reached after {e['round']} productive rounds (the "
-                        f"plan depends on where the oscillation stopped, H.4)")
+                        f"plan depends on where the oscillation stopped, quirk Q4)")
             out.append(f"stop: {text}")
             order_now.clear()
         elif kind == "cancel":
             if not any(line.startswith("cancellation") for line in out):
-                out.append("cancellation (D.8): an admitted size that is also paused on "
+                out.append("cancellation (Cancellation): an admitted size that is also paused on "
                            "the same rank cancels both")
             out.append(f"  DP{e['rank']}: cancelled {_values(e['cancelled'])} -> "
                        f"out={e['out_blk']} in={e['in_blk']}")
         elif kind == "plans":
-            out.append("final plan (freeze = nothing to admit, D.9):")
+            out.append("final plan (freeze = nothing to admit, Freeze):")
             out.extend(_plan_text(r, p) for r, p in enumerate(e["plans"]))
         else:
             out.append(f"{kind}: {json.dumps(e, sort_keys=True)}")
@@ -349,7 +350,7 @@ def _from_log(args) -> tuple[list, str, float, object, list[dict] | None, list[s
         notes.append(f"max_num_seqs={max_num_seqs} (log line {snap.max_num_seqs_line})"
                      if max_num_seqs is not None else
                      "ASSUMPTION: max_num_seqs is not in the log; planning without the fill "
-                     "step (D.4). Pass --max-num-seqs if the plan should fill free slots")
+                     "step (Fill step). Pass --max-num-seqs if the plan should fill free slots")
     title = (f"snapshot {snap.index} of {args.log} (line {snap.line}, wave "
              f"{'-' if snap.wave is None else snap.wave}, step "
              f"{'-' if snap.step is None else snap.step})")

@@ -154,9 +154,10 @@ def replay(scan: LogScan, *, threshold: float | None = None,
             assumptions.append(
                 f"max_num_seqs is not in the log (DyntraLB does not print it) for "
                 f"{len(missing)} snapshot(s): replayed them with max_num_seqs=None, which "
-                f"skips the planner's fill step (spec D.4), so plans that admit waiting "
-                f"requests into free running slots will not reproduce. The snapshots need "
-                f"max_num_seqs >= {snapshot_bounds(missing)}; pass --max-num-seqs")
+                f"skips the planner's fill step (docs/planner.md, Fill step), so plans that "
+                f"admit waiting requests into free running slots will not reproduce. The "
+                f"snapshots need max_num_seqs >= {snapshot_bounds(missing)}; pass "
+                f"--max-num-seqs")
 
     results = []
     for s in snaps:

@@ -39,13 +39,13 @@ def test_ex4_decrease_swap_of_a_newly_added_item_then_cancellation():
     expected_in_order = [
         "  DP0  running [20] = 20 blocks, waiting [100, 30]",
         "  DP0 admits 100 -> 120 blocks",
-        "round 0 (D.7): loads DP0 120, DP1 80 (most loaded first); avg 100; bubble 20 "
+        "round 0 (Main loop): loads DP0 120, DP1 80 (most loaded first); avg 100; bubble 20 "
         ">= threshold 5.0: balance",
         "    DP0  running [20, 100*] = 120 blocks, waiting [30]",
         "  least loaded DP1: no increase swap (it has no waiting request)",
         "  most loaded DP0: decrease swap: pause 100 (newly added), admit 30; distance from "
         "the average 20 -> 15; DP0 now 50 blocks",
-        "round 1 (D.7): loads DP1 80, DP0 50 (most loaded first); avg 65; bubble 15 "
+        "round 1 (Main loop): loads DP1 80, DP0 50 (most loaded first); avg 65; bubble 15 "
         ">= threshold 5.0: balance",
         "  least loaded DP0: no increase swap (no waiting request larger than a running one "
         "brings its total closer to the average)",
@@ -85,7 +85,7 @@ def test_ex1_increase_swap_then_bubble_below_threshold():
             "1 -> 0.5; DP1 now 2 blocks") in text
     assert text.split("\n")[-4] == "stop: bubble 0.5 < threshold 1.0"
     assert "decrease" not in text  # stopped before the decrease search
-    assert "fill (D.4)" not in text  # max_num_seqs None: no fill step
+    assert "fill (Fill step)" not in text  # max_num_seqs None: no fill step
 
 
 def test_ex2_ratio_threshold_stops_at_once():
@@ -116,8 +116,9 @@ def test_ex5_two_swaps_in_one_round():
 def test_ex7_zero_gain_swap_by_tie_rule():
     text, plans = _explain([([10], 1), ([2, 18], 0)], max_num_seqs=1, threshold=1.0)
     assert ("  least loaded DP1: increase swap: pause 2 (newly added), admit 18; distance "
-            "from the average 4 -> 4; DP1 now 18 blocks\n      taken by the tie rule (D.5): "
-            "at equal distance a newly added running item wins, even with zero gain (H.4)"
+            "from the average 4 -> 4; DP1 now 18 blocks\n      taken by the tie rule (Swap "
+            "search): at equal distance a newly added running item wins, even with zero gain "
+            "(quirk Q4, docs/protocol.md)"
             ) in text
     assert plans[1] == {"out_blk": [], "in_blk": [18], "freeze": False}
 
@@ -150,7 +151,7 @@ def test_trace_renders_every_snapshot_and_ends_with_the_plan(dp, data, max_num_s
         snapshot.append((blks, data.draw(st.integers(0, len(blks)))))
     text, plans = _explain(snapshot, max_num_seqs=max_num_seqs, threshold=threshold)
     lines = text.split("\n")
-    final = lines.index("final plan (freeze = nothing to admit, D.9):")
+    final = lines.index("final plan (freeze = nothing to admit, Freeze):")
     assert lines[final + 1:] == [explain._plan_text(r, p) for r, p in enumerate(plans)]
     # the per-rank lists shown under each round agree with the planner's totals
     for i, line in enumerate(lines):
