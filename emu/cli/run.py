@@ -31,7 +31,8 @@ Without --out it is runs/<date>-<time>-run under the current directory.
 
 def cmd_run(args) -> int:
     from emu.metrics import load_run
-    from emu.report import summary_table, write_plots, write_summary_md
+    from emu.plots import write_plots
+    from emu.report import summary_table, write_summary_md
 
     prepared = prepare(args, config_sources(args))
     warn_ignored_keys(args, prepared)
