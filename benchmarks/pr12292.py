@@ -4,20 +4,24 @@ run on the emulator for each bundled cost profile, next to the PR's figures.
 
 Workload: the ``pr12292`` recipe of fixtures/generate.py (its docstring and constants
 say what is published and what is assumed). Engine: dp=8, block size 2048, 16 requests
-per rank (the PR's 128 concurrent requests over 8 ranks), round-robin routing.
+per rank (the PR's 128 concurrent requests over 8 ranks), round-robin routing. Clients:
+the PR's ``vllm bench serve`` settings, request rate 400 req/s (Poisson) and max
+concurrency 128 (``RunSpec.max_concurrency``: closed loop, at most 128 in flight).
 A = DyntraLB off, B = ``{"enabled": true, "long_req_block_threshold": 40}`` (dynamic mode,
 every other key at its default, as in the PR). Both runs of a pair use the same trace
-and seed; each (profile, seed) pair runs one after the other.
+and seed; each (profile, seed) pair runs one after the other, on the thread transport
+(``--transport process`` for rank processes: the same numbers, several times slower).
 
-Differences from the PR that the emulator cannot close yet: clients are open-loop
-(Poisson arrivals at ``--rate``, default 2.5 req/s = the PR's completion rate) instead of
-128 closed-loop clients; no MTP (one token per request per step, the PR used 3 draft
-tokens); synchronous scheduling (the PR used async scheduling).
+Differences from the PR that the emulator cannot close yet: no MTP (one token per
+request per step, the PR used 3 draft tokens); synchronous scheduling (the PR used async
+scheduling).
 
     .venv/bin/python benchmarks/pr12292.py                          # 1,000 requests, seed 0
     .venv/bin/python benchmarks/pr12292.py --n 300 --seeds 0 1 --profiles kv-token
+    .venv/bin/python benchmarks/pr12292.py --n 100 --check-transports   # thread == process
 
-dp=8 is 8 processes; on a 2-core machine one run of 1,000 requests takes minutes.
+``--check-transports`` also runs the first seed's pairs on rank processes and checks
+that their event logs are byte-identical to the thread runs' and the numbers equal.
 Prints a table (and with ``--json FILE`` writes every number).
 """
 
@@ -49,6 +53,8 @@ _spec.loader.exec_module(generate)
 
 DP = 8
 MAX_NUM_SEQS = 16  # 128 concurrent requests / 8 ranks
+MAX_CONCURRENCY = 128  # the PR's vllm bench serve --max-concurrency
+RATE = 400.0  # the PR's --request-rate
 BLOCK_SIZE = generate.PR12292_BLOCK_SIZE
 CONFIG_B = {"scheduler_config": {"dyntra_lb_config": {
     "enabled": True, "long_req_block_threshold": 40}}}
@@ -60,18 +66,20 @@ def trace(n: int, rate: float, seed: int) -> list[TraceRequest]:
                          r["output_tokens"]) for r in generate.pr12292(n, rate, seed)]
 
 
-def run_one(requests, config, profile, seed, out_dir) -> dict:
+def run_one(requests, config, profile, seed, out_dir, transport: str) -> dict:
     """One emulated run; its metrics plus the wall time it took."""
     spec = RunSpec(trace=requests, dp_size=DP, out_dir=out_dir, additional_config=config,
                    max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, cost_model=profile,
-                   seed=seed, device="cpu", collective_timeout_s=600.0)
+                   seed=seed, device="cpu", collective_timeout_s=600.0,
+                   max_concurrency=MAX_CONCURRENCY, transport=transport)
     start = time.monotonic()
-    run_cluster(spec)
+    result = run_cluster(spec)
     wall_s = time.monotonic() - start
     m = compute_metrics(load_run(out_dir))
     # Duration as the PR measures it: from the first request's dispatch to the last
     # completion (the emulated run starts at the first arrival, t = 0).
-    return {"duration_s": m["virtual_time_s"], "throughput_tok_s": m["throughput_tok_s"],
+    return {"event_logs": [str(p) for p in result.event_logs],
+            "duration_s": m["virtual_time_s"], "throughput_tok_s": m["throughput_tok_s"],
             "output_tokens": m["output_tokens"], "bubble_ratio": m["bubble_ratio"],
             "balance_ratio": m["balance_ratio"], "headroom": m["headroom"],
             "plan_steps": m["plan_churn"]["active_steps"],
@@ -86,19 +94,24 @@ def _pct(a: float, b: float) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000, help="requests (default 1000)")
-    parser.add_argument("--rate", type=float, default=2.5,
-                        help="open-loop arrival rate, requests/s (default 2.5)")
+    parser.add_argument("--rate", type=float, default=RATE,
+                        help=f"request rate, requests/s, before the concurrency limit "
+                             f"(default {RATE:g}, the PR's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="workload seeds (default: 0)")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES),
                         choices=list(PROFILES), help="cost profiles (default: all bundled)")
+    parser.add_argument("--transport", choices=("thread", "process"), default="thread",
+                        help="how the ranks run (default thread)")
+    parser.add_argument("--check-transports", action="store_true",
+                        help="run the first seed on rank processes too and compare")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}; dp={DP}, block size {BLOCK_SIZE}, "
-          f"max_num_seqs {MAX_NUM_SEQS}, n={args.n}, open-loop {args.rate:g} req/s",
-          flush=True)
+          f"max_num_seqs {MAX_NUM_SEQS}, n={args.n}, {args.rate:g} req/s, max concurrency "
+          f"{MAX_CONCURRENCY}, transport {args.transport}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="pr12292-") as tmp:
         for seed in args.seeds:
@@ -108,7 +121,8 @@ def main(argv=None) -> int:
                 for label, config in (("A", None), ("B", CONFIG_B)):
                     out = pathlib.Path(tmp) / f"{seed}-{name}-{label}"
                     try:
-                        pair[label] = run_one(requests, config, PROFILES[name], seed, out)
+                        pair[label] = run_one(requests, config, PROFILES[name], seed, out,
+                                              args.transport)
                     except ClusterError as exc:  # e.g. the watchdog on an overloaded host
                         print(f"  seed {seed} {name} {label}: FAILED: "
                               f"{str(exc).splitlines()[0][:300]}", flush=True)
@@ -119,6 +133,8 @@ def main(argv=None) -> int:
                     continue
                 results.append({"seed": seed, "profile": name, **pair})
                 print(f"  {_row(results[-1])}", flush=True)
+                if args.check_transports and seed == args.seeds[0]:
+                    check_transports(requests, name, seed, pair, pathlib.Path(tmp), args)
                 if args.json:  # after every pair, so an interrupted run keeps its numbers
                     args.json.write_text(json.dumps(
                         {"args": vars(args) | {"json": str(args.json)},
@@ -136,6 +152,24 @@ def main(argv=None) -> int:
     for r in results:
         print(_row(r))
     return 0
+
+
+def check_transports(requests, name, seed, pair, tmp, args) -> None:
+    """Run the pair again on the other transport; print whether every rank's event log
+    is byte-identical and the table's numbers equal (wall time aside)."""
+    other = "process" if args.transport == "thread" else "thread"
+    for label, config in (("A", None), ("B", CONFIG_B)):
+        again = run_one(requests, config, PROFILES[name], seed,
+                        tmp / f"{seed}-{name}-{label}-{other}", other)
+        same_logs = all(pathlib.Path(a).read_bytes() == pathlib.Path(b).read_bytes()
+                        for a, b in zip(pair[label]["event_logs"], again["event_logs"],
+                                        strict=True))
+        keys = [k for k in again if k not in ("wall_s", "event_logs")]
+        same_numbers = all(again[k] == pair[label][k] for k in keys)
+        print(f"  seed {seed} {name} {label}: {other} transport {again['wall_s']:.0f} s wall "
+              f"({args.transport} {pair[label]['wall_s']:.0f} s); event logs "
+              f"{'identical' if same_logs else 'DIFFERENT'}, numbers "
+              f"{'equal' if same_numbers else 'DIFFERENT'}", flush=True)
 
 
 def _row(r: dict) -> str:

@@ -6,7 +6,10 @@ one MAX all-reduce on the device group — the stand-in for the MoE collectives 
 real forward, which make every DP rank wait for the slowest. The reduced value is the
 DP step time; a rank's bubble is ``step time - own cost``. The same collective carries
 every rank's (waiting, running) counts, which the router of the next intake reads (vLLM's
-front-end also routes on counts that are one step old).
+front-end also routes on counts that are one step old), and, under a concurrency limit
+(``RunSpec.max_concurrency``), every rank's cumulative finished count, from which each
+rank's intake releases the next requests (``emu.intake``). Without a limit the buffer
+keeps the two-counts layout, so the recorded collective is unchanged.
 
 Virtual time is integer microseconds throughout the engine.
 """
@@ -27,10 +30,11 @@ class LockstepClock:
     """The per-step MAX all-reduce on the device group. Every rank calls ``step`` once
     per non-idle iteration (real or dummy step), so the device group stays matched.
 
-    Buffer layout (int32, allocated once): ``[own_cost_us, w0, r0, w1, r1, ...]``; each
-    rank fills its own cost and its own (waiting, running) slots and leaves the others
-    zero, so the MAX gives the DP step time and everyone's counts at once. On an NPU the
-    collective runs on a device copy of the buffer.
+    Buffer layout (int32, allocated once): ``[own_cost_us, w0, r0, w1, r1, ...]``, or
+    with ``carry_finished`` ``[own_cost_us, w0, r0, f0, w1, r1, f1, ...]``; each rank
+    fills its own cost and its own slots and leaves the others zero, so the MAX gives the
+    DP step time and everyone's counts at once. On an NPU the collective runs on a
+    device copy of the buffer.
     """
 
     def __init__(
@@ -41,35 +45,46 @@ class LockstepClock:
         dp_size: int,
         device: str | torch.device = "cpu",
         observe: Callable[[str, str, torch.Tensor, Callable[[], Any]], Any] | None = None,
+        carry_finished: bool = False,
     ):
         self.device_group = device_group
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self._observe = observe
-        self._array = np.zeros(1 + 2 * dp_size, dtype=np.int32)
+        self._width = 3 if carry_finished else 2
+        self._array = np.zeros(1 + self._width * dp_size, dtype=np.int32)
         self._cpu = torch.from_numpy(self._array)
         device = torch.device(device)
         self._tensor = self._cpu if device.type == "cpu" else torch.zeros_like(
             self._cpu, device=device
         )
         self.counts: list[tuple[int, int]] = [(0, 0)] * dp_size
+        self.finished_total = 0
 
-    def step(self, own_cost_us: int, num_waiting: int, num_running: int) -> int:
+    def step(self, own_cost_us: int, num_waiting: int, num_running: int,
+             num_finished: int = 0) -> int:
         """Join this step's lockstep collective; returns the DP step time (the maximum
         own cost over ranks, microseconds) and refreshes ``counts``, every rank's
-        ``(waiting, running)`` as reported to this collective."""
+        ``(waiting, running)`` as reported to this collective, and (``carry_finished``)
+        ``finished_total``, the sum of every rank's ``num_finished`` (its requests
+        finished so far)."""
         buf = self._array
         buf.fill(0)
         buf[0] = own_cost_us
-        slot = 1 + 2 * self.dp_rank
+        width = self._width
+        slot = 1 + width * self.dp_rank
         buf[slot] = num_waiting
         buf[slot + 1] = num_running
+        if width == 3:
+            buf[slot + 2] = num_finished
         if self._observe is None:
             self._all_reduce()
         else:
             self._observe(LOCKSTEP_SITE, "all_reduce_max", self._tensor, self._all_reduce)
         values = buf.tolist()
-        self.counts = list(zip(values[1::2], values[2::2], strict=True))
+        self.counts = list(zip(values[1::width], values[2::width], strict=True))
+        if width == 3:
+            self.finished_total = sum(values[3::3])
         return values[0]
 
     def _all_reduce(self) -> None:

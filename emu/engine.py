@@ -128,7 +128,7 @@ class EngineCore:
         self.dp_size = ctx.dp_size
         self.dp_group = ctx.dp_group
         self.device = ctx.device.type
-        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
+        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
         # faults: this rank's FaultInjector, or None (then no fault work).
         faults = injector_for(spec.faults, ctx.rank)
         self.faults = faults
@@ -153,7 +153,8 @@ class EngineCore:
             policy=spec.scheduling_policy,
         )
         self.clock = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
-                                   device=ctx.device, observe=self.recorder)
+                                   device=ctx.device, observe=self.recorder,
+                                   carry_finished=spec.max_concurrency is not None)
         self.coordinator = self._make_coordinator(ctx, config) if lb_config.enabled else None
         self.strict = StrictChecker(self) if spec.strict else None
 
@@ -231,10 +232,11 @@ class EngineCore:
             self.engines_running = self._has_global_unfinished_reqs(local_unfinished)
             step.balance = self._balance
             self._end_iteration(step, iter_start)
+            self.clock_us = step.clock_us + step.step_us
             if not self.engines_running:
                 self.current_wave += 1
                 self.step_counter = 0
-            self.clock_us = step.clock_us + step.step_us
+                self.arrivals.nothing_in_flight(self.clock_us)
             self.iteration += 1
             if self.iteration >= self.spec.max_steps:
                 self.truncated = True
@@ -287,8 +289,7 @@ class EngineCore:
         step.own_cost_us = self.cost(scheduler.running_blocks(),
                                      sum(r.num_tokens for r in running), len(running),
                                      output.total_num_scheduled_tokens, False)
-        step.step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
-                                       len(scheduler.running))
+        step.step_us = self._lockstep(step, self.num_finished)
         step.finished = tuple(scheduler.update_from_output(
             output, (step.clock_us + step.step_us) / 1e6))
         return step
@@ -301,11 +302,20 @@ class EngineCore:
         """No token ran while the wave goes on: a forward without tokens, so that the
         device group's collective stays matched across ranks."""
         step.own_cost_us = self.cost(0, 0, 0, 0, True)
-        step.step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
-                                       len(self.scheduler.running))
+        step.step_us = self._lockstep(step, self.num_finished + len(step.finished))
         self.num_dummy_steps += 1
         # The KV loads DyntraLB's prefetch starts after this step start once it is done.
         self.connector.set_virtual_time((step.clock_us + step.step_us) / 1e6)
+
+    def _lockstep(self, step: _Step, num_finished: int) -> int:
+        """Join the lockstep collective with this rank's cost and counts; returns the DP
+        step time. ``num_finished``: this rank's finishes up to the step's start (those
+        of an executed step come after its forward), which a concurrency limit turns
+        into the next sends (``emu.intake``)."""
+        step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
+                                  len(self.scheduler.running), num_finished)
+        self.arrivals.finished(self.clock.finished_total, step.clock_us)
+        return step_us
 
     def _has_global_unfinished_reqs(self, local_unfinished: bool) -> bool:
         """The wave/idle sync, with DyntraLB's part right after it (as vllm-ascend's

@@ -37,16 +37,22 @@ def is_number(value) -> bool:
 class Int:
     """An integer in ``minimum``..``maximum`` (no upper bound when None). ``why`` says
     what an upper bound protects (a limit of the machine rather than of the value's
-    range), for the flag's error message."""
+    range), for the flag's error message. ``optional``: None is allowed too (no limit,
+    as the field's help says); on the command line it is the flag left out."""
 
     minimum: int
     maximum: int | None = None
     why: str = ""
+    optional: bool = False
     metavar = "N"
 
     def check(self, name: str, value) -> None:
+        if value is None and self.optional:
+            return
         if not is_int(value) or value < self.minimum:
-            raise ValueError(f"RunSpec.{name} must be an int >= {self.minimum}, got {value!r}")
+            none = ", or None" if self.optional else ""
+            raise ValueError(
+                f"RunSpec.{name} must be an int >= {self.minimum}{none}, got {value!r}")
         if self.maximum is not None and value > self.maximum:
             raise ValueError(f"RunSpec.{name} must be at most {self.maximum}, got {value!r}")
 

@@ -102,7 +102,8 @@ class ClusterFactory:
         ``transport``: "process" (rank processes over gloo) or "thread" (every rank a
         thread of the test process, in-memory collectives: same event logs, faster).
         Other keyword arguments are ``emu.cluster.RunSpec`` fields
-        (``max_num_seqs``, ``block_size``, ``num_gpu_blocks``, ``device``, ...).
+        (``max_num_seqs``, ``block_size``, ``num_gpu_blocks``, ``device``,
+        ``max_concurrency`` for closed-loop clients, ...).
         Raises ValueError for a bad spec and ``emu.launcher.ClusterError`` when a rank
         fails."""
         from emu.cluster import RunSpec, run_cluster

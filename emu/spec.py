@@ -116,6 +116,12 @@ class RunSpec:
         10_000, Int(1),
         "a rank that holds unfinished requests but schedules no token for N consecutive "
         "steps fails the run, naming those requests", section="run")
+    max_concurrency: int | None = knob(
+        None, Int(1, optional=True),
+        "closed-loop clients, as vllm bench serve --max-concurrency: requests are sent in "
+        "trace order, each at its arrival_s or once a slot frees, with at most N in "
+        "flight across all ranks; TTFT and latencies count from the send",
+        shown_default="none: every request is sent at its arrival_s")
     transport: str = knob(
         "process", Choice(TRANSPORTS),
         "process: one process per rank over gloo; thread: every rank a thread of this "
@@ -159,6 +165,10 @@ def _check_combinations(spec: RunSpec) -> None:
     if spec.transport == "thread" and spec.device == "npu":
         raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
                          "device must be 'cpu' or 'auto', got 'npu'")
+    if spec.max_concurrency is not None and spec.impl != "kit":
+        raise ValueError(f"RunSpec.max_concurrency needs impl 'kit'; {spec.impl!r} ranks read "
+                         "the trace open-loop (its input queue does not see finishes on "
+                         "other ranks yet)")
     if spec.transport == "thread" and spec.impl != "kit":
         raise ValueError(f"RunSpec.transport 'thread' runs impl 'kit' only; {spec.impl!r} "
                          "brings vLLM's engine, which keeps per-process state")

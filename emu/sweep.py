@@ -220,7 +220,7 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
         "workload": prepared.workload_label, "dp_size": args.dp,
         **{k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
                                          "block_size", "num_gpu_blocks", "router",
-                                         "scheduling_policy")},
+                                         "scheduling_policy", "max_concurrency")},
         "device": "cpu", "impl": "kit",
     }
     workload = str(resolve_workload(args.workload))

@@ -121,6 +121,7 @@ def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
         "num_gpu_blocks": spec.num_gpu_blocks,
         "router": spec.router,
         "scheduling_policy": spec.scheduling_policy,
+        "max_concurrency": spec.max_concurrency,
         "device": device,  # the one used ("cpu" / "npu"), never "auto"
         "cost_model": spec.cost_model.to_dict(),
         **_recorded_impl(spec),
