@@ -44,7 +44,7 @@ def one(args: dict) -> dict:
     ``rank_cpu_s`` (thread transport only): the CPU time of each rank thread, i.e. the
     rank's own work — with the GIL the run cannot be faster than their sum."""
     import emu.cluster
-    from emu.cli import DEFAULT_ADDITIONAL_CONFIG
+    from emu.cli.inputs import DEFAULT_ADDITIONAL_CONFIG
     from emu.cluster import RunSpec, run_cluster
     from emu.workload import load_trace
 

@@ -34,13 +34,12 @@ from dyntra_lb import diagnostics
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
 from dyntra_lb.payload import pack, payload_len, unpack
 from dyntra_lb.planner import Plan, balance_load, warm_up
+from dyntra_lb.sites import ALLGATHER_SITE, FLAG_SITE
 
 logger = logging.getLogger("dyntra_lb")
 
 Observe = Callable[[str, str, torch.Tensor, Callable[[], Any]], Any]
 
-FLAG_SITE = "dyntra_lb.flag"
-ALLGATHER_SITE = "dyntra_lb.allgather"
 
 
 class BalanceStep(NamedTuple):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-LOCKSTEP_SITE = "engine.lockstep"
+from emu.sites import LOCKSTEP_SITE
 
 
 class LockstepClock:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from emu.knobs import is_number
+
 # The coefficient fields of a profile, in the order of the cost formula.
 TERMS = ("fixed_s", "per_kv_token_s", "per_scheduled_token_s", "per_running_request_s",
          "per_kv_block_s")
@@ -70,8 +72,7 @@ class StepCostModel:
                              f"got {self.description!r}")
         for name in TERMS:
             value = getattr(self, name)
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not value >= 0 or value == float("inf")):
+            if not is_number(value) or not value >= 0 or value == float("inf"):
                 raise ValueError(
                     f"cost model {name} must be a finite number >= 0 (seconds), got {value!r}")
         if round(self.fixed_s * 1e6) < 1:
@@ -147,8 +148,7 @@ def profile_from_dict(data, source: str) -> StepCostModel:
     values.update(data)
     for key in TERMS:
         value = values[key]
-        if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                or not math.isfinite(value) or value < 0):
+        if not is_number(value) or not math.isfinite(value) or value < 0:
             raise CostProfileError(f"{source}: key {key!r} must be a finite number >= 0 "
                                    f"(seconds), got {value!r}")
     try:

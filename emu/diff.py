@@ -1,6 +1,6 @@
 """Two runs' event logs (and DyntraLB diagnostics logs), compared step by step.
 
-``dyntra-emu diff`` (``emu/diff_cli.py``) calls this after running the same trace,
+``dyntra-emu diff`` (``emu/cli/diff.py``) calls this after running the same trace,
 config and seed twice — our DyntraLB (``--impl kit``) against vllm-ascend's, or two
 vllm-ascend trees — or on two existing run directories. Everything here is pure:
 ``read_run`` loads a directory, ``compare`` aligns the two runs per rank and iteration

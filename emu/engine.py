@@ -39,16 +39,17 @@ from dyntra_lb import diagnostics
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from emu.clock import LockstepClock
-from emu.eventlog import EventLog, WallLog
+from emu.eventlog import EventLog, StepRecord, WallLog
+from emu.fault_injection import injector_for
 from emu.guard import CollectiveRecorder
 from emu.intake import Arrivals
 from emu.invariants import StrictChecker
 from emu.kv import RemoteKVConnector
 from emu.scheduler import Request, Scheduler, SchedulerOutput
+from emu.sites import DP_SYNC_SITE
 
 logger = logging.getLogger("dyntra_lb")
 
-DP_SYNC_SITE = "engine.dp_sync"
 # vLLM's DPEngineCoreProc syncs the DP group's unfinished state every 32 steps.
 DP_SYNC_INTERVAL = 32
 
@@ -127,8 +128,8 @@ class EngineCore:
         self.dp_group = ctx.dp_group
         self.device = ctx.device.type
         self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
-        # faults: this rank's emu.faults.FaultInjector, or None (then no fault work).
-        faults = spec.faults.for_rank(ctx.rank) if spec.faults is not None else None
+        # faults: this rank's FaultInjector, or None (then no fault work).
+        faults = injector_for(spec.faults, ctx.rank)
         self.faults = faults
         cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
         self.cost = cost_model.cost
@@ -371,7 +372,7 @@ class EngineCore:
         if self.strict is not None:
             self.strict.check(step.output, step.finished)
 
-    def _step_record(self, step: _Step, plan_generated) -> dict:
+    def _step_record(self, step: _Step, plan_generated) -> StepRecord:
         scheduler = self.scheduler
         output = step.output
         lb = scheduler.lb
@@ -379,30 +380,20 @@ class EngineCore:
         paused_kv = ({rid: kv.num_blocks_of(scheduler.requests[rid])
                       for rid in lb.paused_req_ids if rid in scheduler.requests}
                      if lb is not None and lb.paused_req_ids else {})
-        return {
-            "iter": self.iteration,
-            "wave": self.current_wave,
-            "step_counter": self.step_counter,
-            "clock_s": step.clock_us / 1e6,
-            "own_cost_s": step.own_cost_us / 1e6,
-            "step_time_s": step.step_us / 1e6,
-            "dummy": not step.executed,
-            "num_running": len(scheduler.running),
-            "num_waiting": self._num_waiting(),
-            "running_blocks": scheduler.running_blocks(),
-            "waiting_blocks": scheduler.waiting_blocks(),
-            "scheduled_tokens": output.total_num_scheduled_tokens if output is not None else 0,
-            "plan_applied": step.plan_applied.to_dict() if step.plan_applied is not None
-            else None,
-            "paused": output.paused_req_ids if output is not None else [],
-            "resumed": output.resumed_req_ids if output is not None else [],
-            "admitted": output.new_req_ids if output is not None else [],
-            "preempted": output.preempted_req_ids if output is not None else [],
-            "finished": [r.request_id for r in step.finished],
-            "plan_generated": plan_generated.to_dict() if plan_generated is not None else None,
-            "lb_active": plan_generated is not None,
-            "kv_free_blocks": kv.pool.get_num_free_blocks(),
-            "kv_held_blocks": kv.num_held_blocks,
-            "paused_kv_blocks": paused_kv,
-            "collectives": self.recorder.take(),
-        }
+        return StepRecord(
+            iter=self.iteration, wave=self.current_wave, step_counter=self.step_counter,
+            clock_us=step.clock_us, own_cost_us=step.own_cost_us, step_us=step.step_us,
+            dummy=not step.executed, num_running=len(scheduler.running),
+            num_waiting=self._num_waiting(), running_blocks=scheduler.running_blocks(),
+            waiting_blocks=scheduler.waiting_blocks(),
+            scheduled_tokens=output.total_num_scheduled_tokens if output is not None else 0,
+            plan_applied=(step.plan_applied.to_dict() if step.plan_applied is not None
+                          else None),
+            paused=output.paused_req_ids if output is not None else [],
+            resumed=output.resumed_req_ids if output is not None else [],
+            admitted=output.new_req_ids if output is not None else [],
+            preempted=output.preempted_req_ids if output is not None else [],
+            finished=[r.request_id for r in step.finished],
+            plan_generated=plan_generated.to_dict() if plan_generated is not None else None,
+            kv_free_blocks=kv.pool.get_num_free_blocks(), kv_held_blocks=kv.num_held_blocks,
+            paused_kv_blocks=paused_kv, collectives=self.recorder.take())

@@ -21,6 +21,7 @@ import sys
 from collections import Counter
 
 from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK, balance_load
+from emu.knobs import is_int
 from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int, read_log
 from emu.run_status import unfinished_note
 
@@ -301,9 +302,6 @@ def parse_snapshot(text: str) -> list[tuple[list[int], int]]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"--snapshot is not valid JSON: {exc}") from None
-
-    def is_int(x):
-        return isinstance(x, int) and not isinstance(x, bool)
 
     if not isinstance(value, list) or not value:
         raise InputError("--snapshot must be a non-empty JSON list with one [blks, split] "

@@ -1,6 +1,7 @@
-"""Fault injection for the emulated cluster: a declarative ``FaultPlan`` that
-``RunSpec.faults`` carries, checked before any rank starts, and the per-rank
-``FaultInjector`` the engine consults at a few fixed points.
+"""The faults an emulated run can be given: a declarative ``FaultPlan`` that
+``RunSpec.faults`` carries, checked before any rank starts. Inside a rank,
+``emu.fault_injection`` turns the plan into what the engine consults at a few fixed
+points.
 
 A plan is a tuple of faults, each a small frozen dataclass (picklable, so it travels to
 the spawned ranks with the spec). On the command line a fault is one ``--fault`` value,
@@ -45,35 +46,21 @@ the spawned ranks with the spec). On the command line a fault is one ``--fault``
   untouched, so with X below the collective timeout the event logs are byte-identical
   to the undelayed run; above it the waiting ranks time out and the run fails named.
 
-A request arriving exactly at a wave boundary is a workload, not an engine hook:
-``wave_ends`` finds the boundaries in a run's step records and
-``wave_boundary_trace`` adds a request at one of them.
+A request arriving exactly at a wave boundary is a workload, not a fault:
+``emu.workload.wave_boundary_trace`` makes one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import signal
-import sys
-import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from emu.kv import RemoteKVConnector
+from emu.knobs import is_int, is_number
+from emu.sites import COLLECTIVE_SITES, FLAG_SITE
 from emu.workload import TraceRequest
-
-# The collective sites of the event log. Spelled out here because the modules that
-# define them (emu.clock, emu.engine, dyntra_lb.coordinator) import torch and this one
-# is imported by the CLI at parse time; a unit test checks that the names agree.
-LOCKSTEP_SITE = "engine.lockstep"
-DP_SYNC_SITE = "engine.dp_sync"
-FLAG_SITE = "dyntra_lb.flag"
-ALLGATHER_SITE = "dyntra_lb.allgather"
-COLLECTIVE_SITES = (LOCKSTEP_SITE, DP_SYNC_SITE, FLAG_SITE, ALLGATHER_SITE)
 
 DEFAULT_KV_TIMEOUT_S = 30.0
 
@@ -94,13 +81,12 @@ class KVTransferTimeout(RuntimeError):
 
 
 def _int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _positive(name: str, value) -> None:
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not math.isfinite(value) or value <= 0):
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
@@ -225,7 +211,7 @@ class DelayCollective:
 Fault = KillRank | SlowRank | KVLoadFail | KVLoadNever | KVNotReady | DelayCollective
 FAULT_TYPES = (KillRank, SlowRank, KVLoadFail, KVLoadNever, KVNotReady, DelayCollective)
 _BY_KIND = {cls.kind: cls for cls in FAULT_TYPES}
-_KV_FAULTS = (KVLoadFail, KVLoadNever, KVNotReady)
+KV_FAULTS = (KVLoadFail, KVLoadNever, KVNotReady)
 
 # Per kind: CLI key (= field name) -> how its value is read; a field without a default
 # is required.
@@ -339,13 +325,6 @@ class FaultPlan:
                              f"got {items!r}")
         return cls(tuple(parse_fault(f) if isinstance(f, str) else f for f in items))
 
-    def for_rank(self, rank: int) -> FaultInjector | None:
-        """The injector of ``rank``; None when no fault can affect it (then the engine
-        does no fault work at all)."""
-        mine = [f for f in self.faults
-                if isinstance(f, _KV_FAULTS) or getattr(f, "rank", None) == rank]
-        return FaultInjector(mine, rank) if mine else None
-
 
 def _check_fault(fault: Fault, *, dp_size: int, request_ids: set[str],
                  lb_mode: str | None) -> None:
@@ -398,228 +377,3 @@ def check_plan(plan, *, dp_size: int, trace: Sequence[TraceRequest],
     if problems:
         i, problem = problems[0]
         raise ValueError(f"RunSpec.faults[{i}] ({plan.faults[i].spec()}): {problem}")
-
-
-# -------------------------------------------------------------------- inside a rank
-
-
-class FaultyKVConnector(RemoteKVConnector):
-    """The remote-KV connector with the failure side the plain one lacks: loads that
-    complete with every block invalid (``kv_fail``) and stall bookkeeping for loads
-    that never complete (``kv_never``)."""
-
-    def __init__(self, latency_fixed_s: float, latency_per_block_s: float, *,
-                 fail: Iterable[str], never: dict[str, float]):
-        super().__init__(latency_fixed_s, latency_per_block_s)
-        self._fail = set(fail)
-        self._failing: dict[str, Any] = {}
-        self._never_timeout = dict(never)
-        for request_id in self._never_timeout:
-            self.set_completion_time(request_id, math.inf)
-        # request id -> (virtual start of its never-ending load, deadline), both seconds
-        self.stalled: dict[str, tuple[float, float]] = {}
-        self.num_failed_loads = 0
-        self.kv_cache_manager: Any = None  # the scheduler's; set by FaultInjector.attach
-
-    def update_state_after_alloc(self, request: Any, blocks: Any,
-                                 num_external_tokens: int) -> None:
-        super().update_state_after_alloc(request, blocks, num_external_tokens)
-        if num_external_tokens == 0:
-            return
-        request_id = request.request_id
-        if request_id in self._fail:
-            self._fail.discard(request_id)
-            self._failing[request_id] = request
-        timeout = self._never_timeout.pop(request_id, None)
-        if timeout is not None:
-            self.stalled[request_id] = (self.now_s, self.now_s + timeout)
-
-    def finished_recving(self, now_s: float) -> set[str]:
-        done = super().finished_recving(now_s)
-        if self._failing and done:
-            for request_id in done & self._failing.keys():
-                # What vLLM's scheduler does for an async load whose blocks the worker
-                # reported invalid (recompute policy): keep the valid prefix, i.e.
-                # truncate at the first invalid block -- here block 0 -- and, with no
-                # valid token left, release the blocks (vLLM does that when it promotes
-                # the request, at most one scheduling pass later).
-                request = self._failing.pop(request_id)
-                request.num_computed_tokens = 0
-                self.kv_cache_manager.free(request)
-                self.num_failed_loads += 1
-        return done
-
-    def request_finished(self, request: Any) -> None:
-        super().request_finished(request)
-        self._failing.pop(request.request_id, None)
-        self.stalled.pop(request.request_id, None)
-
-
-class FaultInjector:
-    """The faults that concern one rank, as the engine uses them: ``cost_model``,
-    ``wrap_recorder``, ``make_connector`` and ``attach`` once while the engine is built,
-    then ``before_step`` at the start of every iteration (before ``schedule()``)."""
-
-    def __init__(self, faults: Sequence[Fault], rank: int):
-        self.rank = rank
-        self.faults = tuple(faults)
-        kills = [f for f in faults if isinstance(f, KillRank)]
-        self.kill = min(kills, key=lambda f: f.step) if kills else None
-        self.extra_s = sum(f.extra_ms for f in faults if isinstance(f, SlowRank)) / 1e3
-        self._delays = [f for f in faults if isinstance(f, DelayCollective)]
-        self.iteration = 0
-        self.connector: FaultyKVConnector | None = None
-
-    def cost_model(self, cost_model):
-        """The rank's step-cost model: a slowed rank pays ``extra_ms`` more per step,
-        dummy steps included (the fixed part of every forward)."""
-        if not self.extra_s:
-            return cost_model
-        return dataclasses.replace(cost_model, fixed_s=cost_model.fixed_s + self.extra_s)
-
-    def make_connector(self, latency_fixed_s: float,
-                       latency_per_block_s: float) -> RemoteKVConnector:
-        """The rank's remote-KV connector, with the plan's KV faults installed (every
-        rank installs all of them: whichever rank the request lands on applies it)."""
-        kv = [f for f in self.faults if isinstance(f, _KV_FAULTS)]
-        if not kv:
-            return RemoteKVConnector(latency_fixed_s, latency_per_block_s)
-        connector = FaultyKVConnector(
-            latency_fixed_s, latency_per_block_s,
-            fail=[f.request for f in kv if isinstance(f, KVLoadFail)],
-            never={f.request: f.timeout_s for f in kv if isinstance(f, KVLoadNever)})
-        for fault in kv:
-            if isinstance(fault, KVNotReady):
-                connector.set_not_ready(fault.request, queries=fault.lookups)
-        self.connector = connector
-        return connector
-
-    def attach(self, scheduler) -> None:
-        """The rank's scheduler exists: a failing load releases blocks through its KV
-        cache manager."""
-        if self.connector is not None:
-            self.connector.kv_cache_manager = scheduler.kv_cache_manager
-
-    def wrap_recorder(self, recorder):
-        """The collective hook (``observe``) the engine, clock and coordinator call:
-        the recorder itself, or a wrapper that delays this rank's planned collectives."""
-        if not self._delays:
-            return recorder
-        return DelayingRecorder(recorder, self, self._delays)
-
-    def before_step(self, iteration: int, clock_us: int) -> None:
-        """Start of iteration ``iteration`` at virtual time ``clock_us``: die when a
-        kill is due; fail when a never-ending KV load has outlived its timeout.
-
-        A rank process runs its engine in its main thread; an engine in any other thread
-        is a rank of the thread transport, whose kill must end that thread only."""
-        self.iteration = iteration
-        kill = self.kill
-        if kill is not None and iteration >= kill.step:
-            in_thread = threading.current_thread() is not threading.main_thread()
-            how = "ends its thread" if in_thread else "kills itself (SIGKILL)"
-            print(f"[dyntra-emu fault {kill.spec()}] rank {self.rank} {how} at step "
-                  f"{iteration}", file=sys.stderr, flush=True)
-            if in_thread:
-                raise RankKilled(f"killed by fault {kill.spec()} at step {iteration}")
-            os.kill(os.getpid(), signal.SIGKILL)
-        connector = self.connector
-        if connector is not None and connector.stalled:
-            now_s = clock_us / 1e6
-            for request_id, (start_s, deadline_s) in connector.stalled.items():
-                if now_s >= deadline_s:
-                    raise KVTransferTimeout(
-                        f"request {request_id!r} on rank {self.rank} has waited for its "
-                        f"remote KV since virtual time {start_s:.6f} s and the load never "
-                        f"completes (fault kv_never); stopped after "
-                        f"{deadline_s - start_s:g} s of virtual time at step {iteration}. "
-                        "In vLLM the request would stay WAITING_FOR_REMOTE_KVS and keep "
-                        "every DP rank stepping in this wave indefinitely")
-
-
-class DelayingRecorder:
-    """Wraps the collective recorder of a rank with planned ``delay`` faults: the sleep
-    happens before the wrapped recorder sees the collective, so the rank is simply late
-    to enter it. Everything else is the wrapped recorder's."""
-
-    def __init__(self, recorder, injector: FaultInjector, delays: list[DelayCollective]):
-        self._recorder = recorder
-        self._injector = injector
-        self._pending = list(delays)
-
-    def __call__(self, site: str, op: str, tensor: Any, fn, origin: str | None = None):
-        pending = self._pending
-        if pending:
-            iteration = self._injector.iteration
-            for delay in pending:
-                if delay.site == site and iteration >= delay.step:
-                    pending.remove(delay)
-                    _sleep_before_collective(delay, iteration)
-                    break
-        return self._recorder(site, op, tensor, fn, origin)
-
-    def __getattr__(self, name: str):
-        return getattr(self._recorder, name)
-
-
-def _sleep_before_collective(delay: DelayCollective, iteration: int) -> None:
-    """The injected delay (its own function, so that a stack dump names it)."""
-    print(f"[dyntra-emu fault {delay.spec()}] rank {delay.rank} sleeps {delay.seconds:g} s "
-          f"before {delay.site} at step {iteration}", file=sys.stderr, flush=True)
-    time.sleep(delay.seconds)
-
-
-# ------------------------------------------------------------- wave-boundary arrivals
-
-
-@dataclass(frozen=True)
-class WaveEnd:
-    """A wave's last step (from a rank's step records): ``iter`` and ``start_us`` of
-    that step, and ``end_us``, the virtual time its sync decided the wave was over —
-    where the next iteration (idle, or a new wave) begins."""
-
-    wave: int
-    iter: int
-    start_us: int
-    end_us: int
-
-
-def wave_ends(steps: Sequence[dict]) -> list[WaveEnd]:
-    """Every wave end in one rank's step records (file order), the run's last step
-    included (a finished run ends with its last wave)."""
-    ends = []
-    for i, record in enumerate(steps):
-        if record.get("kind", "step") != "step":
-            raise ValueError(f"wave_ends expects step records, got kind {record['kind']!r}")
-        if i + 1 == len(steps) or steps[i + 1]["wave"] != record["wave"]:
-            start_us = round(record["clock_s"] * 1e6)
-            ends.append(WaveEnd(record["wave"], record["iter"], start_us,
-                                start_us + round(record["step_time_s"] * 1e6)))
-    return ends
-
-
-def insert_request(trace: Sequence[TraceRequest],
-                   request: TraceRequest) -> list[TraceRequest]:
-    """``trace`` with ``request`` added after every request arriving no later (the
-    trace stays sorted; the new id must be unused)."""
-    if any(r.request_id == request.request_id for r in trace):
-        raise ValueError(f"request id {request.request_id!r} is already in the trace")
-    position = sum(1 for r in trace if r.arrival_s <= request.arrival_s)
-    return [*trace[:position], request, *trace[position:]]
-
-
-def wave_boundary_trace(trace: Sequence[TraceRequest], steps: Sequence[dict], *,
-                        wave: int, request: TraceRequest,
-                        offset_us: int = 0) -> list[TraceRequest]:
-    """``trace`` plus ``request`` arriving exactly when ``wave`` ended in the run whose
-    step records (of any rank) are ``steps`` (``offset_us`` shifts it, e.g. -1 = during
-    the wave's last step). Requests before it are untouched, so a run of the new trace
-    is identical to the old one up to that moment (a pinned ``request`` also leaves the
-    round-robin rotation of later requests alone)."""
-    ends = {end.wave: end for end in wave_ends(steps)}
-    if wave not in ends:
-        raise ValueError(f"wave {wave} is not in the step records (waves: {sorted(ends)})")
-    arrival_us = ends[wave].end_us + offset_us
-    if arrival_us < 0:
-        raise ValueError(f"offset_us={offset_us} puts the arrival before time 0")
-    return insert_request(trace, dataclasses.replace(request, arrival_s=arrival_us / 1e6))

@@ -50,8 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from emu.sites import LOCKSTEP_SITE
+
 # Sites whose collective runs on the device group; every other site is on the DP group.
-DEVICE_GROUP_SITES = frozenset({"engine.lockstep"})
+DEVICE_GROUP_SITES = frozenset({LOCKSTEP_SITE})
 
 # One slot per rank: a header (entered seq, completed seq), the name area, the ring.
 _HEADER_BYTES = 64

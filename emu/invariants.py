@@ -25,13 +25,50 @@ from emu.guard import InvariantError
 from emu.scheduler import RequestStatus
 
 
+class PausedBlocks:
+    """The KV block ids each DyntraLB-paused request held when it was paused, for the
+    check that it keeps exactly those until it runs again (both impls' strict mode)."""
+
+    def __init__(self):
+        self._held: dict[str, list[int]] = {}
+
+    def problems(self, paused_now, paused, blocks_of) -> list[str]:
+        """After an iteration that paused ``paused_now``, with ``paused`` the ids still
+        paused and ``blocks_of(rid)`` a request's block ids now."""
+        for rid in paused_now:
+            self._held[rid] = blocks_of(rid)
+        for rid in list(self._held):
+            if rid not in paused:
+                del self._held[rid]
+        for rid in paused:
+            self._held.setdefault(rid, blocks_of(rid))
+        return [f"paused request {rid!r} held KV blocks {blocks} when paused, now {now}"
+                for rid, blocks in self._held.items() if (now := blocks_of(rid)) != blocks]
+
+
+def admission_problems(admitted, admit_ids) -> list[str]:
+    """Requests admitted outside the plan's admission set (None: no plan, no limit)."""
+    if admit_ids is None:
+        return []
+    return [f"request {rid!r} was admitted under a plan whose admission set is "
+            f"{sorted(admit_ids)}" for rid in admitted if rid not in admit_ids]
+
+
+def violation(rank: int, iteration: int, wave: int, step_counter: int,
+              what: str) -> InvariantError:
+    """The error of a strict-mode violation, naming where it happened."""
+    return InvariantError(
+        f"strict invariant violated on rank {rank} at iteration {iteration} (wave {wave}, "
+        f"step_counter {step_counter}): {what}")
+
+
 class StrictChecker:
     """The checks of one kit rank (``engine`` is its ``emu.engine.EngineCore``)."""
 
     def __init__(self, engine: Any):
         self.engine = engine
         self._finished_ids: set[str] = set()
-        self._paused_blocks: dict[str, list[int]] = {}
+        self._paused_blocks = PausedBlocks()
 
     def check(self, output: Any, finished: tuple) -> None:
         scheduler = self.engine.scheduler
@@ -93,39 +130,26 @@ class StrictChecker:
 
     def _paused_keep_blocks(self, scheduler, output) -> None:
         kv = scheduler.kv_cache_manager
-        requests = scheduler.requests
         paused = scheduler.lb.paused_req_ids
-        remembered = self._paused_blocks
-        if output is not None:
-            for rid in output.paused_req_ids:
-                remembered[rid] = kv.get_blocks(rid)
-        for rid in list(remembered):
-            if rid not in paused:
-                del remembered[rid]
         for rid in paused:
-            request = requests.get(rid)
+            request = scheduler.requests.get(rid)
             if request is None:
                 self._violation(f"paused request {rid!r} is not in flight")
             blocks = kv.get_blocks(rid)
             if request.status != RequestStatus.PREEMPTED or not blocks:
                 self._violation(f"paused request {rid!r} is {request.status.name} and holds "
                                 f"{len(blocks)} KV blocks")
-            expected = remembered.setdefault(rid, blocks)
-            if blocks != expected:
-                self._violation(f"paused request {rid!r} held KV blocks {expected} when "
-                                f"paused, now {blocks}")
+        paused_now = output.paused_req_ids if output is not None else ()
+        for problem in self._paused_blocks.problems(paused_now, paused, kv.get_blocks):
+            self._violation(problem)
 
     def _admission_within_plan(self, scheduler, output) -> None:
-        admit = scheduler.lb.admit_req_ids
-        if output is not None and admit is not None:
-            for rid in (*output.new_req_ids, *output.resumed_req_ids):
-                if rid not in admit:
-                    self._violation(f"request {rid!r} was admitted under a plan whose "
-                                    f"admission set is {sorted(admit)}")
+        if output is not None:
+            admitted = (*output.new_req_ids, *output.resumed_req_ids)
+            for problem in admission_problems(admitted, scheduler.lb.admit_req_ids):
+                self._violation(problem)
 
     def _violation(self, what: str) -> None:
         engine = self.engine
-        raise InvariantError(
-            f"strict invariant violated on rank {engine.dp_rank} at iteration "
-            f"{engine.iteration} (wave {engine.current_wave}, step_counter "
-            f"{engine.step_counter}): {what}")
+        raise violation(engine.dp_rank, engine.iteration, engine.current_wave,
+                        engine.step_counter, what)

@@ -62,6 +62,7 @@ import torch.distributed as dist
 from emu import rank_boot
 from emu.device import bind_rank_device, select_device
 from emu.guard import GuardSlot, Watchdog
+from emu.knobs import is_int
 from emu.rank_boot import RankSpec
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
@@ -316,7 +317,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     Ranks leave through os._exit (after atexit handlers when the run succeeded), so a
     target must close its own files on the way out (`with` / `finally`).
     """
-    if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+    if not is_int(dp_size) or dp_size < 1:
         raise ValueError(f"dp_size must be a positive int; got {dp_size!r}")
     if collective_timeout_s <= 0:
         raise ValueError(f"collective_timeout_s must be > 0; got {collective_timeout_s!r}")

@@ -1,4 +1,4 @@
-"""Upper bounds on run settings, shared by ``emu.cluster.validate`` and the CLI's flags.
+"""Upper bounds on run settings, shared by ``emu.spec.validate`` and the CLI's flags.
 
 A value past one of these would start rank processes that then exhaust the machine
 (every rank keeps each KV block id; one process per rank) or overflow the C timeouts of

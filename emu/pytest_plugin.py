@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from emu.knobs import is_int
+
 DEFAULT_DP = 2
 
 
@@ -64,7 +66,8 @@ def _trace_from(trace, workload):
     if (trace is None) == (workload is None):
         raise ValueError("dyntra_cluster: pass exactly one of trace=... or workload=...")
     if workload is not None:
-        from emu.cli import UsageError, resolve_workload
+        from emu.cli.errors import UsageError
+        from emu.cli.inputs import resolve_workload
 
         try:
             return load_trace(resolve_workload(str(workload)))
@@ -134,7 +137,7 @@ def _dp_from_marker(node) -> int:
         raise pytest.UsageError(f"{node.nodeid}: @pytest.mark.dp takes one argument, the "
                                 f"number of DP ranks, e.g. @pytest.mark.dp(2)")
     n = marker.args[0]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if not is_int(n) or n < 1:
         raise pytest.UsageError(f"{node.nodeid}: @pytest.mark.dp expects an integer >= 1, "
                                 f"got {n!r}")
     return n

@@ -24,29 +24,26 @@ The best config is printed as a ready ``--additional-config`` JSON.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import csv
 import dataclasses
 import itertools
 import json
 import multiprocessing
-import os
-import shutil
 import sys
 import threading
-import time
 from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig
-from emu import cli
+from emu.cli.errors import ClusterFailed, UsageError
+from emu.cli.inputs import check_config, resolve_workload, spec_kwargs
+from emu.cli.progress import Progress, note
 
 # More points than this need --yes: at tens of seconds per run, a few hundred take hours.
 MAX_POINTS = 64
 OBJECTIVES = ("throughput", "tpot_p99", "bubble")
 GRID_KEYS = tuple(f.name for f in dataclasses.fields(DyntraLBConfig))
-_SWEEP_FILES = ("sweep.json", "sweep.csv", "summary.md", "pareto.png", "kv_blocks.png")
 
 # The table's metrics: (column, metrics.json path, higher is better, unit scale, unit).
 COLUMNS = (
@@ -59,13 +56,7 @@ COLUMNS = (
     ("pauses", ("pauses", "total"), None, 1.0, ""),
 )
 
-_EPILOG = """examples:
-  dyntra-emu sweep --workload longtail --dp 8 --grid bubble_threshold=1,2,5,10 \\
-      --grid mode=static,dynamic --jobs 2
-  dyntra-emu sweep --additional-config @node.json --grid long_req_block_threshold=8,16,32 \\
-      --grid mode=dynamic --objective tpot_p99
-  dyntra-emu sweep --grid bubble_threshold=1,3,5 --max-tpot-p99-ms 60
-"""
+
 
 
 # ----------------------------------------------------------------------- the grid
@@ -79,24 +70,24 @@ def parse_grid(values: list[str]) -> dict[str, list]:
         key, sep, rest = text.partition("=")
         key = key.strip()
         if not sep or not key or not rest.strip():
-            raise cli.UsageError(f"--grid {text}: expected KEY=V1,V2,... "
+            raise UsageError(f"--grid {text}: expected KEY=V1,V2,... "
                                  "(e.g. bubble_threshold=1,2,5)")
         if key not in GRID_KEYS:
-            raise cli.UsageError(f"--grid {text}: unknown key {key!r}; expected a "
+            raise UsageError(f"--grid {text}: unknown key {key!r}; expected a "
                                  f"dyntra_lb_config key: {', '.join(GRID_KEYS)}")
         if key in grid:
-            raise cli.UsageError(f"--grid {text}: {key} is already given by another --grid")
+            raise UsageError(f"--grid {text}: {key} is already given by another --grid")
         parsed = []
         for raw in rest.split(","):
             raw = raw.strip()
             if not raw:
-                raise cli.UsageError(f"--grid {text}: empty value")
+                raise UsageError(f"--grid {text}: empty value")
             try:
                 value = json.loads(raw)
             except ValueError:
                 value = raw
             if value in parsed:
-                raise cli.UsageError(f"--grid {text}: {raw} is listed twice")
+                raise UsageError(f"--grid {text}: {raw} is listed twice")
             parsed.append(value)
         grid[key] = parsed
     return grid
@@ -106,10 +97,10 @@ def _with_lb(base: dict, **keys) -> dict:
     config = json.loads(json.dumps(base))
     scheduler = config.setdefault("scheduler_config", {})
     if not isinstance(scheduler, dict):
-        raise cli.UsageError("--additional-config: scheduler_config must be an object")
+        raise UsageError("--additional-config: scheduler_config must be an object")
     lb = scheduler.setdefault("dyntra_lb_config", {})
     if not isinstance(lb, dict):
-        raise cli.UsageError("--additional-config: scheduler_config.dyntra_lb_config must "
+        raise UsageError("--additional-config: scheduler_config.dyntra_lb_config must "
                              "be an object")
     lb.update(keys)
     return config
@@ -134,9 +125,9 @@ def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
     for key, values in grid.items():
         for value in values:
             config = _with_lb(base, enabled=True, **{key: value})
-            _, problems = cli.check_config(json.dumps(config), f"--grid {key}={value}", args)
+            _, problems = check_config(json.dumps(config), f"--grid {key}={value}", args)
             if problems:
-                raise cli.UsageError(problems[0])
+                raise UsageError(problems[0])
     points = [Point("baseline", {}, _with_lb(base, enabled=False))]
     combos = list(itertools.product(*grid.values()))
     width = max(2, len(str(len(combos))))
@@ -144,9 +135,9 @@ def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
         values = dict(zip(grid, combo, strict=True))
         config = _with_lb(base, **{"enabled": True, **values})
         source = "--grid " + " ".join(f"{k}={v}" for k, v in values.items())
-        _, problems = cli.check_config(json.dumps(config), source, args)
+        _, problems = check_config(json.dumps(config), source, args)
         if problems:
-            raise cli.UsageError(problems[0])
+            raise UsageError(problems[0])
         points.append(Point(f"p{i:0{width}d}", values, config))
     return points
 
@@ -178,10 +169,10 @@ def _run_point(job: dict) -> dict:
 
 class _SweepProgress:
     """One bar over every request of every run of the sweep, fed by polling the runs'
-    event logs (``cli.Progress`` without its own bar, one per run)."""
+    event logs (``Progress`` without its own bar, one per run)."""
 
     def __init__(self, dirs: list[Path], dp: int, requests: int, enabled: bool):
-        self.runs = [cli.Progress(d, dp, requests, "", False) for d in dirs]
+        self.runs = [Progress(d, dp, requests, "", False) for d in dirs]
         self.total = requests * len(dirs)
         self.enabled = enabled
         self.done_runs = 0
@@ -208,7 +199,7 @@ class _SweepProgress:
             self._bar.close()
 
     def _loop(self) -> None:
-        while not self._stop.wait(cli.Progress.INTERVAL_S):
+        while not self._stop.wait(Progress.INTERVAL_S):
             self._poll()
 
     def _poll(self) -> None:
@@ -223,22 +214,22 @@ class _SweepProgress:
 def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, dict]:
     """Run every point, ``args.jobs`` at a time (one fresh process per run); returns
     the metrics by point name. A failed run stops the sweep (ClusterFailed)."""
-    spec_kwargs = cli._spec_kwargs(args)
-    spec_kwargs.pop("transport", None)
+    run_kwargs = spec_kwargs(args)
+    run_kwargs.pop("transport", None)
     recorded_base = {
         "workload": prepared.workload_label, "dp_size": args.dp,
-        **{k: cli._effective(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
-                                                 "block_size", "num_gpu_blocks", "router",
-                                                 "scheduling_policy")},
+        **{k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
+                                         "block_size", "num_gpu_blocks", "router",
+                                         "scheduling_policy")},
         "device": "cpu", "impl": "kit",
     }
-    workload = str(cli.resolve_workload(args.workload))
+    workload = str(resolve_workload(args.workload))
     jobs = {}
     for p in points:
         run_dir = out_dir / "runs" / p.name
         run_dir.mkdir(parents=True)
         jobs[p.name] = {"workload": workload, "dp": args.dp, "out_dir": str(run_dir),
-                        "config": p.config, "spec": spec_kwargs,
+                        "config": p.config, "spec": run_kwargs,
                         "recorded": {"additional_config": p.config, **recorded_base}}
     results: dict[str, dict] = {}
     bar = not args.quiet and sys.stderr.isatty()
@@ -253,13 +244,13 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
                 point = futures[future]
                 metrics = future.result()
                 if "error" in metrics:
-                    raise cli.ClusterFailed(
+                    raise ClusterFailed(
                         f"run {point.name} ({point.label}) failed: {metrics['error']}; "
                         f"report in {out_dir / 'runs' / point.name / 'error.txt'}")
                 results[point.name] = metrics
                 progress.done_runs += 1
                 if not bar:
-                    cli._note(args, f"sweep: {len(results)}/{len(points)} runs done "
+                    note(args, f"sweep: {len(results)}/{len(points)} runs done "
                                     f"({point.name}: {point.label})")
         except BaseException:
             for future in futures:
@@ -433,158 +424,3 @@ def plot_kv_blocks(trace, block_size: int, thresholds: list, path: Path) -> None
     if thresholds:
         ax.legend(fontsize="small")
     fig.savefig(path, dpi=110)
-
-
-# ----------------------------------------------------------------------- command
-
-
-def _check_out(value: str | None, overwrite: bool) -> Path:
-    out = cli.prepare_out_dir(value, overwrite, "sweep")
-    stale = [out / f for f in _SWEEP_FILES if (out / f).exists()]
-    if (out / "runs").exists():
-        stale.append(out / "runs")
-    if stale and not overwrite:
-        raise cli.UsageError(f"--out {out}: already holds a sweep ({stale[0].name}); choose "
-                             "a new directory or pass --overwrite to replace it")
-    for p in stale:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return out
-
-
-def run(args) -> int:
-    """The ``sweep`` command (cli.main handles UsageError / ClusterFailed exit codes)."""
-    if args.dp is None:
-        args.dp = cli.DEFAULT_DP
-    args.torchrun = None
-    args.transport = "thread"
-    if not args.grid:
-        raise cli.UsageError("--grid: required (e.g. --grid bubble_threshold=1,2,5)")
-    cores = os.cpu_count() or 1
-    if args.jobs > cores:
-        raise cli.UsageError(f"--jobs {args.jobs}: more than the {cores} cores of this "
-                             "machine (each job is a busy process of its own)")
-    if args.device == "npu":
-        raise cli.UsageError("--device npu: sweep runs on the thread transport, CPU only")
-    if args.max_tpot_p99_ms is not None and args.objective not in (None, "throughput"):
-        raise cli.UsageError(f"--max-tpot-p99-ms: picks the highest throughput under a TPOT "
-                             f"p99 limit; it does not combine with --objective "
-                             f"{args.objective}")
-    args.objective = args.objective or "throughput"
-    grid = parse_grid(args.grid)
-    base_text, source = (cli.read_config_arg(args.additional_config)
-                         if args.additional_config is not None
-                         else (json.dumps(cli.DEFAULT_ADDITIONAL_CONFIG), "the default config"))
-    base, problems = cli.check_config(base_text, source, args)
-    if problems:
-        raise cli.UsageError(problems[0])
-    points = build_points(base.raw, grid, args)
-    n = len(points) - 1
-    if n > MAX_POINTS and not args.yes:
-        sizes = " x ".join(str(len(v)) for v in grid.values())
-        raise cli.UsageError(f"--grid: {n} points ({sizes}) is more than {MAX_POINTS}; "
-                             f"with the baseline that is {n + 1} runs. Pass --yes to run "
-                             "them all")
-    prepared = cli.prepare(args, [(json.dumps(p.config), p.name) for p in points[:1]])
-    for p in points:  # the last gate: the same checks as a run's RunSpec
-        cli.build_spec(args, prepared, cli.load_additional_config(json.dumps(p.config)),
-                       Path("."))
-    out_dir = _check_out(args.out, args.overwrite)
-
-    cli._note(args, f"sweep: {n} configs + baseline on workload {prepared.workload_label} "
-                    f"({len(prepared.trace)} requests), {args.dp} ranks, {args.jobs} "
-                    f"job(s) at a time, thread transport; writing {out_dir}")
-    start = time.monotonic()
-    results = run_points(args, points, prepared, out_dir)
-    wall = time.monotonic() - start
-    cli._note(args, f"sweep: {n + 1} runs finished in {wall:.1f} s wall-clock")
-
-    rows = make_rows(points, results, out_dir)
-    front = pareto_front(rows)
-    best = best_row(rows, args.objective, args.max_tpot_p99_ms)
-    objective = (f"highest throughput with TPOT p99 <= {args.max_tpot_p99_ms:g} ms"
-                 if args.max_tpot_p99_ms is not None else
-                 {"throughput": "highest throughput", "tpot_p99": "lowest TPOT p99",
-                  "bubble": "lowest DP bubble"}[args.objective])
-    thresholds = grid.get("long_req_block_threshold",
-                          [points[1].config["scheduler_config"]["dyntra_lb_config"].get(
-                              "long_req_block_threshold",
-                              DyntraLBConfig.long_req_block_threshold)])
-    plot_pareto(rows, front, best["name"] if best else None, out_dir / "pareto.png")
-    plot_kv_blocks(prepared.trace, cli._effective(args, "block_size"), thresholds,
-                   out_dir / "kv_blocks.png")
-    table = markdown_table(rows, front)
-    best_json = json.dumps(best["additional_config"]) if best else None
-    (out_dir / "sweep.json").write_text(json.dumps({
-        "workload": prepared.workload_label, "dp_size": args.dp, "seed": args.seed or 0,
-        "base_additional_config": base.raw, "grid": grid, "objective": objective,
-        "best": best["name"] if best else None, "best_additional_config":
-        best["additional_config"] if best else None, "pareto_front": front,
-        "wall_s": wall, "rows": rows}, indent=1, sort_keys=True) + "\n")
-    write_csv(rows, grid, out_dir / "sweep.csv")
-    best_text = (f"Best for {objective}: **{best['name']}** ({best['label']})\n\n"
-                 f"```\n--additional-config '{best_json}'\n```" if best else
-                 f"No grid point meets the objective ({objective}).")
-    (out_dir / "summary.md").write_text(
-        f"# dyntra-emu sweep: {prepared.workload_label}, dp={args.dp}\n\n"
-        f"{n} configs and the baseline, seed {args.seed or 0}, "
-        f"{wall:.1f} s wall-clock. Changes against the baseline in brackets; * marks the "
-        f"Pareto front (throughput against TPOT p99).\n\n{table}\n\n{best_text}\n\n"
-        "![Pareto](pareto.png)\n\n![KV blocks](kv_blocks.png)\n")
-    print(table)
-    print()
-    if best is None:
-        print(f"No grid point meets the objective ({objective}).")
-    else:
-        print(f"Best for {objective}: {best['name']} ({best['label']}):")
-        print(f"--additional-config '{best_json}'")
-    print(f"\nOutputs in {out_dir}/: summary.md, sweep.json, sweep.csv, pareto.png, "
-          "kv_blocks.png, runs/<name>/ (metrics.json and event logs of each run)")
-    return 0
-
-
-def _positive_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
-    return value
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``sweep`` on the ``dyntra-emu`` sub-command parser."""
-    parser = subparsers.add_parser(
-        "sweep", help="run a grid of DyntraLB configs on one workload; rank them",
-        description=cli._wrap(
-            "Run a grid of DyntraLB configs (the product of every --grid KEY=V1,V2,...) and "
-            "a baseline with DyntraLB off on one workload, --jobs at a time on the thread "
-            "transport; write a table of throughput, bubble, balance and latency with the "
-            "change against the baseline, a Pareto plot, and print the best config."),
-        formatter_class=cli._Formatter, allow_abbrev=False, epilog=_EPILOG)
-    cli._add_input_options(parser, single_config=False)
-    parser.add_argument("--additional-config", metavar="JSON|@FILE",
-                        help="base config the grid modifies (default: DyntraLB static mode "
-                             "from step 0); the baseline is it with DyntraLB disabled")
-    parser.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
-                        help="a dyntra_lb_config key and its values (repeatable; the grid "
-                             f"is the product). Keys: {', '.join(GRID_KEYS)}")
-    parser.add_argument("--jobs", type=cli._int_type(1), default=1, metavar="N",
-                        help="runs at a time, one process each (default: 1; at most the "
-                             "number of cores)")
-    parser.add_argument("--objective", choices=OBJECTIVES,
-                        help="what the best config optimises (default: throughput)")
-    parser.add_argument("--max-tpot-p99-ms", type=_positive_ms, metavar="MS",
-                        help="best = highest throughput among configs with TPOT p99 <= MS")
-    parser.add_argument("--yes", action="store_true",
-                        help=f"run a grid of more than {MAX_POINTS} points")
-    parser.add_argument("--seed", type=cli._int_type(0, 2**32 - 1), metavar="N",
-                        help="seed of every run (default: 0)")
-    parser.add_argument("--out", metavar="DIR",
-                        help="output directory (default: runs/<date>-<time>-sweep)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a previous sweep in --out DIR")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bar or status lines on stderr")
-    parser.set_defaults(func=run)
-    return parser

@@ -28,10 +28,14 @@ numbers. Any other key is an error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from emu.knobs import is_int, is_number
 
 MAX_TOKENS = 10_000_000
 MAX_ARRIVAL_S = 1_000_000.0
@@ -203,7 +207,7 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
     for name in ("prompt_tokens", "output_tokens"):
         if name in obj:
             value = obj[name]
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 problems.append(f"field {name!r}: expected an integer >= 1, got {_show(value)}")
             elif value > MAX_TOKENS:
                 problems.append(
@@ -212,7 +216,7 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
 
     rank = obj.get("rank")
     if "rank" in obj:
-        if not _is_int(rank) or rank < 0:
+        if not is_int(rank) or rank < 0:
             problems.append(f"field 'rank': expected an integer >= 0, got {_show(rank)}")
         elif dp_size is not None and rank >= dp_size:
             problems.append(
@@ -221,7 +225,7 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
             )
 
     priority = obj.get("priority", 0)
-    if not _is_int(priority) or abs(priority) > MAX_PRIORITY:
+    if not is_int(priority) or abs(priority) > MAX_PRIORITY:
         problems.append(
             f"field 'priority': expected an integer in -{MAX_PRIORITY}..{MAX_PRIORITY}, "
             f"got {_show(priority)}"
@@ -244,18 +248,10 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
     )
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _is_time(value) -> bool:
     """A number >= 0 that is finite as a float (ints too large for a float count as
     finite: the MAX_ARRIVAL_S check rejects them)."""
-    if not _is_number(value):
+    if not is_number(value):
         return False
     if isinstance(value, int):
         return value >= 0
@@ -284,7 +280,7 @@ def _show(value) -> str:
 
 
 def _check_dp_size(dp_size) -> None:
-    if not _is_int(dp_size) or dp_size < 1:
+    if not is_int(dp_size) or dp_size < 1:
         raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
 
 
@@ -365,3 +361,59 @@ def make_router(name: str, dp_size: int) -> RoundRobinRouter | LeastLoadedRouter
     if name == "least_loaded":
         return LeastLoadedRouter(dp_size)
     raise ValueError(f"unknown router {name!r}; expected one of {list(ROUTERS)}")
+
+
+# ----------------------------------------------------------- wave-boundary arrivals
+
+
+@dataclass(frozen=True)
+class WaveEnd:
+    """A wave's last step (from a rank's step records): ``iter`` and ``start_us`` of
+    that step, and ``end_us``, the virtual time its sync decided the wave was over —
+    where the next iteration (idle, or a new wave) begins."""
+
+    wave: int
+    iter: int
+    start_us: int
+    end_us: int
+
+
+def wave_ends(steps: Sequence[dict]) -> list[WaveEnd]:
+    """Every wave end in one rank's step records (file order), the run's last step
+    included (a finished run ends with its last wave)."""
+    ends = []
+    for i, record in enumerate(steps):
+        if record.get("kind", "step") != "step":
+            raise ValueError(f"wave_ends expects step records, got kind {record['kind']!r}")
+        if i + 1 == len(steps) or steps[i + 1]["wave"] != record["wave"]:
+            start_us = round(record["clock_s"] * 1e6)
+            ends.append(WaveEnd(record["wave"], record["iter"], start_us,
+                                start_us + round(record["step_time_s"] * 1e6)))
+    return ends
+
+
+def insert_request(trace: Sequence[TraceRequest],
+                   request: TraceRequest) -> list[TraceRequest]:
+    """``trace`` with ``request`` added after every request arriving no later (the
+    trace stays sorted; the new id must be unused)."""
+    if any(r.request_id == request.request_id for r in trace):
+        raise ValueError(f"request id {request.request_id!r} is already in the trace")
+    position = sum(1 for r in trace if r.arrival_s <= request.arrival_s)
+    return [*trace[:position], request, *trace[position:]]
+
+
+def wave_boundary_trace(trace: Sequence[TraceRequest], steps: Sequence[dict], *,
+                        wave: int, request: TraceRequest,
+                        offset_us: int = 0) -> list[TraceRequest]:
+    """``trace`` plus ``request`` arriving exactly when ``wave`` ended in the run whose
+    step records (of any rank) are ``steps`` (``offset_us`` shifts it, e.g. -1 = during
+    the wave's last step). Requests before it are untouched, so a run of the new trace
+    is identical to the old one up to that moment (a pinned ``request`` also leaves the
+    round-robin rotation of later requests alone)."""
+    ends = {end.wave: end for end in wave_ends(steps)}
+    if wave not in ends:
+        raise ValueError(f"wave {wave} is not in the step records (waves: {sorted(ends)})")
+    arrival_us = ends[wave].end_us + offset_us
+    if arrival_us < 0:
+        raise ValueError(f"offset_us={offset_us} puts the arrival before time 0")
+    return insert_request(trace, dataclasses.replace(request, arrival_s=arrival_us / 1e6))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -10,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from emu import cli as emu_cli
 
 pytestmark = pytest.mark.integration
 
@@ -97,15 +94,6 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
     assert "DyntraLB dynamic mode from step 0, long requests > 5 blocks" in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["additional_config"] == config
-
-
-def test_spec_defaults_shown_in_help_match_runspec():
-    from emu.cluster import RunSpec
-
-    fields = {f.name: f.default for f in dataclasses.fields(RunSpec)
-              if f.default is not dataclasses.MISSING}
-    for name, value in emu_cli.SPEC_DEFAULTS.items():
-        assert fields[name] == value, name
 
 
 @pytest.mark.parametrize("command", [None, "run", "ab", "validate"])

@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from emu.cluster import RunResult, RunSpec, run_cluster
-from emu.faults import FaultPlan, wave_boundary_trace, wave_ends
+from emu.faults import FaultPlan
 from emu.launcher import ClusterError
-from emu.workload import TraceRequest
+from emu.workload import TraceRequest, wave_boundary_trace, wave_ends
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from emu import cli as emu_cli
-from emu.cluster import TRANSPORTS, RunSpec, run_cluster
+from emu.cli.inputs import WORKLOADS_DIR
+from emu.cluster import RunSpec, run_cluster
 from emu.faults import FaultPlan
 from emu.launcher import ClusterError
 from emu.metrics import compute_metrics, load_run
@@ -36,7 +36,7 @@ DYNAMIC = lb(mode="dynamic", start_step=0, long_req_block_threshold=100,
 
 
 def bundled_prefix(name: str, n: int = 32, max_output: int = 48) -> list[TraceRequest]:
-    trace = load_trace(emu_cli.WORKLOADS_DIR / f"{name}.jsonl")[:n]
+    trace = load_trace(WORKLOADS_DIR / f"{name}.jsonl")[:n]
     return [dataclasses.replace(r, output_tokens=min(r.output_tokens, max_output))
             for r in trace]
 
@@ -99,11 +99,6 @@ def test_thread_transport_is_byte_identical_to_processes(tmp_path, name, dp_size
         assert min(s["own_cost_s"] for s in steps if s["rank"] == 1) >= 0.027
     if name == "kv_fail":  # the failed request's prompt is recomputed on its rank
         assert max(s["scheduled_tokens"] for s in steps) >= spec.trace[1].prompt_tokens
-
-
-def test_cli_and_cluster_agree_on_transports():
-    assert emu_cli.TRANSPORTS == TRANSPORTS
-    assert RunSpec.__dataclass_fields__["transport"].default == "process"
 
 
 def _thread_spec(tmp_path, trace, **fields) -> RunSpec:

@@ -10,13 +10,12 @@ import signal
 
 import pytest
 
-from dyntra_lb import coordinator
-from emu import clock, engine, faults
+from emu import fault_injection
 from emu.cluster import RunSpec, validate
 from emu.costs import StepCostModel
+from emu.fault_injection import FaultInjector, injector_for
 from emu.faults import (
     DelayCollective,
-    FaultInjector,
     FaultPlan,
     KillRank,
     KVLoadFail,
@@ -24,16 +23,12 @@ from emu.faults import (
     KVNotReady,
     KVTransferTimeout,
     SlowRank,
-    WaveEnd,
     check_plan,
-    insert_request,
     parse_fault,
     plan_problems,
-    wave_boundary_trace,
-    wave_ends,
 )
 from emu.scheduler import Request, RequestStatus, Scheduler
-from emu.workload import TraceRequest
+from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10)]
 STATIC = {"scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static"}}}
@@ -118,13 +113,6 @@ def test_faults_validate_their_fields(make, fragment):
         make()
 
 
-def test_site_names_match_the_modules_that_issue_them():
-    assert faults.LOCKSTEP_SITE == clock.LOCKSTEP_SITE
-    assert faults.DP_SYNC_SITE == engine.DP_SYNC_SITE
-    assert faults.FLAG_SITE == coordinator.FLAG_SITE
-    assert faults.ALLGATHER_SITE == coordinator.ALLGATHER_SITE
-
-
 # ------------------------------------------------------------------------- plans
 
 
@@ -162,11 +150,11 @@ def test_plan_and_injector_inputs_pickle():
 
 def test_only_the_ranks_a_fault_names_get_an_injector():
     plan = FaultPlan.of(["kill:rank=1,step=5", "slow:rank=1,extra_ms=1"])
-    assert plan.for_rank(0) is None
-    assert plan.for_rank(1).kill == KillRank(1, 5)
+    assert injector_for(plan, 0) is None
+    assert injector_for(plan, 1).kill == KillRank(1, 5)
     # KV faults follow the request, which may land on any rank
     kv = FaultPlan.of(["kv_fail:request=a"])
-    assert kv.for_rank(0) is not None and kv.for_rank(3) is not None
+    assert injector_for(kv, 0) is not None and injector_for(kv, 3) is not None
 
 
 def _problems(items, dp_size=2, lb_mode="static"):
@@ -231,13 +219,13 @@ def test_slow_rank_pays_more_for_every_step():
 
 def test_kill_sends_sigkill_to_itself_at_its_step(monkeypatch, capfd):
     sent = []
-    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(fault_injection.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     injector = FaultInjector([KillRank(1, 7)], 1)
     for iteration in range(7):
         injector.before_step(iteration, 1000 * iteration)
     assert sent == []
     injector.before_step(7, 7000)
-    assert sent == [(faults.os.getpid(), signal.SIGKILL)]
+    assert sent == [(fault_injection.os.getpid(), signal.SIGKILL)]
     assert "kill:rank=1,step=7] rank 1 kills itself (SIGKILL) at step 7" in capfd.readouterr().err
 
 
@@ -338,7 +326,7 @@ def test_never_ending_load_fails_the_rank_after_its_timeout():
 
 def test_delay_sleeps_once_before_the_first_matching_collective(monkeypatch, capfd):
     slept = []
-    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    monkeypatch.setattr(fault_injection.time, "sleep", slept.append)
     calls = []
 
     class Recorder:

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 
 from emu.metrics import Run, compute_metrics
+from emu.plots import write_ab_plots, write_plots
 from emu.report import (
     ab_table,
     ab_wall_table,
     summary_table,
-    write_ab_plots,
     write_ab_summary_md,
-    write_plots,
     write_summary_md,
 )
 

@@ -53,6 +53,7 @@ def _variant(config, dp_size: int, async_scheduling: bool) -> str:
 def build(ctx, spec, config, out_dir):
     """This rank's engine, ready to ``run()``."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    from emu.fault_injection import injector_for
     from emu.impl.vllm_ascend.engine import EmulatedRank, route_logs
     from emu.impl.vllm_ascend.tree import import_tree
     from emu.impl.vllm_ascend.vllm_config import (
@@ -79,5 +80,5 @@ def build(ctx, spec, config, out_dir):
             dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
             event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
             wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
-            faults=spec.faults.for_rank(ctx.rank) if spec.faults is not None else None)
+            faults=injector_for(spec.faults, ctx.rank))
 

@@ -21,8 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 import emu
-from dyntra_lb.coordinator import ALLGATHER_SITE, FLAG_SITE
-from emu.engine import DP_SYNC_SITE
+from emu.sites import ALLGATHER_SITE, DP_SYNC_SITE, FLAG_SITE
 
 # Which function issues which collective of the event log's vocabulary.
 _SITES = {

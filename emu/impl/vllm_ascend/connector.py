@@ -47,7 +47,7 @@ class EmulatedRemoteKVConnector(KVConnectorBase_V1):
 
     def bind(self, clock, faults=None) -> None:
         """``clock.clock_us`` is read whenever a transfer may start; ``faults`` (the
-        rank's ``emu.faults.FaultInjector``) installs the not-ready and never-completes
+        rank's ``emu.fault_injection.FaultInjector``) installs the not-ready and never-completes
         faults into the arrival model, as in the kit."""
         self._clock = clock
         if faults is not None:

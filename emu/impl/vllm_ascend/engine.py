@@ -37,16 +37,16 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 from dyntra_lb.blocks import block_counts
-from dyntra_lb.coordinator import ALLGATHER_SITE
 from dyntra_lb.planner import balance_load
 from emu.clock import LockstepClock
 from emu.engine import RankSummary, StallError, describe_stall
-from emu.eventlog import EventLog, WallLog
+from emu.eventlog import EventLog, StepRecord, WallLog
 from emu.guard import CollectiveRecorder
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.intake import Arrivals
+from emu.sites import ALLGATHER_SITE
 
 # The token every emulated forward samples (any id below the model's vocab size).
 _SAMPLED_TOKEN = 1
@@ -422,41 +422,29 @@ class EmulatedRank:
         if site.startswith("dyntra_lb."):
             self.collectives_s += seconds
 
-    def _step_record(self, plan_applied, plan_generated, collectives_done) -> dict:
+    def _step_record(self, plan_applied, plan_generated, collectives_done) -> StepRecord:
         scheduler = self.scheduler
         engine = self.engine
         bs = self.block_size
         kv = scheduler.kv_cache_manager
         free = kv.block_pool.get_num_free_blocks()
         paused = getattr(scheduler, "_lb_paused_req_ids", ())
-        return {
-            "iter": self.iteration,
-            "wave": engine.current_wave,
-            "step_counter": engine.step_counter,
-            "clock_s": self._step_start_us / 1e6,
-            "own_cost_s": self._own_cost_us / 1e6,
-            "step_time_s": self._step_us / 1e6,
-            "dummy": not self._executed,
-            "num_running": len(scheduler.running),
-            "num_waiting": self._num_waiting(),
-            "running_blocks": sum(block_counts(scheduler.running, bs)),
-            "waiting_blocks": sum(block_counts(scheduler.waiting, bs))
-            + sum(block_counts(scheduler.skipped_waiting, bs)),
-            "scheduled_tokens": self._scheduled_tokens,
-            "plan_applied": _plan_dict(plan_applied),
-            "paused": self._paused,
-            "resumed": self._resumed,
-            "admitted": self._admitted,
-            "preempted": self._preempted,
-            "finished": [r.request_id for r in self._finished],
-            "plan_generated": _plan_dict(plan_generated),
-            "lb_active": plan_generated is not None,
-            "kv_free_blocks": free,
-            "kv_held_blocks": kv.block_pool.num_gpu_blocks - 1 - free,
-            "paused_kv_blocks": {rid: len(kv.get_block_ids(rid)[0]) for rid in paused
-                                 if rid in scheduler.requests},
-            "collectives": collectives_done,
-        }
+        return StepRecord(
+            iter=self.iteration, wave=engine.current_wave, step_counter=engine.step_counter,
+            clock_us=self._step_start_us, own_cost_us=self._own_cost_us, step_us=self._step_us,
+            dummy=not self._executed, num_running=len(scheduler.running),
+            num_waiting=self._num_waiting(),
+            running_blocks=sum(block_counts(scheduler.running, bs)),
+            waiting_blocks=(sum(block_counts(scheduler.waiting, bs))
+                            + sum(block_counts(scheduler.skipped_waiting, bs))),
+            scheduled_tokens=self._scheduled_tokens, plan_applied=_plan_dict(plan_applied),
+            paused=self._paused, resumed=self._resumed, admitted=self._admitted,
+            preempted=self._preempted, finished=[r.request_id for r in self._finished],
+            plan_generated=_plan_dict(plan_generated), kv_free_blocks=free,
+            kv_held_blocks=kv.block_pool.num_gpu_blocks - 1 - free,
+            paused_kv_blocks={rid: len(kv.get_block_ids(rid)[0]) for rid in paused
+                              if rid in scheduler.requests},
+            collectives=collectives_done)
 
     def _stalled(self) -> None:
         scheduler = self.scheduler

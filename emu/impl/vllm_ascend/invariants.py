@@ -11,7 +11,7 @@ A violation raises ``emu.guard.InvariantError`` naming the rank, iteration and r
 
 from __future__ import annotations
 
-from emu.guard import InvariantError
+from emu.invariants import PausedBlocks, admission_problems, violation
 
 
 class StrictChecker:
@@ -19,7 +19,7 @@ class StrictChecker:
 
     def __init__(self, rank):
         self.rank = rank
-        self._paused_blocks: dict[str, list[int]] = {}
+        self._paused_blocks = PausedBlocks()
 
     def check(self, paused_now: list[str], admitted: list[str], admit_ids) -> None:
         rank = self.rank
@@ -30,26 +30,12 @@ class StrictChecker:
                             f"{rank.num_finished} finished, {in_flight} in flight")
         kv = scheduler.kv_cache_manager
         paused = getattr(scheduler, "_lb_paused_req_ids", set())
-        remembered = self._paused_blocks
-        for rid in paused_now:
-            remembered[rid] = list(kv.get_block_ids(rid)[0])
-        for rid in list(remembered):
-            if rid not in paused:
-                del remembered[rid]
-        for rid, blocks in remembered.items():
-            now = list(kv.get_block_ids(rid)[0])
-            if now != blocks:
-                self._violation(f"paused request {rid!r} held KV blocks {blocks} when "
-                                f"paused, now {now}")
-        if admit_ids is not None:
-            for rid in admitted:
-                if rid not in admit_ids:
-                    self._violation(f"request {rid!r} was admitted under a plan whose "
-                                    f"admission set is {sorted(admit_ids)}")
+        problems = self._paused_blocks.problems(paused_now, paused,
+                                                lambda rid: list(kv.get_block_ids(rid)[0]))
+        for problem in problems + admission_problems(admitted, admit_ids):
+            self._violation(problem)
 
     def _violation(self, what: str) -> None:
         rank = self.rank
-        raise InvariantError(
-            f"strict invariant violated on rank {rank.dp_rank} at iteration {rank.iteration} "
-            f"(wave {rank.engine.current_wave}, step_counter {rank.engine.step_counter}): "
-            f"{what}")
+        raise violation(rank.dp_rank, rank.iteration, rank.engine.current_wave,
+                        rank.engine.step_counter, what)

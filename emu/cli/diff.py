@@ -22,13 +22,22 @@ import json
 import sys
 from pathlib import Path
 
-from emu import cli
+from emu.cli.errors import ClusterFailed, UsageError
+from emu.cli.flags import DEFAULT_DP, Formatter, add_input_options, add_run_options, wrap
+from emu.cli.inputs import config_sources, prepare
+from emu.cli.outdir import prepare_out_dir
+from emu.cli.running import run_one
 from emu.diff import DiffInputError, compare, format_report, plot_load, read_run
+from emu.knobs import Int
 
 EXIT_DIVERGENT = 1
+
 EXIT_RUN_FAILED = 3
+
 RUN_DIRS = ("a", "b")
+
 PLOT = "load_diff.png"
+
 REPORT = "diff.json"
 
 _EPILOG = """\
@@ -55,25 +64,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "diff", help="run kit and vllm-ascend (or two vllm-ascend trees) on the same "
                      "trace, or read two run directories; compare step by step",
-        description=cli._wrap(
+        description=wrap(
             "Compare two runs of the same trace, config and seed step by step: what "
             "DyntraLB planned and what the scheduler did on every rank at every "
             "iteration, the collectives, the request records and the diagnostics "
             "lines. Without DIR_A DIR_B it makes both runs itself."),
-        formatter_class=cli._Formatter, allow_abbrev=False, epilog=_EPILOG)
+        formatter_class=Formatter, allow_abbrev=False, epilog=_EPILOG)
     parser.add_argument("dirs", nargs="*", metavar="DIR_A DIR_B",
                         help="two existing run directories to compare (then no run flags)")
-    cli._add_input_options(parser, single_config=True, impl=False)
+    add_input_options(parser, single_config=True, impl=False)
     parser.add_argument("--vllm-ascend-a", metavar="PATH",
                         help="run A on this vllm-ascend tree instead of the kit (with "
                              "--vllm-ascend-b)")
     parser.add_argument("--vllm-ascend-b", metavar="PATH",
                         help="run B on this vllm-ascend tree (with --vllm-ascend-a)")
-    cli._add_run_options(parser)
+    add_run_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--context", type=cli._int_type(0), default=3, metavar="N",
+    parser.add_argument("--context", type=Int(0).parse, default=3, metavar="N",
                         help="steps shown before the first divergence (default: 3)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=cmd_diff)
     return parser
 
 
@@ -92,23 +101,23 @@ def _given_run_flags(args, parser: argparse.ArgumentParser) -> list[str]:
     return given
 
 
-def run(args) -> int:
+def cmd_diff(args) -> int:
     try:
         if args.dirs:
             return _diff_dirs(args)
         return _diff_runs(args)
     except DiffInputError as exc:
-        raise cli.UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def _diff_dirs(args) -> int:
     if len(args.dirs) != 2:
-        raise cli.UsageError(f"DIR_A DIR_B: expected two run directories, got "
+        raise UsageError(f"DIR_A DIR_B: expected two run directories, got "
                              f"{len(args.dirs)} ({' '.join(args.dirs)}); or none, to make "
                              "both runs")
     flags = _given_run_flags(args, args.parser)
     if flags:
-        raise cli.UsageError(f"{flags[0]}: not allowed with DIR_A DIR_B (the runs exist "
+        raise UsageError(f"{flags[0]}: not allowed with DIR_A DIR_B (the runs exist "
                              "already; only --json, --context and --out apply)")
     labels = _labels(*(Path(d) for d in args.dirs))
     a, b = (read_run(d, label) for d, label in zip(args.dirs, labels, strict=True))
@@ -118,7 +127,7 @@ def _diff_dirs(args) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise cli.UsageError(f"--out {out}: cannot create the directory: "
+            raise UsageError(f"--out {out}: cannot create the directory: "
                                  f"{exc.strerror or exc}") from None
     return _report(args, a, b, out)
 
@@ -145,16 +154,16 @@ def _sides(args) -> list[tuple[str, str, str | None]]:
     tree_a, tree_b = args.vllm_ascend_a, args.vllm_ascend_b
     if tree_a is None and tree_b is None:
         if args.async_scheduling:
-            raise cli.UsageError("--async-scheduling: run A is the kit, which emulates "
+            raise UsageError("--async-scheduling: run A is the kit, which emulates "
                                  "synchronous scheduling only; compare two vllm-ascend "
                                  "trees (--vllm-ascend-a/--vllm-ascend-b) instead")
         return [("kit", "kit", None), ("vllm-ascend", "vllm-ascend", args.vllm_ascend)]
     if tree_a is None or tree_b is None:
         missing = "--vllm-ascend-b" if tree_a is not None else "--vllm-ascend-a"
-        raise cli.UsageError(f"{missing}: required with the other of --vllm-ascend-a/"
+        raise UsageError(f"{missing}: required with the other of --vllm-ascend-a/"
                              "--vllm-ascend-b (both runs use a vllm-ascend tree)")
     if args.vllm_ascend is not None:
-        raise cli.UsageError("--vllm-ascend: not allowed with --vllm-ascend-a/"
+        raise UsageError("--vllm-ascend: not allowed with --vllm-ascend-a/"
                              "--vllm-ascend-b (they name both trees)")
     return [("A", "vllm-ascend", tree_a), ("B", "vllm-ascend", tree_b)]
 
@@ -162,9 +171,9 @@ def _sides(args) -> list[tuple[str, str, str | None]]:
 def _diff_runs(args) -> int:
     args.torchrun = None
     if args.dp is None:
-        args.dp = cli.DEFAULT_DP
+        args.dp = DEFAULT_DP
     sides = _sides(args)
-    sources = cli._config_sources(args)
+    sources = config_sources(args)
     runs = []
     for label, impl, tree in sides:  # check both before anything starts
         side = copy.copy(args)
@@ -173,13 +182,13 @@ def _diff_runs(args) -> int:
             side.planner = None  # --planner chooses the planner of the vllm-ascend runs
         elif args.planner == "kit":
             label += " (kit planner)"
-        runs.append((label, side, cli.prepare(side, sources)))
-    out = cli.prepare_out_dir(args.out, args.overwrite, "diff", RUN_DIRS)
+        runs.append((label, side, prepare(side, sources)))
+    out = prepare_out_dir(args.out, args.overwrite, "diff", RUN_DIRS)
     for (label, side, prepared), name in zip(runs, RUN_DIRS, strict=True):
         try:
-            cli.run_one(side, prepared, prepared.configs[0], out / name,
+            run_one(side, prepared, prepared.configs[0], out / name,
                         f"{name.upper()} ({label})")
-        except cli.ClusterFailed as exc:
+        except ClusterFailed as exc:
             print(f"dyntra-emu diff: error: run {name.upper()} ({label}): {exc}",
                   file=sys.stderr)
             return EXIT_RUN_FAILED

@@ -1,0 +1,199 @@
+"""`dyntra-emu ab`: the same workload and seed run twice, DyntraLB off and on (or two
+configs), every metric side by side; with --seeds, on several seeds of a recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+
+from dyntra_lb.config import unknown_keys
+from emu.cli.errors import UsageError
+from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
+from emu.cli.inputs import DEFAULT_ADDITIONAL_CONFIG, prepare, read_config_arg, warn_ignored_keys
+from emu.cli.outdir import prepare_out_dir
+from emu.cli.running import run_one
+from emu.knobs import Int
+from emu.recipes import is_recipe, seed_table
+
+RUN_DIRS = ("a", "b")
+
+EPILOG = """\
+examples:
+  dyntra-emu ab --workload longtail
+      DyntraLB off (A) vs the default config, static mode from step 0 (B)
+  dyntra-emu ab --additional-config @decode_node.json
+      the config with DyntraLB disabled (A) vs as given (B)
+  dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
+
+The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
+a/ and b/ with each run's event logs and metrics.json.
+"""
+
+
+def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """The two configs of `ab` as (JSON text, name) and their labels."""
+    if args.config_a is not None or args.config_b is not None:
+        if args.config_a is None or args.config_b is None:
+            missing = "--config-b" if args.config_a is not None else "--config-a"
+            raise UsageError(f"{missing}: required when the other of --config-a/--config-b "
+                             "is given (ab compares two configs)")
+        return ([read_config_arg(args.config_a, "--config-a"),
+                 read_config_arg(args.config_b, "--config-b")], ("A", "B"))
+    if args.additional_config is None:
+        on_text, source = json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"
+    else:
+        on_text, source = read_config_arg(args.additional_config)
+    try:
+        on = json.loads(on_text)
+    except ValueError:
+        on = None  # check_config names the JSON error
+    if not isinstance(on, dict):
+        return [(on_text, source), (on_text, source)], ("DyntraLB off", "DyntraLB on")
+    off = copy.deepcopy(on)
+    scheduler = off.get("scheduler_config")
+    lb = scheduler.get("dyntra_lb_config") if isinstance(scheduler, dict) else None
+    if not isinstance(lb, dict) or lb.get("enabled") is not True:
+        ignored = "".join(f"; {message}" for message in unknown_keys(on))
+        raise UsageError(f"{source}: does not enable DyntraLB "
+                         "(scheduler_config.dyntra_lb_config.enabled is not true), so both "
+                         "runs of ab would be the same; enable it, or compare two configs "
+                         f"with --config-a and --config-b{ignored}")
+    lb["enabled"] = False
+    return ([(json.dumps(off), f"{source} with DyntraLB disabled"), (on_text, source)],
+            ("DyntraLB off", "DyntraLB on"))
+
+
+def cmd_ab(args) -> int:
+    from emu.metrics import load_run
+    from emu.no_effect import no_effect_notes
+    from emu.plots import write_ab_plots
+    from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
+
+    _check_combinations(args)
+    sources, labels = _ab_sources(args)
+    if args.seeds is not None:
+        return _ab_seeds(args, sources, labels)
+    prepared = prepare(args, sources)
+    warn_ignored_keys(args, prepared)
+    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", RUN_DIRS)
+    metrics = []
+    for name, label, config in zip(RUN_DIRS, labels, prepared.configs, strict=True):
+        metrics.append(run_one(args, prepared, config, out_dir / name,
+                               f"{name.upper()} ({label})"))
+    runs = [load_run(out_dir / name) for name in RUN_DIRS]
+    plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
+    write_ab_summary_md(out_dir / "summary.md", metrics[0], metrics[1], labels,
+                        title=f"dyntra-emu ab: {prepared.workload_label}, dp={args.dp}",
+                        plots=plots)
+    print(ab_table(metrics[0], metrics[1], labels))
+    print()
+    wall = ab_wall_table(metrics[0], metrics[1], labels)
+    if wall is not None:
+        print(wall)
+        print()
+    print(_ab_headline(metrics[0], metrics[1], labels))
+    for line in headroom_summary(metrics[0], metrics[1], labels):
+        print(line)
+    for label, m in zip(labels, metrics, strict=True):
+        for note in no_effect_notes(m):
+            print(f"note ({label}): {note}")
+    print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
+          f"a/ and b/ (metrics.json and event logs of each run)")
+    return 0
+
+
+def _ab_seeds(args, sources, labels) -> int:
+    """``ab --seeds N``: the A/B on N workload seeds of a recipe (--seed, --seed + 1,
+    ...), each into DIR/seed<s>/a and b; prints and writes each key delta per seed and
+    its mean with a 95 % confidence interval."""
+    if not is_recipe(args.workload):
+        raise UsageError(f"--seeds {args.seeds}: needs a generated workload "
+                         "(--workload recipe:NAME[,n=N][,rate=R]), whose trace changes with "
+                         f"the seed; {args.workload!r} is one fixed trace")
+    first = args.seed
+    seeds = list(range(first, first + args.seeds))
+    prepared = []
+    for seed in seeds:  # check every seed's trace before anything runs
+        args.seed = seed
+        prepared.append(prepare(args, sources))
+    subdirs = tuple(f"seed{s}/{name}" for s in seeds for name in RUN_DIRS)
+    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", subdirs)
+    pairs = []
+    for seed, prep in zip(seeds, prepared, strict=True):
+        args.seed = seed
+        metrics = [run_one(args, prep, config, out_dir / f"seed{seed}" / name,
+                           f"seed {seed} {name.upper()} ({label})")
+                   for name, label, config in zip(RUN_DIRS, labels, prep.configs,
+                                                  strict=True)]
+        pairs.append((seed, metrics[0], metrics[1]))
+    from emu.no_effect import no_effect_notes
+
+    table = seed_table(pairs)
+    print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")
+    print(table)
+    for seed, *metrics in pairs:
+        for label, m in zip(labels, metrics, strict=True):
+            for note in no_effect_notes(m):
+                print(f"note (seed {seed}, {label}): {note}")
+    (out_dir / "summary.md").write_text(
+        f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={args.dp}\n\n"
+        f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
+        "mean with its 95 % confidence interval (Student's t)\n\n```\n" + table + "\n```\n")
+    print(f"\nOutputs in {out_dir}/: summary.md, seed<s>/a and seed<s>/b (metrics.json and "
+          "event logs of each run)")
+    return 0
+
+
+def _ab_headline(a: dict, b: dict, labels) -> str:
+    """The few numbers a reader looks at first, A -> B."""
+    rows = [
+        ("DP bubble ratio", a["bubble_ratio"], b["bubble_ratio"], 100, " %"),
+        ("balance ratio", a["balance_ratio"], b["balance_ratio"], 1, ""),
+        ("bubble-free bound (tok/s)", a["headroom"]["sol_throughput_tok_s"],
+         b["headroom"]["sol_throughput_tok_s"], 1, ""),
+        ("throughput (tok/s)", a["throughput_tok_s"], b["throughput_tok_s"], 1, ""),
+        ("TPOT p50 (ms)", a["tpot_ms"]["p50"], b["tpot_ms"]["p50"], 1, ""),
+        ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
+        ("virtual time (s)", a["virtual_time_s"], b["virtual_time_s"], 1, ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"Key metrics, {labels[0]} -> {labels[1]}:"]
+    for name, va, vb, scale, unit in rows:
+        if va is None or vb is None:
+            lines.append(f"  {name:<{width}}  -")
+            continue
+        rel = f" ({(vb - va) / abs(va) * 100:+.1f} %)" if va else ""
+        lines.append(f"  {name:<{width}}  {va * scale:.3f}{unit} -> {vb * scale:.3f}{unit}"
+                     f"{rel}")
+    return "\n".join(lines)
+
+
+def _check_combinations(args) -> None:
+    if args.additional_config is not None and (args.config_a or args.config_b):
+        raise UsageError("--additional-config: not allowed with --config-a/--config-b "
+                         "(give either one config for B, or both A and B)")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "ab", help="run a workload with DyntraLB off and on (or two configs), compare",
+        description=wrap("A/B comparison: the same workload and seed, run once per config, one "
+                         "after the other; every metric side by side with its absolute and "
+                         "relative change, and plots overlaying both runs."),
+        formatter_class=Formatter, allow_abbrev=False, epilog=EPILOG)
+    add_input_options(parser, single_config=False)
+    parser.add_argument("--additional-config", metavar="JSON|@FILE",
+                        help="config of run B; run A is the same config with DyntraLB disabled "
+                             "(default: DyntraLB static mode from step 0)")
+    parser.add_argument("--config-a", metavar="JSON|@FILE",
+                        help="config of run A (with --config-b; instead of --additional-config)")
+    parser.add_argument("--config-b", metavar="JSON|@FILE", help="config of run B")
+    parser.add_argument("--seeds", type=Int(2, 100).parse, metavar="N",
+                        help="with --workload recipe:NAME: run the A/B on N workload seeds "
+                             "(--seed, --seed + 1, ...) and report each delta as a mean with a "
+                             "95 %% confidence interval")
+    add_run_options(parser)
+    parser.set_defaults(func=cmd_ab)
+    return parser

@@ -1,0 +1,59 @@
+"""The output directory of a command: created, or refused when it holds an earlier run.
+
+`run`, `ab`, `diff` and `sweep` write into ``--out DIR`` (default runs/<date>-<time>-<command>).
+An earlier run's files are never mixed with a new run's: they are refused, or with
+--overwrite removed first (exactly the files a run writes, nothing else).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from emu.cli.errors import UsageError
+
+# Files a run leaves in its directory; --overwrite removes exactly these.
+RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
+              "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
+              "load_ab.png", "bubble_ab.png", "tpot_ab.png", "load_diff.png", "diff.json")
+
+
+def _default_out_dir(command: str) -> Path:
+    """runs/<timestamp>-<command> under the current directory, never an existing one."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{stamp}-{command}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _existing_run_files(directory: Path) -> list[Path]:
+    return sorted(p for pattern in RUN_FILES for p in directory.glob(pattern))
+
+
+def prepare_out_dir(value: str | None, overwrite: bool, command: str,
+                    subdirs: tuple[str, ...] = ()) -> Path:
+    """Create the output directory. An existing directory that holds a previous run's
+    files is refused unless --overwrite, which deletes exactly those files (so stale
+    rank logs of a larger DP size can never mix into this run)."""
+    out = _default_out_dir(command) if value is None else Path(value)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    dirs = [out, *(out / s for s in subdirs)]
+    stale = [p for d in dirs if d.is_dir() for p in _existing_run_files(d)]
+    if stale and not overwrite:
+        shown = ", ".join(str(p.relative_to(out)) for p in stale[:3])
+        more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+        raise UsageError(f"--out {out}: already holds a run ({shown}{more}); choose a new "
+                         "directory or pass --overwrite to replace it")
+    try:
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the directory: "
+                         f"{exc.strerror or exc}") from None
+    for p in stale:
+        p.unlink()
+    return out

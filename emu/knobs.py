@@ -1,0 +1,173 @@
+"""The kinds of value a run setting takes, each checked one way and parsed one way.
+
+A ``RunSpec`` field (``emu.spec``) declares its kind and, when users set it on the command
+line, its help text. ``emu.spec.validate`` checks every field through its kind, and the
+CLI builds every such field's flag from the same declaration (``emu.cli.flags``): the
+flag's name, type, choices, default and help come from the field, so a new engine knob
+is one field plus the code that uses it.
+
+A kind has two faces:
+
+- ``check(name, value)``: the value a Python caller put in the spec; raises ValueError
+  ``"RunSpec.<name> must be ..., got ..."``.
+- ``parse(text)``: the text a user typed; raises ``argparse.ArgumentTypeError``, which
+  argparse reports as a usage error naming the flag. Choices and switches need none:
+  argparse reads those itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def is_int(value) -> bool:
+    """An int that is not a bool (``True`` is an int in Python, never a count here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """An int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer in ``minimum``..``maximum`` (no upper bound when None). ``why`` says
+    what an upper bound protects (a limit of the machine rather than of the value's
+    range), for the flag's error message."""
+
+    minimum: int
+    maximum: int | None = None
+    why: str = ""
+    metavar = "N"
+
+    def check(self, name: str, value) -> None:
+        if not is_int(value) or value < self.minimum:
+            raise ValueError(f"RunSpec.{name} must be an int >= {self.minimum}, got {value!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"RunSpec.{name} must be at most {self.maximum}, got {value!r}")
+
+    def parse(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if self.maximum is not None and not self.why:  # a range, not a machine limit
+            if value is None or not self.minimum <= value <= self.maximum:
+                raise argparse.ArgumentTypeError(
+                    f"expected an integer in {self.minimum}..{self.maximum}, got {text!r}")
+            return value
+        if value is None or value < self.minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {self.minimum}, got {text!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {self.minimum} and at most {self.maximum:,} "
+                f"({self.why}), got {text!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A duration in seconds, > 0 and at most ``maximum``; ``optional``: None means no
+    limit."""
+
+    maximum: float
+    optional: bool = False
+    metavar = "S"
+
+    def check(self, name: str, value) -> None:
+        if value is None and self.optional:
+            return
+        if not is_number(value) or not 0 < value <= self.maximum:
+            none = ", or None" if self.optional else ""
+            raise ValueError(f"RunSpec.{name} must be > 0 and at most {self.maximum:g}{none}, "
+                             f"got {value!r}")
+
+    def parse(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not 0 < value <= self.maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds > 0 (at most {self.maximum:g}), got {text!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class NonNegativeSeconds:
+    """A finite duration >= 0 (set from Python only)."""
+
+    def check(self, name: str, value) -> None:
+        if not is_number(value) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"RunSpec.{name} must be a finite number >= 0 (seconds), "
+                             f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``values``; ``optional``: None is allowed too (it means "the default of
+    whatever reads it", which the field's help says)."""
+
+    values: tuple[str, ...]
+    optional: bool = False
+
+    def check(self, name: str, value) -> None:
+        if value in self.values or (value is None and self.optional):
+            return
+        none = " or None" if self.optional else ""
+        raise ValueError(f"RunSpec.{name} must be one of {list(self.values)}{none}, "
+                         f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A bool; on the command line a flag without a value that turns it on."""
+
+    def check(self, name: str, value) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"RunSpec.{name} must be a bool, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string, or None (set the optional way, e.g. a path)."""
+
+    metavar: str = "TEXT"
+
+    def check(self, name: str, value) -> None:
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"RunSpec.{name} must be a string or None, got {value!r}")
+
+    def parse(self, text: str) -> str:
+        return text
+
+
+# Which commands show a flag: "input" flags define what runs (run, ab, validate, diff,
+# sweep); "run" flags only matter once ranks start (run, ab, sweep).
+SECTIONS = ("input", "run")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """How one RunSpec field is checked and, with ``help``, set on the command line.
+
+    ``flag`` overrides the flag's name (default: ``--`` and the field's name with dashes);
+    ``shown_default`` replaces the field's default in the help text (e.g. where None
+    means "the environment variable, else ...")."""
+
+    kind: Any
+    help: str | None = None
+    section: str = "input"
+    flag: str | None = None
+    shown_default: str | None = None
+    metavar: str | None = field(default=None)
+
+
+def knob(default, kind, help: str | None = None, **options):
+    """A dataclass field of RunSpec with its ``Knob`` in the field's metadata."""
+    return field(default=default, metadata={"knob": Knob(kind, help, **options)})
