@@ -1,17 +1,22 @@
-"""`dyntra-emu diff` (kit against vllm-ascend's DyntraLB) over a small matrix: workload x
-mode x config x KV pressure, dp=2, block size 16. Prints one row per cell: identical, or
-the divergence kinds with their first iteration. The traces are the first ``--n``
+"""`dyntra-emu diff` (kit against vllm-ascend's DyntraLB) over a matrix: workload x mode
+x config x KV pressure at each ``--dp``, block size 16. Prints one row per cell:
+identical, or the divergence kinds with their first iteration. The traces are the first ``--n``
 requests of the bundled workloads with output lengths capped at ``--max-output`` (so
 that a cell runs in a few minutes on a loaded laptop); "KV pressure" gives each rank
 ``--num-gpu-blocks`` just above what the largest request needs.
 
     DYNTRA_VLLM_ASCEND=../shared/upstream/vllm-ascend \\
         .venv-upstream/bin/python benchmarks/diff_matrix.py --out runs/diff-matrix
+
+``--grid full`` runs every combination of the four bundled workloads, static and
+dynamic mode, the default config and ``bubble_threshold`` 0.2, with and without KV
+pressure (32 cells per DP size); the default runs the 10 cells listed in ``CELLS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pathlib
 import subprocess
@@ -31,6 +36,11 @@ CELLS = [  # (workload, mode, config, kv pressure)
     ("longtail", "static", "default", True),
     ("longtail", "dynamic", "default", True),
 ]
+
+
+WORKLOADS = ("uniform", "longtail", "default", "bimodal")
+FULL = list(itertools.product(WORKLOADS, ("static", "dynamic"), ("default", "bt0.2"),
+                              (False, True)))
 
 
 def small_trace(workload: str, n: int, max_output: int, out: pathlib.Path) -> tuple:
@@ -59,17 +69,20 @@ def main() -> int:
     parser.add_argument("--max-output", type=int, default=60)
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--only", default=None, help="run only cells whose name contains this")
+    parser.add_argument("--dp", type=int, nargs="+", default=[2])
+    parser.add_argument("--grid", choices=("listed", "full"), default="listed")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     exe = pathlib.Path(sys.executable).with_name("dyntra-emu")
-    for workload, mode, variant, pressure in CELLS:
-        name = f"{workload}-{mode}-{variant}{'-kv' if pressure else ''}"
+    cells = CELLS if args.grid == "listed" else FULL
+    for dp, (workload, mode, variant, pressure) in itertools.product(args.dp, cells):
+        name = f"dp{dp}-{workload}-{mode}-{variant}{'-kv' if pressure else ''}"
         if args.only and args.only not in name:
             continue
         trace, need = small_trace(workload, args.n, args.max_output,
                                   args.out / f"{workload}.jsonl")
         blocks = need + 8 if pressure else 1024
-        cmd = [str(exe), "diff", "--workload", str(trace), "--dp", "2", "--block-size",
+        cmd = [str(exe), "diff", "--workload", str(trace), "--dp", str(dp), "--block-size",
                str(BLOCK_SIZE), "--num-gpu-blocks", str(blocks), "--max-num-seqs",
                str(args.max_num_seqs), "--device", "cpu", "--quiet", "--overwrite",
                "--additional-config", json.dumps(config(mode, variant)),

@@ -10,7 +10,11 @@ Suites (payload-shaped: every rank's running list and waiting list both hold
   uniform  every request lognormal around 30 blocks
 at dp=8 / max_num_seqs=128, dp=16 / 256 and dp=32 / 256, threshold 5.0 (the default).
 
-Every plan of both planners (the Python one also with a no-op observer) must equal the
+The compiled planner is timed on the input the coordinator gives it: int32 numpy
+rows, views of the gathered buffers (``payload.unpack``); the column "lists ms" times it
+on the same snapshots as Python lists (the input before issue 14's last step), so the
+cost of the list conversion shows side by side. Every plan of both planners (the Python
+one also with a no-op observer, the compiled one on both inputs) must equal the
 oracle's; the script exits 1 otherwise. Times are medians in ms: per snapshot the oracle
 runs once and each planner ``--repeats`` times (median taken), then the median over the
 suite's snapshots. Wall-clock times, plus the compiled planner's process CPU time (less
@@ -83,6 +87,18 @@ def snapshot(rng: np.random.Generator, dp: int, max_num_seqs: int, skewed: bool)
     return rows
 
 
+def gathered_rows(snap):
+    """``snap`` as the coordinator passes it: one int32 payload buffer per rank (block
+    slots, split, long flag), each row a view of its buffer's block slots."""
+    rows = []
+    for blks, split in snap:
+        buf = np.zeros(len(blks) + 2, np.int32)
+        buf[:len(blks)] = blks
+        buf[len(blks)] = split
+        rows.append((buf[:len(blks)], int(buf[len(blks)])))
+    return rows
+
+
 def _timed(fn):
     """(result, wall seconds, process CPU seconds) of one call."""
     wall, cpu = time.perf_counter(), time.process_time()
@@ -103,7 +119,8 @@ def _median_of_runs(fn, repeats):
 def run_suite(rng, suite, dp, max_num_seqs, cases, repeats, compiled):
     """Time the oracle and both planners on ``cases`` snapshots; returns (row of medians
     in ms, number of plans that differ from the oracle's)."""
-    times = {"oracle": [], "python": [], "observer": [], "compiled": [], "compiled_cpu": []}
+    times = {"oracle": [], "python": [], "observer": [], "compiled": [], "compiled_cpu": [],
+             "lists": []}
     mismatches = 0
     kw = {"max_num_seqs": max_num_seqs, "threshold": THRESHOLD}
     for _ in range(cases):
@@ -121,10 +138,15 @@ def run_suite(rng, suite, dp, max_num_seqs, cases, repeats, compiled):
         times["observer"].append(t)
         results.append(plans)
         if compiled:
+            rows = gathered_rows(snap)
             plans, t, cpu = _median_of_runs(
-                lambda snap=snap: planner.balance_load_native(snap, dp, **kw), repeats)
+                lambda rows=rows: planner.balance_load_native(rows, dp, **kw), repeats)
             times["compiled"].append(t)
             times["compiled_cpu"].append(cpu)
+            results.append(plans)
+            plans, t, _ = _median_of_runs(
+                lambda snap=snap: planner.balance_load_native(snap, dp, **kw), repeats)
+            times["lists"].append(t)
             results.append(plans)
         mismatches += sum(plans is None or [p.to_dict() for p in plans] != expected
                           for plans in results)
@@ -193,6 +215,7 @@ def main(argv=None) -> int:
         print("compiled planner: numba not installed, Python planner only")
     header = (f"{'suite':<8} {'dp':>3} {'mns':>4} {'cases':>5} {'oracle ms':>10} "
               f"{'python ms':>10} {'+obs ms':>8} {'compiled ms':>11} {'(cpu ms)':>9} "
+              f"{'lists ms':>9} "
               f"{'oracle/comp':>11} {'py/comp':>8} {'step share py':>13} "
               f"{'step share comp':>15}")
     print(header)
@@ -209,7 +232,8 @@ def main(argv=None) -> int:
         share_comp = (f"{row['compiled'] / STEP_MS:>15.1%}" if compiled else f"{'-':>15}")
         print(f"{suite:<8} {dp:>3} {max_num_seqs:>4} {n:>5} {row['oracle']:>10.1f} "
               f"{row['python']:>10.3f} {row['observer']:>8.3f} "
-              f"{_fmt(row, 'compiled', 3):>11} {_fmt(row, 'compiled_cpu', 3):>9} {ratios} "
+              f"{_fmt(row, 'compiled', 3):>11} {_fmt(row, 'compiled_cpu', 3):>9} "
+              f"{_fmt(row, 'lists', 3):>9} {ratios} "
               f"{row['python'] / STEP_MS:>13.1%} {share_comp}", flush=True)
     if failed:
         print(f"FAIL: {failed} plan(s) differ from the literal oracle")

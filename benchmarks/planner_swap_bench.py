@@ -1,12 +1,12 @@
 """The planner inside vllm-ascend's engine: vllm-ascend's ``_balance_load`` against ours
-(``dyntra_lb.planner.balance_load``, ``RunSpec.planner="kit"``), per planning step.
+(``dyntra_lb.planner.balance_load``, ``RunSpec.planner="reference"``), per planning step.
 
 Each pair is two ``--impl vllm-ascend`` cluster runs on the same trace, config and seed,
 one per planner (the order alternates between pairs); their event logs must be
 byte-identical (the script exits 1 otherwise), so both planners plan exactly the same
 snapshots. Per run, every rank's wall log gives ``planner_s`` for each step where the
 planner ran; the table shows p50 / p99 over all ranks and steps (median over the
-pairs), and the ratio vllm-ascend / kit. Ours is timed with the conversion of its plans
+pairs), and the ratio vllm-ascend / reference. Ours is timed with the conversion of its plans
 to vllm-ascend's dicts. Needs vLLM 0.27.1 (the README's ``.venv-upstream``).
 
     .venv-upstream/bin/python benchmarks/planner_swap_bench.py            # dp 4, longtail
@@ -37,7 +37,7 @@ TREE = os.environ.get("DYNTRA_VLLM_ASCEND") or str(REPO.parent / "shared" / "ups
                                                    "vllm-ascend")
 STATIC = {"scheduler_config": {"dyntra_lb_config": {
     "enabled": True, "mode": "static", "start_step": 0}}}
-PLANNERS = ("vllm-ascend", "kit")
+PLANNERS = ("vllm-ascend", "reference")
 
 
 def one_run(planner: str, trace, dp: int, out: pathlib.Path) -> dict:
@@ -71,21 +71,21 @@ def main() -> int:
             order = PLANNERS if pair % 2 == 0 else PLANNERS[::-1]
             runs = {p: one_run(p, trace, args.dp, pathlib.Path(tmp) / f"{pair}-{p}")
                     for p in order}
-            if runs["kit"]["events"] != runs["vllm-ascend"]["events"]:
+            if runs["reference"]["events"] != runs["vllm-ascend"]["events"]:
                 print("event logs differ between the planners", file=sys.stderr)
                 return 1
             for p, run in runs.items():
                 stats[p].append((np.percentile(run["times"], 50) * 1e3,
                                  np.percentile(run["times"], 99) * 1e3))
-            steps, plans = runs["kit"]["steps"], runs["kit"]["plans"]
+            steps, plans = runs["reference"]["steps"], runs["reference"]["plans"]
     print(f"{steps} steps, {plans} planning steps per rank; event logs byte-identical")
     print(f"{'planner':<12} {'p50 ms':>8} {'p99 ms':>8}")
     p50 = {p: statistics.median(s[0] for s in stats[p]) for p in PLANNERS}
     p99 = {p: statistics.median(s[1] for s in stats[p]) for p in PLANNERS}
     for p in PLANNERS:
         print(f"{p:<12} {p50[p]:>8.3f} {p99[p]:>8.3f}")
-    print(f"ratio vllm-ascend / kit: p50 {p50['vllm-ascend'] / p50['kit']:.2f}x, "
-          f"p99 {p99['vllm-ascend'] / p99['kit']:.2f}x")
+    print(f"ratio vllm-ascend / reference: p50 {p50['vllm-ascend'] / p50['reference']:.2f}x, "
+          f"p99 {p99['vllm-ascend'] / p99['reference']:.2f}x")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

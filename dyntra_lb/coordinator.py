@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dyntra_lb import diagnostics
+from dyntra_lb import diagnostics, planners
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
 from dyntra_lb.payload import pack, payload_len, unpack
-from dyntra_lb.planner import Plan, balance_load, warm_up
+from dyntra_lb.planner import Plan, warm_up
 from dyntra_lb.sites import ALLGATHER_SITE, FLAG_SITE
 
 logger = logging.getLogger("dyntra_lb")
@@ -83,8 +83,9 @@ class DyntraLBCoordinator:
     step-counter line is gated by the raw config (``diagnostics_enabled``, as vllm-ascend gates it).
     ``policy`` is the scheduler-side ``DyntraLBPolicy``. ``observe``, when given, wraps
     every collective: ``observe(site, op, tensor, fn)`` must call ``fn()`` and return
-    its result (the emulator records the collective sequence through it).
-
+    its result (the emulator records the collective sequence through it). ``planner``
+    names the planner every rank runs on the gathered snapshot (``dyntra_lb.planners``;
+    "reference", production's, by default).
     """
 
     def __init__(
@@ -98,8 +99,10 @@ class DyntraLBCoordinator:
         max_num_seqs: int,
         device: str | torch.device = "cpu",
         observe: Observe | None = None,
+        planner: str = planners.REFERENCE,
     ):
         cfg = config.dyntra_lb
+        self._balance_load = planners.get(planner)
         self.policy = policy
         self.dp_rank = dp_rank
         self.dp_size = dp_size
@@ -244,7 +247,7 @@ class DyntraLBCoordinator:
         requests_by_rank, has_new_long = unpack(self._recv_arrays)
 
         start = time.perf_counter()
-        plans = balance_load(
+        plans = self._balance_load(
             requests_by_rank,
             self.dp_size,
             max_num_seqs=self.max_num_seqs,

@@ -56,15 +56,20 @@ def pack(
     out[max_slots + 1] = 1 if pending_long else 0
 
 
-def unpack(buffers: Sequence[np.ndarray]) -> tuple[list[tuple[list[int], int]], bool]:
+def unpack(buffers: Sequence[np.ndarray]) -> tuple[list[tuple[np.ndarray, int]], bool]:
     """Decode the gathered buffers (indexed by DP rank) into ``requests_by_rank`` —
-    one ``(blocks, split)`` pair per rank, blocks including the trailing zeros — and
-    ``has_new_long``, the OR of every rank's long-request flag."""
-    requests_by_rank: list[tuple[list[int], int]] = []
+    one ``(blocks, split)`` pair per rank — and ``has_new_long``, the OR of every rank's
+    long-request flag.
+
+    ``blocks`` is a view of the buffer's block slots (int32, trailing zeros included),
+    not a copy: the compiled planner reads the rows as arrays, with no Python list in
+    between. The views are only valid until the next all-gather overwrites the buffers,
+    so they are planned (and logged) right away. ``split`` is a Python int."""
+    requests_by_rank: list[tuple[np.ndarray, int]] = []
     has_new_long = False
     for buf in buffers:
         max_slots = buf.shape[0] - 2
-        requests_by_rank.append((buf[:max_slots].tolist(), int(buf[max_slots])))
+        requests_by_rank.append((buf[:max_slots], int(buf[max_slots])))
         if buf[max_slots + 1]:
             has_new_long = True
     return requests_by_rank, has_new_long

@@ -372,7 +372,7 @@ def _nearest_by_search(card: _Card, lo: int, hi: int, t0: int):
 class _Planner:
     """State of one ``balance_load`` call (the reference's closures, made explicit)."""
 
-    def __init__(self, cards, plans, threshold, observer):
+    def __init__(self, cards, plans, threshold, observer, protect_fill=False):
         self.cards = cards
         self.plans = plans
         self.n = len(cards)
@@ -381,6 +381,7 @@ class _Planner:
         self.threshold = threshold
         self.ratio = threshold < 1
         self.observer = observer
+        self.protect_fill = protect_fill
 
     def bubble(self, max_blk: int) -> float:
         """D.3, given the current maximum ``tot_blk``."""
@@ -536,7 +537,19 @@ class _Planner:
         s = max(self.cards[1].tot, 0) if self.n > 1 else 0
         tp = num / (THROUGHPUT_FIXED + THROUGHPUT_PER_BLOCK * m)
         chosen = first_hit = None
-        if card.run:
+        tie_rule = False
+        if self.protect_fill:
+            # Only requests that ran before this plan may be dropped; without a newly
+            # added candidate an equal throughput never wins, so the first strictly best
+            # item (running order) is the choice.
+            tp_best = tp
+            for i, code in enumerate(card.run):
+                if not code & 1:
+                    tp_i = (num - 1) / (THROUGHPUT_FIXED
+                                        + THROUGHPUT_PER_BLOCK * max(m - (code >> 1), s))
+                    if tp_i > tp_best:
+                        chosen, tp_best = i, tp_i
+        elif card.run:
             if card.rcode is None:
                 card.build_index()
             m_best = max(m - card.max_running(), s)
@@ -560,6 +573,8 @@ class _Planner:
                 observer({"kind": "no_drop", "round": rnd, "rank": card.rank,
                           "throughput": tp})
             return False
+        if card.rcode is None:
+            card.build_index()
         code = card.take_running(chosen)
         v = code >> 1
         self.plans[card.rank].out_blk.append(v)
@@ -696,9 +711,12 @@ def balance_load_native(requests_by_rank, dp_size: int, *, max_num_seqs: int | N
 
 def balance_load_python(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = None,
                         threshold: float = 5.0, max_iters: int = 1000,
-                        observer=None) -> list[Plan]:
+                        observer=None, protect_fill: bool = False) -> list[Plan]:
     """:func:`balance_load` in pure Python: the fallback without numba, the path of
-    every call with an observer, and the second implementation the tests compare."""
+    every call with an observer, and the second implementation the tests compare.
+    ``protect_fill`` True is the opt-in ``fill-protect`` planner of
+    ``dyntra_lb.planners`` (the throughput drop never takes a request the fill step
+    admitted); False is the reference."""
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
     parsed = [_parse(requests_by_rank, r) for r in range(dp_size)]
@@ -712,7 +730,7 @@ def balance_load_python(requests_by_rank, dp_size: int, *, max_num_seqs: int | N
         observer({"kind": "parsed", "cards": [
             {"rank": c.rank, "running": [x >> 1 for x in c.run],
              "waiting": [x >> 1 for x in c.wait], "tot_blk": c.tot} for c in cards]})
-    planner = _Planner(cards, plans, threshold, observer)
+    planner = _Planner(cards, plans, threshold, observer, protect_fill)
     if max_num_seqs is not None:
         planner.fill(max_num_seqs)
     planner.run(max_iters)

@@ -42,6 +42,7 @@ from emu.clock import LockstepClock
 from emu.eventlog import EventLog, StepRecord, WallLog
 from emu.fault_injection import injector_for
 from emu.guard import CollectiveRecorder
+from emu.impl import planner_name
 from emu.intake import Arrivals
 from emu.invariants import StrictChecker
 from emu.kv import RemoteKVConnector
@@ -151,8 +152,6 @@ class EngineCore:
             enable_diagnostics=lb_config.enabled and lb_config.enable_diagnostics,
             policy=spec.scheduling_policy,
         )
-        if faults is not None:
-            faults.attach(self.scheduler)
         self.clock = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
                                    device=ctx.device, observe=self.recorder)
         self.coordinator = self._make_coordinator(ctx, config) if lb_config.enabled else None
@@ -190,7 +189,8 @@ class EngineCore:
         # The DP group is gloo, so DyntraLB's buffers stay on the CPU (as in vLLM).
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
-            dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder)
+            dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
+            planner=planner_name(spec))
 
     # ------------------------------------------------------------------ loop
 

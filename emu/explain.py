@@ -20,18 +20,21 @@ import json
 import sys
 from collections import Counter
 
-from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK, balance_load
+from dyntra_lb import planners
+from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
 from emu.knobs import is_int
 from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int, read_log
 from emu.run_status import unfinished_note
 
 
-def trace(requests_by_rank, dp_size: int, *, max_num_seqs=None, threshold=DEFAULT_THRESHOLD):
-    """Run the production planner with an observer; returns ``(events, plans)`` with
-    the plans as dicts."""
+def trace(requests_by_rank, dp_size: int, *, max_num_seqs=None, threshold=DEFAULT_THRESHOLD,
+          planner: str = planners.REFERENCE):
+    """Run planner ``planner`` of ``dyntra_lb.planners`` (default: the reference,
+    production's) with an observer; returns ``(events, plans)`` with the plans as dicts."""
     events = []
-    plans = balance_load(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,
-                         threshold=threshold, observer=lambda e: events.append(copy.deepcopy(e)))
+    plans = planners.get(planner)(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,
+                                  threshold=threshold,
+                                  observer=lambda e: events.append(copy.deepcopy(e)))
     return events, [p.to_dict() for p in plans]
 
 
@@ -380,16 +383,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        events, plans = trace(snapshot, dp, max_num_seqs=max_num_seqs, threshold=threshold)
+        events, plans = trace(snapshot, dp, max_num_seqs=max_num_seqs, threshold=threshold,
+                              planner=args.planner)
     except ValueError as exc:  # the planner rejects the snapshot (e.g. beyond int32)
         print(f"dyntra-emu explain: the planner rejects this snapshot: {exc}", file=sys.stderr)
         return 2
     if args.json:
         emit(json.dumps({"requests_by_rank": [[b, s] for b, s in snapshot], "dp": dp,
+                         "planner": args.planner,
                          "threshold": threshold, "max_num_seqs": max_num_seqs,
                          "events": events, "plans": plans, "logged_plans": logged},
                         indent=1))
         return 0
+    if args.planner != planners.REFERENCE:
+        notes.append(f"planner={args.planner} (--planner)")
     lines = [title, *notes, render(events, threshold=threshold, max_num_seqs=max_num_seqs)]
     if logged is not None:
         same = logged == plans

@@ -45,21 +45,21 @@ def injector_for(plan: FaultPlan | None, rank: int) -> FaultInjector | None:
 
 class FaultyKVConnector(RemoteKVConnector):
     """The remote-KV connector with the failure side the plain one lacks: loads that
-    complete with every block invalid (``kv_fail``) and stall bookkeeping for loads
-    that never complete (``kv_never``)."""
+    complete with every block invalid (``kv_fail``; the scheduler learns which through
+    ``take_failed``, as vLLM's learns them from the worker's ``invalid_block_ids``) and
+    stall bookkeeping for loads that never complete (``kv_never``)."""
 
     def __init__(self, latency_fixed_s: float, latency_per_block_s: float, *,
                  fail: Iterable[str], never: dict[str, float]):
         super().__init__(latency_fixed_s, latency_per_block_s)
         self._fail = set(fail)
-        self._failing: dict[str, Any] = {}
+        self._failing: dict[str, list[int]] = {}  # request id -> its blocks, loading
+        self._failed: dict[str, list[int]] = {}
         self._never_timeout = dict(never)
         for request_id in self._never_timeout:
             self.set_completion_time(request_id, math.inf)
         # request id -> (virtual start of its never-ending load, deadline), both seconds
         self.stalled: dict[str, tuple[float, float]] = {}
-        self.num_failed_loads = 0
-        self.kv_cache_manager: Any = None  # the scheduler's; set by FaultInjector.attach
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
@@ -69,7 +69,7 @@ class FaultyKVConnector(RemoteKVConnector):
         request_id = request.request_id
         if request_id in self._fail:
             self._fail.discard(request_id)
-            self._failing[request_id] = request
+            self._failing[request_id] = list(blocks)
         timeout = self._never_timeout.pop(request_id, None)
         if timeout is not None:
             self.stalled[request_id] = (self.now_s, self.now_s + timeout)
@@ -78,27 +78,24 @@ class FaultyKVConnector(RemoteKVConnector):
         done = super().finished_recving(now_s)
         if self._failing and done:
             for request_id in done & self._failing.keys():
-                # What vLLM's scheduler does for an async load whose blocks the worker
-                # reported invalid (recompute policy): keep the valid prefix, i.e.
-                # truncate at the first invalid block -- here block 0 -- and, with no
-                # valid token left, release the blocks (vLLM does that when it promotes
-                # the request, at most one scheduling pass later).
-                request = self._failing.pop(request_id)
-                request.num_computed_tokens = 0
-                self.kv_cache_manager.free(request)
-                self.num_failed_loads += 1
+                self._failed[request_id] = self._failing.pop(request_id)
         return done
+
+    def take_failed(self) -> dict[str, list[int]]:
+        failed, self._failed = self._failed, {}
+        return failed
 
     def request_finished(self, request: Any) -> None:
         super().request_finished(request)
         self._failing.pop(request.request_id, None)
+        self._failed.pop(request.request_id, None)
         self.stalled.pop(request.request_id, None)
 
 
 class FaultInjector:
     """The faults that concern one rank, as the engine uses them: ``cost_model``,
-    ``wrap_recorder``, ``make_connector`` and ``attach`` once while the engine is built,
-    then ``before_step`` at the start of every iteration (before ``schedule()``)."""
+    ``wrap_recorder`` and ``make_connector`` once while the engine is built, then
+    ``before_step`` at the start of every iteration (before ``schedule()``)."""
 
     def __init__(self, faults: Sequence[Fault], rank: int):
         self.rank = rank
@@ -133,12 +130,6 @@ class FaultInjector:
                 connector.set_not_ready(fault.request, queries=fault.lookups)
         self.connector = connector
         return connector
-
-    def attach(self, scheduler) -> None:
-        """The rank's scheduler exists: a failing load releases blocks through its KV
-        cache manager."""
-        if self.connector is not None:
-            self.connector.kv_cache_manager = scheduler.kv_cache_manager
 
     def wrap_recorder(self, recorder):
         """The collective hook (``observe``) the engine, clock and coordinator call:

@@ -201,6 +201,12 @@ class RemoteKVConnector:
             done.add(heapq.heappop(transfers)[2])
         return done
 
+    def take_failed(self) -> dict[str, list[int]]:
+        """Loads reported by ``finished_recving`` whose every block arrived invalid, since
+        the last call: request id -> its block ids. None fail here; ``kv_fail`` faults
+        (``emu.fault_injection.FaultyKVConnector``) make some fail."""
+        return {}
+
     def request_finished(self, request: Any) -> None:
         """The scheduler freed the request: forget its per-request state."""
         request_id = request.request_id

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dyntra_lb.planner import balance_load
+from dyntra_lb import planners
 from emu.run_status import unfinished_note
 
 DEFAULT_THRESHOLD = 5.0  # DyntraLBConfig.bubble_threshold default (spec A.2)
@@ -473,10 +473,13 @@ def snapshot_bounds(snapshots: Iterable[Snapshot]) -> int:
     return low
 
 
-def run_planner(requests_by_rank, *, threshold, max_num_seqs, observer=None) -> list[dict]:
-    """The production planner on a rebuilt snapshot, one plan dict per rank."""
-    plans = balance_load(requests_by_rank, len(requests_by_rank), max_num_seqs=max_num_seqs,
-                         threshold=threshold, observer=observer)
+def run_planner(requests_by_rank, *, threshold, max_num_seqs, observer=None,
+                planner: str = planners.REFERENCE) -> list[dict]:
+    """Planner ``planner`` of ``dyntra_lb.planners`` (default: the reference, production's)
+    on a rebuilt snapshot, one plan dict per rank."""
+    plans = planners.get(planner)(requests_by_rank, len(requests_by_rank),
+                                  max_num_seqs=max_num_seqs, threshold=threshold,
+                                  observer=observer)
     return [p.to_dict() for p in plans]
 
 
@@ -494,13 +497,16 @@ def _sources(name: str, values: list[tuple]) -> list[str]:
 
 
 def replay(scan: LogScan, *, threshold: float | None = None,
-           max_num_seqs: int | None = None) -> ReplayReport:
-    """Re-plan every usable snapshot. ``threshold`` / ``max_num_seqs`` override what the
-    log says; without either, the log's values are used, else the defaults below (and
-    the guess is listed in ``assumptions``)."""
+           max_num_seqs: int | None = None, planner: str = planners.REFERENCE) -> ReplayReport:
+    """Re-plan every usable snapshot with ``planner`` (``dyntra_lb.planners``; another
+    than the reference shows which logged plans it would change). ``threshold`` /
+    ``max_num_seqs`` override what the log says; without either, the log's values are
+    used, else the defaults below (and the guess is listed in ``assumptions``)."""
     snaps = scan.snapshots
     warnings = list(scan.warnings)
     settings, assumptions = [], []
+    if planner != planners.REFERENCE:
+        settings.append(f"planner={planner} (--planner)")
     usable = [s for s in snaps if s.requests_by_rank is not None]
 
     if threshold is not None:
@@ -547,7 +553,7 @@ def replay(scan: LogScan, *, threshold: float | None = None,
                                 f"max_num_seqs={r.max_num_seqs} allows"))
         try:
             r.recomputed = run_planner(s.requests_by_rank, threshold=r.threshold,
-                                       max_num_seqs=r.max_num_seqs)
+                                       max_num_seqs=r.max_num_seqs, planner=planner)
         except Exception as exc:  # a garbled snapshot must not end the whole replay
             r.status, r.detail = "error", f"planner failed: {exc!r}"
             continue
@@ -746,6 +752,9 @@ def threshold_value(text: str) -> float:
 
 
 def add_planner_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--planner", choices=planners.NAMES, default=planners.REFERENCE,
+                        help="which of our planners to run (dyntra_lb/planners.py; "
+                             "default: reference, production's algorithm)")
     parser.add_argument("--threshold", type=threshold_value, default=None,
                         help="bubble_threshold for the planner (default: the log's "
                              "dyntra_lb_config.bubble_threshold line, else 5.0)")
@@ -783,7 +792,8 @@ def run(args: argparse.Namespace) -> int:
     note = unfinished_note(args.log)
     if note is not None:
         print(f"dyntra-emu replay: {note}", file=sys.stderr)
-    report = replay(scan, threshold=args.threshold, max_num_seqs=args.max_num_seqs)
+    report = replay(scan, threshold=args.threshold, max_num_seqs=args.max_num_seqs,
+                    planner=args.planner)
     emit(json.dumps(report.to_dict(), indent=1) if args.json else format_report(report))
     if args.plot:
         try:

@@ -210,6 +210,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_recving_kv_req_ids: set[str] = set()
+        self.failed_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: set[Request] = set()
         self._finished_unreported = False  # vLLM's finished_req_ids is not empty
         self.enable_diagnostics = enable_diagnostics
@@ -426,13 +427,16 @@ class Scheduler:
     def _try_promote_blocked_waiting_request(self, request: Request) -> bool:
         """A request waiting for remote KV becomes schedulable once its transfer has
         been reported finished; a full-prompt hit leaves one token to compute (it
-        samples the first output token)."""
+        samples the first output token), a failed load releases its blocks."""
         if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
         if request.request_id not in self.finished_recving_kv_req_ids:
             return False
         self.finished_recving_kv_req_ids.discard(request.request_id)
-        if request.num_computed_tokens >= request.num_tokens:
+        if request.request_id in self.failed_recving_kv_req_ids:  # nothing valid arrived
+            self.failed_recving_kv_req_ids.discard(request.request_id)
+            self.kv_cache_manager.free(request)
+        elif request.num_computed_tokens >= request.num_tokens:
             request.num_computed_tokens = request.num_tokens - 1
         request.status = (RequestStatus.PREEMPTED if request.num_preemptions > 0
                           else RequestStatus.WAITING)
@@ -453,6 +457,16 @@ class Scheduler:
 
     # ------------------------------------------------------------ after forward
 
+    def _recompute_failed_loads(self, failed: dict[str, list[int]]) -> None:
+        """vLLM's recompute policy (``kv_load_failure_policy="recompute"``) for loads whose
+        every block arrived invalid: keep the valid prefix, i.e. truncate the computed
+        tokens at the first invalid block -- block 0, so to 0. The blocks are released
+        when the request is promoted (``_try_promote_blocked_waiting_request``); it then
+        prefills its prompt here."""
+        for request_id in failed:
+            self.requests[request_id].num_computed_tokens = 0
+        self.failed_recving_kv_req_ids.update(failed)
+
     def update_from_output(self, output: SchedulerOutput, now_s: float) -> list[Request]:
         """The step's forward finished at virtual time ``now_s``: collect finished
         remote transfers, advance computed tokens, sample a token for every request
@@ -465,6 +479,7 @@ class Scheduler:
             done = connector.finished_recving(now_s)
             if done:
                 self.finished_recving_kv_req_ids.update(done)
+                self._recompute_failed_loads(connector.take_failed())
         requests = self.requests
         inflight = self._inflight_prefills
         finished: list[Request] = []

@@ -83,9 +83,12 @@ class RunSpec:
         shown_default=f"${VLLM_ASCEND_ENV}, else the installed vllm_ascend")
     planner: str | None = knob(
         None, Choice(PLANNERS, optional=True),
-        "the planner of --impl vllm-ascend ranks: vllm-ascend's _balance_load, or kit "
-        "(dyntra_lb/planner.py in its place, the rest of vllm-ascend unchanged)",
-        shown_default="the impl's own")
+        "which planner the ranks run: reference (production's algorithm, "
+        "dyntra_lb/planner.py) or fill-protect (opt-in: the throughput drop never takes "
+        "a request the fill step admitted), from dyntra_lb/planners.py, with either impl "
+        "(in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
+        "_balance_load, --impl vllm-ascend only)",
+        shown_default="the impl's own: reference for kit, vllm-ascend for vllm-ascend")
     async_scheduling: bool = knob(
         False, Switch(),
         "vLLM's async scheduling (the Async* DyntraLB scheduler; --impl vllm-ascend only)")
@@ -150,9 +153,9 @@ def validate(spec: RunSpec) -> AdditionalConfig:
 
 def _check_combinations(spec: RunSpec) -> None:
     """Settings that are each valid but cannot run together."""
-    if spec.impl == "kit" and spec.planner not in (None, "kit"):
-        raise ValueError(f"RunSpec.planner {spec.planner!r} needs impl 'vllm-ascend' (the kit "
-                         "always runs its own planner, dyntra_lb.planner)")
+    if spec.impl == "kit" and spec.planner == "vllm-ascend":
+        raise ValueError("RunSpec.planner 'vllm-ascend' needs impl 'vllm-ascend' (the kit "
+                         "runs the planners of dyntra_lb.planners)")
     if spec.transport == "thread" and spec.device == "npu":
         raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
                          "device must be 'cpu' or 'auto', got 'npu'")

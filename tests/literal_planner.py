@@ -13,9 +13,11 @@ THROUGHPUT_PER_BLOCK = 19.2
 
 
 def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters=1000,
-                         threshold=5):
+                         threshold=5, protect_fill=False):
     """Spec D, transcribed. Returns a list of ``dev_num`` dicts
-    ``{"out_blk": [...], "in_blk": [...], "freeze": bool}``."""
+    ``{"out_blk": [...], "in_blk": [...], "freeze": bool}``. ``protect_fill`` True is
+    the oracle of the opt-in ``fill-protect`` planner: the drop skips newly added items
+    (its one change, marked below)."""
     # D.1 output
     modifications = []
     for _ in range(dev_num):
@@ -116,6 +118,8 @@ def literal_balance_load(requests_by_rank, dev_num, max_num_seqs=None, max_iters
         best_item = None
         best_new = False
         for r_item in max_card["running"]:
+            if protect_fill and r_item["newly_added"]:  # fill-protect only
+                continue
             m_new = max(m - r_item["blk_num"], s)
             tp = (n - 1) / (THROUGHPUT_FIXED + THROUGHPUT_PER_BLOCK * m_new)
             if tp > best_tp or (tp == best_tp and r_item["newly_added"] and not best_new):

@@ -7,13 +7,21 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from pathlib import Path
 
 from dyntra_lb.config import unknown_keys
 from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
-from emu.cli.inputs import DEFAULT_ADDITIONAL_CONFIG, prepare, read_config_arg, warn_ignored_keys
+from emu.cli.inputs import (
+    DEFAULT_ADDITIONAL_CONFIG,
+    build_spec,
+    prepare,
+    read_config_arg,
+    warn_ignored_keys,
+)
 from emu.cli.outdir import prepare_out_dir
 from emu.cli.running import run_one
+from emu.impl import PLANNERS
 from emu.knobs import Int
 from emu.recipes import is_recipe, seed_table
 
@@ -34,6 +42,11 @@ a/ and b/ with each run's event logs and metrics.json.
 
 def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     """The two configs of `ab` as (JSON text, name) and their labels."""
+    if args.planner_b is not None and args.config_a is None and args.config_b is None:
+        # A planner A/B: both runs with the config, DyntraLB on.
+        on = (read_config_arg(args.additional_config) if args.additional_config is not None
+              else (json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"))
+        return [on, on], tuple(f"planner {p}" for p in _planners(args))
     if args.config_a is not None or args.config_b is not None:
         if args.config_a is None or args.config_b is None:
             missing = "--config-b" if args.config_a is not None else "--config-a"
@@ -65,6 +78,29 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
             ("DyntraLB off", "DyntraLB on"))
 
 
+def _planners(args) -> tuple[str, str]:
+    """The planner of run A (--planner, else the impl's own) and of run B (--planner-b,
+    else A's)."""
+    from emu.impl import planner_name
+
+    a = planner_name(argparse.Namespace(planner=args.planner, impl=args.impl))
+    return a, args.planner_b or a
+
+
+def _side_args(args) -> list[argparse.Namespace]:
+    """The flags of run A and of run B: the same, except B's planner with --planner-b."""
+    b = copy.copy(args)
+    if args.planner_b is not None:
+        b.planner = args.planner_b
+    return [args, b]
+
+
+def _check_sides(sides, prepared) -> None:
+    """Both runs' RunSpecs pass validation before the first one starts."""
+    for side, config in zip(sides, prepared.configs, strict=True):
+        build_spec(side, prepared, config, Path("."))
+
+
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
@@ -77,10 +113,13 @@ def cmd_ab(args) -> int:
         return _ab_seeds(args, sources, labels)
     prepared = prepare(args, sources)
     warn_ignored_keys(args, prepared)
+    sides = _side_args(args)
+    _check_sides(sides, prepared)
     out_dir = prepare_out_dir(args.out, args.overwrite, "ab", RUN_DIRS)
     metrics = []
-    for name, label, config in zip(RUN_DIRS, labels, prepared.configs, strict=True):
-        metrics.append(run_one(args, prepared, config, out_dir / name,
+    for side, name, label, config in zip(sides, RUN_DIRS, labels, prepared.configs,
+                                         strict=True):
+        metrics.append(run_one(side, prepared, config, out_dir / name,
                                f"{name.upper()} ({label})"))
     runs = [load_run(out_dir / name) for name in RUN_DIRS]
     plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
@@ -118,15 +157,16 @@ def _ab_seeds(args, sources, labels) -> int:
     for seed in seeds:  # check every seed's trace before anything runs
         args.seed = seed
         prepared.append(prepare(args, sources))
+    _check_sides(_side_args(args), prepared[0])
     subdirs = tuple(f"seed{s}/{name}" for s in seeds for name in RUN_DIRS)
     out_dir = prepare_out_dir(args.out, args.overwrite, "ab", subdirs)
     pairs = []
     for seed, prep in zip(seeds, prepared, strict=True):
         args.seed = seed
-        metrics = [run_one(args, prep, config, out_dir / f"seed{seed}" / name,
+        metrics = [run_one(side, prep, config, out_dir / f"seed{seed}" / name,
                            f"seed {seed} {name.upper()} ({label})")
-                   for name, label, config in zip(RUN_DIRS, labels, prep.configs,
-                                                  strict=True)]
+                   for side, name, label, config in zip(_side_args(args), RUN_DIRS, labels,
+                                                        prep.configs, strict=True)]
         pairs.append((seed, metrics[0], metrics[1]))
     from emu.no_effect import no_effect_notes
 
@@ -190,6 +230,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--config-a", metavar="JSON|@FILE",
                         help="config of run A (with --config-b; instead of --additional-config)")
     parser.add_argument("--config-b", metavar="JSON|@FILE", help="config of run B")
+    parser.add_argument("--planner-b", choices=PLANNERS, metavar="NAME",
+                        help="run B with this planner (run A: --planner, else the impl's "
+                             "own); without --config-a/--config-b both runs use the config "
+                             f"with DyntraLB on, so the A/B compares planners. One of "
+                             f"{', '.join(PLANNERS)}")
     parser.add_argument("--seeds", type=Int(2, 100).parse, metavar="N",
                         help="with --workload recipe:NAME: run the A/B on N workload seeds "
                              "(--seed, --seed + 1, ...) and report each delta as a mean with a "

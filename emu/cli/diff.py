@@ -4,8 +4,9 @@ another), step by step.
 Three ways in, one comparison (``emu.diff``):
 
 - ``diff [run flags]``: runs the trace twice with the same config, engine flags and
-  seed, ``--impl kit`` (A) and ``--impl vllm-ascend`` (B; ``--planner kit`` gives it our
-  planner, which isolates the planner from the rest of the step);
+  seed, ``--impl kit`` (A) and ``--impl vllm-ascend`` (B; ``--planner reference``, or
+  another of ours, runs that planner in both, which isolates the planner from the rest
+  of the step);
 - ``diff --vllm-ascend-a PATH --vllm-ascend-b PATH [run flags]``: both runs on
   vllm-ascend, from two trees (a contributor's before and after);
 - ``diff DIR_A DIR_B``: two run directories that already exist.
@@ -142,8 +143,9 @@ def _labels(dir_a: Path, dir_b: Path) -> tuple[str, str]:
         except (OSError, ValueError, KeyError, TypeError):
             impls.append(None)
             continue
-        swapped = impl == "vllm-ascend" and config.get("planner") == "kit"
-        impls.append(f"{impl} (kit planner)" if swapped else impl)
+        planner = config.get("planner")
+        own = "reference" if impl == "kit" else "vllm-ascend"
+        impls.append(impl if planner in (None, own) else f"{impl} ({planner} planner)")
     if None in impls or impls[0] == impls[1]:
         return ("A", "B") if None in impls else (f"A:{impls[0]}", f"B:{impls[1]}")
     return impls[0], impls[1]
@@ -179,9 +181,11 @@ def _diff_runs(args) -> int:
         side = copy.copy(args)
         side.impl, side.vllm_ascend = impl, tree
         if impl == "kit":
-            side.planner = None  # --planner chooses the planner of the vllm-ascend runs
-        elif args.planner == "kit":
-            label += " (kit planner)"
+            # --planner chooses the planner of the vllm-ascend runs; the kit runs the
+            # same one when it is ours, else the reference.
+            side.planner = None if args.planner == "vllm-ascend" else args.planner
+        elif args.planner not in (None, "vllm-ascend"):
+            label += f" ({args.planner} planner)"
         runs.append((label, side, prepare(side, sources)))
     out = prepare_out_dir(args.out, args.overwrite, "diff", RUN_DIRS)
     for (label, side, prepared), name in zip(runs, RUN_DIRS, strict=True):

@@ -136,8 +136,8 @@ def check_impl(args, cfg) -> list[str]:
     from emu import impl
 
     if args.impl == "kit" and getattr(args, "planner", None) == "vllm-ascend":
-        return ["--planner vllm-ascend: only with --impl vllm-ascend (the kit always runs "
-                "its own planner, dyntra_lb/planner.py)"]
+        return ["--planner vllm-ascend: only with --impl vllm-ascend (the kit runs the "
+                "planners of dyntra_lb/planners.py: reference, fill-protect)"]
     try:
         impl.check(args.impl, cfg, dp_size=args.dp, async_scheduling=args.async_scheduling,
                    vllm_ascend=args.vllm_ascend,

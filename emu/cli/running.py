@@ -128,13 +128,16 @@ def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
 
 
 def _recorded_impl(spec) -> dict:
-    """Which DyntraLB ran: the impl and, for vllm-ascend, its tree and vLLM's version."""
+    """Which DyntraLB ran: the impl and its planner and, for vllm-ascend, its tree and
+    vLLM's version."""
+    from emu.impl import planner_name
+
     if spec.impl == "kit":
-        return {"impl": "kit"}
+        return {"impl": "kit", "planner": planner_name(spec)}
     from emu.impl.vllm_ascend.tree import resolve
 
     return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
-            "planner": spec.planner or "vllm-ascend", **resolve(spec.vllm_ascend).describe()}
+            "planner": planner_name(spec), **resolve(spec.vllm_ascend).describe()}
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

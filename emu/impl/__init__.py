@@ -18,9 +18,22 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from dyntra_lb import planners
+
 IMPLS = {"kit": "emu.impl.kit", "vllm-ascend": "emu.impl.vllm_ascend"}
-# The planners a vllm-ascend rank can run (RunSpec.planner); the kit runs only its own.
-PLANNERS = ("kit", "vllm-ascend")
+# The planners a run can select (RunSpec.planner, --planner): ours from the registry
+# (dyntra_lb.planners; "reference" is production's algorithm), valid with either impl
+# (in a vllm-ascend rank one takes the place of _balance_load), and "vllm-ascend",
+# production's own _balance_load, valid only with impl "vllm-ascend".
+PLANNERS = (*planners.NAMES, "vllm-ascend")
+
+
+def planner_name(spec) -> str:
+    """The planner a run's ranks run: ``spec.planner``, else the impl's own ("reference"
+    for the kit, "vllm-ascend" for vllm-ascend)."""
+    if spec.planner is not None:
+        return spec.planner
+    return planners.REFERENCE if spec.impl == "kit" else "vllm-ascend"
 
 
 def get(name: str) -> ModuleType:

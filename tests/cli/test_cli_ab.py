@@ -107,3 +107,32 @@ def test_ab_seeds_needs_a_generated_workload(cli, tiny_trace, clikit):
     clikit.assert_user_error(proc, "--seeds 3: needs a generated workload")
     proc = cli("ab", "--workload", "recipe:pr12292,n=4", *clikit.SMALL, "--seeds", "1")
     clikit.assert_user_error(proc, "--seeds: ")
+
+
+def test_planner_b_compares_two_planners_on_the_same_config(cli, tiny_trace, tmp_path, clikit):
+    out = tmp_path / "planners"
+
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--planner-b", "fill-protect",
+               "--transport", "thread", "--quiet", "--out", out)
+
+    assert proc.returncode == 0, proc.stderr
+    a, b = (json.loads((out / side / "metrics.json").read_text())["config"]
+            for side in ("a", "b"))
+    assert (a["planner"], b["planner"]) == ("reference", "fill-protect")
+    assert a["additional_config"] == b["additional_config"]
+    assert a["additional_config"]["scheduler_config"]["dyntra_lb_config"]["enabled"] is True
+    # both runs balanced: plans were made on each side
+    for side in ("a", "b"):
+        steps = [json.loads(line) for line in (out / side / "rank0.events.jsonl").open()]
+        assert any(s.get("plan_generated") for s in steps if s["kind"] == "step"), side
+    assert "planner reference -> planner fill-protect" in proc.stdout
+
+
+def test_planner_b_is_checked_before_run_a_starts(cli, tiny_trace, tmp_path, clikit):
+    out = tmp_path / "bad"
+
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--planner-b", "vllm-ascend",
+               "--out", out)
+
+    clikit.assert_user_error(proc, "RunSpec.planner 'vllm-ascend' needs impl 'vllm-ascend'")
+    assert not out.exists()

@@ -118,12 +118,6 @@ def test_a_config_the_startup_checks_reject(cli, tmp_path, tiny_trace, clikit):
     clikit.assert_user_error(proc, "enable_balance_scheduling only supports PD-mixed mode")
 
 
-def test_kv_fail_fault_is_refused(cli, tmp_path, tiny_trace, clikit):
-    proc = _run(cli, tmp_path, tiny_trace, clikit, "--vllm-ascend", fake_tree(tmp_path / "t"),
-                "--fault", "kv_fail:request=req-0")
-    clikit.assert_user_error(proc, "kv_fail is emulated by the kit only")
-
-
 def test_async_scheduling_needs_vllm_ascend(cli, tmp_path, tiny_trace, clikit):
     out = tmp_path / "out"
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--out", out,

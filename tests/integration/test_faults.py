@@ -190,8 +190,8 @@ def test_failed_kv_load_is_recomputed_and_nothing_is_lost(kv_faults, baseline):
     assert _admission(baseline, 1, FAILING)["scheduled_tokens"] < prompt
     assert _admission(kv_faults, 1, FAILING)["scheduled_tokens"] >= prompt
     assert got[FAILING]["finish_s"] > base[FAILING]["finish_s"]
-    # its blocks went back to the pool when the failure was reported and were taken
-    # again at admission: the pool never lost a block
+    # its blocks went back to the pool when it was promoted and were taken again at
+    # admission: the pool never lost a block
     for s in steps(kv_faults, 1):
         assert s["kv_free_blocks"] + s["kv_held_blocks"] == 1024
 

@@ -14,7 +14,7 @@ from dyntra_lb import diagnostics
 from dyntra_lb.config import load_additional_config
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from dyntra_lb.payload import pack, payload_len
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner import Plan, balance_load
 
 
 class FakeCandidate:
@@ -391,7 +391,7 @@ def test_diagnostics_rank0(make, caplog):
         diagnostics.activation_line(7, 5, 2, 4),
         diagnostics.requests_table(requests),
         diagnostics.modifications_table(
-            coordinator_module.balance_load(requests, 2, max_num_seqs=4, threshold=5.0)
+            balance_load(requests, 2, max_num_seqs=4, threshold=5.0)
         ),
     ]
     caplog.clear()
@@ -443,3 +443,32 @@ def test_no_formatting_work_when_diagnostics_off(make, monkeypatch, caplog):
     _iterate(coord, 32, running=False)
     assert dp.ops() == ["all_reduce_max", "all_gather", "all_gather", "all_reduce_max"]
     assert _lines(caplog) == []
+
+
+# ---------------------------------------------------------------- planner by name
+
+
+@pytest.mark.parametrize("name", ["reference", "fill-protect"])
+def test_the_coordinator_runs_the_planner_it_is_given(monkeypatch, name):
+    """The plan handed to the policy is the named planner's row for this rank."""
+    from dyntra_lb import planners
+
+    dp = FakeDP(0, 2, 2)
+    monkeypatch.setattr(coordinator_module.dist, "all_reduce", dp.all_reduce)
+    monkeypatch.setattr(coordinator_module.dist, "all_gather", dp.all_gather)
+    policy = FakePolicy()
+    coord = DyntraLBCoordinator(_config(mode="static", start_step=0), policy=policy,
+                                dp_rank=0, dp_size=2, dp_group=dp, max_num_seqs=2,
+                                planner=name)
+    policy.running, policy.candidates = [10], [800]
+    dp.peer_payloads = {1: ([20, 20], [], False)}
+    step = _iterate(coord, 1)
+    expected = planners.get(name)([([10, 800], 1), ([20, 20], 2)], 2, max_num_seqs=2)
+    assert step.plan == expected[0]
+    assert step.plan.in_blk == ([800] if name == "fill-protect" else [])
+
+
+def test_an_unknown_planner_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown planner 'kit'"):
+        DyntraLBCoordinator(_config(), policy=FakePolicy(), dp_rank=0, dp_size=2,
+                            dp_group=None, max_num_seqs=2, planner="kit")

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dyntra_lb.planner
+import dyntra_lb.planners
 from emu import explain
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -22,7 +23,7 @@ def _explain(snapshot, *, max_num_seqs=None, threshold=5.0, dp=None):
 
 
 def test_trace_is_the_production_planner_observer():
-    assert explain.balance_load is dyntra_lb.planner.balance_load
+    assert dyntra_lb.planners.get("reference") is dyntra_lb.planner.balance_load
     snapshot = [([20, 100, 30], 1), ([40, 40], 2)]
     direct = []
     plans = dyntra_lb.planner.balance_load(snapshot, 2, max_num_seqs=2, threshold=5.0,
@@ -224,3 +225,36 @@ def test_add_parser_registers_the_subcommand():
     assert args.func is explain.run
     assert (args.log, args.index, args.dp, args.threshold, args.max_num_seqs) == (
         None, None, 2, None, None)
+
+
+# --- --planner ---------------------------------------------------------------------------
+
+STARVED = "[[[10,800],1],[[20,20],2]]"
+
+
+def test_cli_planner_fill_protect_admits_what_the_reference_takes_back(capsys):
+    assert explain.main(["--snapshot", STARVED, "--max-num-seqs", "2"]) == 0
+    reference = capsys.readouterr().out
+    assert "DP0  out=[] in=[] freeze=True" in reference
+    assert "planner=" not in reference
+    assert explain.main(["--snapshot", STARVED, "--max-num-seqs", "2",
+                         "--planner", "fill-protect"]) == 0
+    out = capsys.readouterr().out
+    assert "planner=fill-protect (--planner)" in out
+    assert "DP0  out=[] in=[800] freeze=False" in out
+
+
+def test_cli_planner_json_names_it(capsys):
+    assert explain.main(["--snapshot", STARVED, "--max-num-seqs", "2", "--json",
+                         "--planner", "fill-protect"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["planner"] == "fill-protect"
+    assert data["plans"][0] == {"out_blk": [], "in_blk": [800], "freeze": False}
+
+
+@pytest.mark.parametrize("name", ["kit", "vllm-ascend"])
+def test_cli_planner_refuses_other_names(capsys, name):
+    with pytest.raises(SystemExit) as exit_info:
+        explain.main(["--snapshot", STARVED, "--planner", name])
+    assert exit_info.value.code == 2
+    assert "argument --planner: invalid choice" in capsys.readouterr().err

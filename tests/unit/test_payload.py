@@ -12,6 +12,12 @@ def _buffer(max_num_seqs, fill=0):
     return np.full(payload_len(max_num_seqs), fill, dtype=np.int32)
 
 
+def _unpack_lists(buffers):
+    """unpack with the block rows as lists, for comparing."""
+    requests_by_rank, has_new_long = unpack(buffers)
+    return [(blks.tolist(), split) for blks, split in requests_by_rank], has_new_long
+
+
 def test_payload_len():
     assert payload_len(1) == 4
     assert payload_len(2) == 6
@@ -23,7 +29,7 @@ def test_spec_example():
     pack(out, [5, 3], [9, 2, 7], True)
     assert out.tolist() == [5, 3, 9, 2, 2, 1]
     assert out.dtype == np.int32
-    requests_by_rank, has_new_long = unpack([out])
+    requests_by_rank, has_new_long = _unpack_lists([out])
     assert requests_by_rank == [([5, 3, 9, 2], 2)]
     assert has_new_long is True
 
@@ -32,14 +38,14 @@ def test_zero_padding_and_trailing_zeros_kept():
     out = _buffer(3, fill=-1)
     pack(out, [4], [6], False)
     assert out.tolist() == [4, 6, 0, 0, 0, 0, 1, 0]
-    assert unpack([out]) == ([([4, 6, 0, 0, 0, 0], 1)], False)
+    assert _unpack_lists([out]) == ([([4, 6, 0, 0, 0, 0], 1)], False)
 
 
 def test_empty_snapshot():
     out = _buffer(2, fill=5)
     pack(out, [], [], False)
     assert out.tolist() == [0] * 6
-    assert unpack([out]) == ([([0, 0, 0, 0], 0)], False)
+    assert _unpack_lists([out]) == ([([0, 0, 0, 0], 0)], False)
 
 
 def test_running_truncated_to_max_slots():
@@ -53,7 +59,7 @@ def test_unpack_many_ranks_or_of_long_flags():
     pack(bufs[0], [8, 4], [9], False)
     pack(bufs[1], [1], [], True)
     pack(bufs[2], [], [3, 3], False)
-    requests_by_rank, has_new_long = unpack(bufs)
+    requests_by_rank, has_new_long = _unpack_lists(bufs)
     assert requests_by_rank == [([8, 4, 9, 0], 2), ([1, 0, 0, 0], 1), ([3, 3, 0, 0], 0)]
     assert has_new_long is True
     for buf in bufs:
@@ -62,11 +68,14 @@ def test_unpack_many_ranks_or_of_long_flags():
     assert unpack([]) == ([], False)
 
 
-def test_unpack_returns_python_ints():
+def test_unpack_returns_views_of_the_buffers_and_an_int_split():
+    # The compiled planner takes the int32 rows as they are (no list in between).
     out = _buffer(2)
     pack(out, [5], [6], True)
     ((blks, split),) = unpack([out])[0]
-    assert all(type(b) is int for b in blks) and type(split) is int
+    assert blks.dtype == np.int32 and np.shares_memory(blks, out)
+    assert blks.tolist() == [5, 6, 0, 0]
+    assert type(split) is int
 
 
 def test_pack_accepts_numpy_inputs():
@@ -97,8 +106,7 @@ def test_round_trip_and_truncation(max_num_seqs, running, waiting, pending_long,
     max_slots = 2 * max_num_seqs
     out = _buffer(max_num_seqs, fill=stale)
     pack(out, running, waiting, pending_long)
-    ((blks, split),) = unpack([out])[0]
-    has_new_long = unpack([out])[1]
+    ((blks, split),), has_new_long = _unpack_lists([out])
 
     run_cnt = min(len(running), max_slots)
     wait_cnt = min(len(waiting), max_slots - run_cnt)
@@ -129,7 +137,7 @@ def test_round_trip_many_ranks(snapshots):
         buf = _buffer(8)
         pack(buf, running, waiting, long_flag)
         bufs.append(buf)
-    requests_by_rank, has_new_long = unpack(bufs)
+    requests_by_rank, has_new_long = _unpack_lists(bufs)
     assert has_new_long is any(flag for _, _, flag in snapshots)
     for (blks, split), (running, waiting, _) in zip(requests_by_rank, snapshots, strict=True):
         assert split == len(running)

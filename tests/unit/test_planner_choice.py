@@ -1,18 +1,34 @@
-"""RunSpec.planner: which planner the ranks run; only vllm-ascend ranks can swap theirs."""
+"""RunSpec.planner: which planner the ranks run; the kit runs ours (dyntra_lb.planners),
+vllm-ascend ranks either theirs or one of ours in its place."""
 
 from __future__ import annotations
 
 import pytest
 
 from emu.cluster import RunSpec, validate
+from emu.impl import planner_name
 from emu.workload import TraceRequest
 
 TRACE = [TraceRequest("r0", 0.0, 32, 4)]
 
 
-@pytest.mark.parametrize("planner", [None, "kit"])
-def test_the_kit_runs_its_own_planner(tmp_path, planner):
+@pytest.mark.parametrize("planner", [None, "reference", "fill-protect"])
+def test_the_kit_runs_the_registry_planners(tmp_path, planner):
     validate(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, planner=planner))
+
+
+def test_the_impl_own_planner_is_the_default():
+    assert planner_name(RunSpec(trace=TRACE, dp_size=2, out_dir=".")) == "reference"
+    assert planner_name(RunSpec(trace=TRACE, dp_size=2, out_dir=".",
+                                impl="vllm-ascend")) == "vllm-ascend"
+    assert planner_name(RunSpec(trace=TRACE, dp_size=2, out_dir=".", impl="vllm-ascend",
+                                planner="fill-protect")) == "fill-protect"
+
+
+def test_the_old_kit_name_is_gone(tmp_path):
+    with pytest.raises(ValueError, match="RunSpec.planner must be one of"):
+        validate(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
+                         planner="kit"))
 
 
 def test_the_kit_cannot_run_vllm_ascends_planner(tmp_path):
@@ -21,6 +37,7 @@ def test_the_kit_cannot_run_vllm_ascends_planner(tmp_path):
 
 
 def test_an_unknown_planner_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"RunSpec.planner must be one of \['kit', "):
+    with pytest.raises(ValueError, match=r"RunSpec.planner must be one of \['reference', "
+                                   r"'fill-protect', 'vllm-ascend'\]"):
         validate(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
                          planner="literal"))

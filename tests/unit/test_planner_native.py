@@ -78,6 +78,36 @@ def test_payload_rows_as_numpy_arrays_are_taken():
     assert plans == planner.balance_load_python(rows, 2, threshold=1)
 
 
+def test_the_gathered_int32_rows_reach_the_kernel_without_lists(monkeypatch):
+    # What the coordinator passes: views of the gathered int32 buffers (payload.unpack).
+    # They must be joined as arrays, never turned into Python lists first.
+    gathered = [np.array([300, 200, 50, 0, 0, 0, 2, 0], np.int32),
+                np.array([100, 250, 20, 0, 0, 0, 1, 0], np.int32),
+                np.array([150, 50, 0, 0, 0, 0, 2, 0], np.int32)]
+    rows = [(buf[:6], int(buf[6])) for buf in gathered]
+
+    joined = []
+    real = planner_native._flatten_arrays
+    monkeypatch.setattr(planner_native, "_flatten_arrays",
+                        lambda *a: joined.append(1) or real(*a))
+    expected = planner.balance_load_python([(r.tolist(), k) for r, k in rows], 3,
+                                           threshold=0.1)
+    plans = planner.balance_load_native(rows, 3, threshold=0.1)
+    assert joined == [1]
+    assert plans == expected
+    assert [p.to_dict() for p in plans][0]["out_blk"] == [300]
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64])
+def test_any_signed_integer_rows_plan_as_their_lists(dtype):
+    rows = [(np.array([30, 20, 5, 0, 7], dtype), 2), (np.array([10, 40], dtype), 1),
+            (np.zeros(0, dtype), 0)]
+    lists = [(r.tolist(), k) for r, k in rows]
+    assert planner.balance_load_native(rows, 4, threshold=1, max_num_seqs=2) == \
+        planner.balance_load_native(lists, 4, threshold=1, max_num_seqs=2) == \
+        planner.balance_load_python(lists, 4, threshold=1, max_num_seqs=2)
+
+
 def test_without_numba_the_python_planner_is_selected():
     # A fresh interpreter in which "import numba" fails.
     code = textwrap.dedent("""

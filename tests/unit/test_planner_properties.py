@@ -150,6 +150,10 @@ def test_planner_equals_literal_oracle_on_payload_shaped_snapshots(case):
                                                   threshold=threshold)
     for plans in _all_plans(rows, dp, max_num_seqs=max_num_seqs, threshold=threshold):
         assert plans == oracle
+    # As the coordinator passes them: int32 rows (views of the gathered buffers).
+    gathered = [(np.array(blks, np.int32), split) for blks, split in rows]
+    for plans in _all_plans(gathered, dp, max_num_seqs=max_num_seqs, threshold=threshold):
+        assert plans == oracle
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

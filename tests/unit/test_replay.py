@@ -357,3 +357,18 @@ def test_zero_inside_waiting_cannot_be_rebuilt():
     lines += diagnostics.modifications_table(balance_load(snap, 2, threshold=1.0)).split("\n")
     scan = scan_lines(lines)
     assert scan.snapshots[0].requests_by_rank == [([5, 3, 7], 2), ([1], 1)]
+
+
+def test_replay_with_another_planner_uses_it_and_says_so(capsys):
+    from dyntra_lb import planners
+
+    scan = read_log(LOGS / "vllm_prefix.log")
+    report = replay.replay(scan, planner="fill-protect")
+    assert "planner=fill-protect (--planner)" in report.settings
+    for r in report.results:
+        expected = planners.get("fill-protect")(
+            r.snapshot.requests_by_rank, len(r.snapshot.requests_by_rank),
+            max_num_seqs=r.max_num_seqs, threshold=r.threshold)
+        assert r.recomputed == [p.to_dict() for p in expected]
+    assert replay.main([str(LOGS / "vllm_prefix.log"), "--planner", "fill-protect"]) in (0, 1)
+    assert "planner=fill-protect (--planner)" in capsys.readouterr().out

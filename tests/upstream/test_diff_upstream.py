@@ -1,7 +1,7 @@
 """``dyntra-emu diff`` on real runs: our DyntraLB (kit) against vllm-ascend's on the tier's
 static and dynamic runs (identical, diagnostics lines included), a contributor's change
 to vllm-ascend's planner named at the first step where the plans part, and the planner
-swap (``RunSpec.planner="kit"`` in vllm-ascend's engine) leaving the event logs
+swap (``RunSpec.planner="reference"`` in vllm-ascend's engine) leaving the event logs
 byte-identical."""
 
 from __future__ import annotations
@@ -129,12 +129,13 @@ def test_a_changed_tie_rule_is_named_at_the_first_step_where_the_plans_part(tmp_
 
 
 @pytest.mark.parametrize("name", ["static", "dynamic"])
-def test_the_kit_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tmp_path, name):
-    """``planner="kit"``: vllm-ascend's engine and scheduler with dyntra_lb.planner in
+def test_the_reference_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tmp_path, name):
+    """``planner="reference"``: vllm-ascend's engine and scheduler with dyntra_lb.planner in
     place of ``_balance_load``; the event logs are byte-identical to vllm-ascend's own
     planner's, and both wall logs time the planner at every planning step."""
     own = upstream_run(name, 2)
-    swapped = run_cluster(upstream_spec(name, 2, tmp_path / "kit-planner", planner="kit"))
+    swapped = run_cluster(upstream_spec(name, 2, tmp_path / "reference-planner",
+                                        planner="reference"))
     for rank in range(2):
         assert swapped.event_logs[rank].read_bytes() == own.event_logs[rank].read_bytes()
     metrics_plans = sum(s.num_plans for s in swapped.ranks)
@@ -143,3 +144,25 @@ def test_the_kit_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tm
         timed = [json.loads(line) for line in result.wall_logs[0].open()]
         assert all("planner_s" in w for w in timed)
         assert sum(w["planner_s"] > 0 for w in timed) == result.ranks[0].num_plans
+
+
+def test_the_opt_in_planner_runs_the_same_in_both_engines(tmp_path):
+    """``planner="fill-protect"`` in the kit and in vllm-ascend's engine (in place of
+    ``_balance_load``) on the starvation trace of tests/integration/test_engine_planners.py:
+    the same plans and the same steps, byte for byte, and not the reference's (so the
+    swap really ran it)."""
+    from emu.workload import TraceRequest
+    from tests.integration.test_engine_planners import CONFIG, TRACE
+
+    def starved(base):
+        return dataclasses.replace(base, trace=[TraceRequest(**r) for r in TRACE],
+                                   additional_config=CONFIG, max_num_seqs=2)
+
+    kit = run_cluster(dataclasses.replace(starved(spec("static", 2, tmp_path / "kit")),
+                                          planner="fill-protect"))
+    ours = run_cluster(starved(upstream_spec("static", 2, tmp_path / "vllm-ascend",
+                                             planner="fill-protect")))
+    reference = run_cluster(starved(spec("static", 2, tmp_path / "reference")))
+    for rank in range(2):
+        assert ours.event_logs[rank].read_bytes() == kit.event_logs[rank].read_bytes()
+    assert kit.event_logs[0].read_bytes() != reference.event_logs[0].read_bytes()

@@ -35,13 +35,9 @@ __all__ = ["Tree", "TreeError", "build", "check"]
 def check(config, *, dp_size: int, async_scheduling: bool, vllm_ascend=None,
           faults=None) -> Tree:
     """Everything that can fail before a rank starts (the startup checks of a decode
-    node, unsupported faults, the tree, vLLM); returns the checked tree."""
+    node, the tree, vLLM); returns the checked tree. Every fault kind runs here as in
+    the kit."""
     _variant(config, dp_size, async_scheduling)
-    for fault in faults.faults if faults is not None else ():
-        if fault.kind == "kv_fail":
-            raise ValueError(f"fault {fault.spec()}: kv_fail is emulated by the kit only "
-                             "(vLLM reports failed loads as invalid blocks, which the "
-                             "emulated connector does not produce yet)")
     return resolve(vllm_ascend)
 
 

@@ -5,10 +5,11 @@ vLLM's scheduler talks to a ``kv_consumer`` connector through ``KVConnectorBase_
 node and loads asynchronously), ``update_state_after_alloc`` once blocks are allocated
 (the transfer starts), ``build_connector_meta`` every step. Transfers complete in
 virtual time with the kit's arrival model (``emu.kv.RemoteKVConnector``: a fixed latency
-plus a per-block one, and its not-ready / never-completes fault hooks); the emulated
-executor reports completions to the scheduler as the worker would, in
-``KVConnectorOutput.finished_recving``. No tensor moves, so the worker-side methods
-are never called.
+plus a per-block one, and its fault hooks); the emulated executor reports completions
+to the scheduler as the worker would, in ``KVConnectorOutput.finished_recving``, and a
+``kv_fail`` load's blocks in ``invalid_block_ids`` (vLLM's scheduler then recomputes
+the prompt: the node runs with ``kv_load_failure_policy="recompute"``, as the kit
+emulates). No tensor moves, so the worker-side methods are never called.
 """
 
 from __future__ import annotations
@@ -76,9 +77,13 @@ class EmulatedRemoteKVConnector(KVConnectorBase_V1):
         self.transfers.request_finished(request)
         return False, None
 
-    def finished_recving(self, now_us: int) -> set[str]:
-        """Called by the emulated executor after each forward: the loads done by then."""
-        return self.transfers.finished_recving(now_us / 1e6)
+    def finished_recving(self, now_us: int) -> tuple[set[str], set[int]]:
+        """Called by the emulated executor after each forward: the loads done by then,
+        and the block ids that arrived invalid (``kv_fail``), as the worker reports
+        them in ``KVConnectorOutput``."""
+        done = self.transfers.finished_recving(now_us / 1e6)
+        invalid = {b for blocks in self.transfers.take_failed().values() for b in blocks}
+        return done, invalid
 
     # ------------------------------------------------------------------- worker side
 

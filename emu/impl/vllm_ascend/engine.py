@@ -36,12 +36,13 @@ from vllm.v1.engine.core import DPEngineCoreProc, EngineCore, EngineShutdownStat
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
+from dyntra_lb import planners
 from dyntra_lb.blocks import block_counts
-from dyntra_lb.planner import balance_load
 from emu.clock import LockstepClock
 from emu.engine import RankSummary, StallError, describe_stall
 from emu.eventlog import EventLog, StepRecord, WallLog
 from emu.guard import CollectiveRecorder
+from emu.impl import planner_name
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
@@ -191,12 +192,14 @@ class _EmulatedEngine:
 
     def _balance_load(self, *args, **kwargs):
         """The planner of ``_do_lb_allgather``, timed for the wall log: vllm-ascend's
-        own, or with ``RunSpec.planner`` "kit" ours (same arguments), its plans handed
-        back as the ``{"out_blk", "in_blk", "freeze"}`` dicts vllm-ascend reads."""
+        own, or with another ``RunSpec.planner`` ours from ``dyntra_lb.planners`` (same
+        arguments), its plans handed back as the ``{"out_blk", "in_blk", "freeze"}``
+        dicts vllm-ascend reads."""
         start = time.perf_counter()
         try:
-            if self._emu_rank.planner == "kit":
-                return [plan.to_dict() for plan in balance_load(*args, **kwargs)]
+            ours = self._emu_rank.our_planner
+            if ours is not None:
+                return [plan.to_dict() for plan in ours(*args, **kwargs)]
             return super()._balance_load(*args, **kwargs)
         finally:
             self._emu_rank.planner_s += time.perf_counter() - start
@@ -223,7 +226,8 @@ class EmulatedRank:
         self.max_steps = spec.max_steps
         self.stall_steps = spec.stall_steps
         self.block_size = spec.block_size
-        self.planner = spec.planner or "vllm-ascend"
+        name = planner_name(spec)
+        self.our_planner = None if name == "vllm-ascend" else planners.get(name)
         self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
         self.faults = faults
         cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
@@ -335,11 +339,12 @@ class EmulatedRank:
         requests = scheduler.requests
         sampled = [[_SAMPLED_TOKEN] if requests[rid].num_computed_tokens
                    >= requests[rid].num_tokens else [] for rid in req_ids]
-        done = scheduler.connector.finished_recving(self.clock_us)
+        done, invalid = scheduler.connector.finished_recving(self.clock_us)
         return ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
-            kv_connector_output=KVConnectorOutput(finished_recving=done or None))
+            kv_connector_output=KVConnectorOutput(finished_recving=done or None,
+                                                  invalid_block_ids=invalid))
 
     def dummy_forward(self) -> None:
         """The executor's ``execute_dummy_batch``: the lockstep collective at the fixed

@@ -101,6 +101,7 @@ def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
                                        data_parallel_rank_local=rank),
         kv_transfer_config=KVTransferConfig(
             kv_connector=CONNECTOR_NAME, kv_role="kv_consumer",
+            kv_load_failure_policy="recompute",
             kv_connector_extra_config={
                 "latency_fixed_s": spec.kv_latency_fixed_s,
                 "latency_per_block_s": spec.kv_latency_per_block_s}),
