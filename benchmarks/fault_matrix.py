@@ -118,11 +118,15 @@ def _alive(p: psutil.Process) -> bool:
 
 
 def _ranks(launcher: psutil.Process) -> list[psutil.Process]:
+    """Spawned rank processes, or the children of the launcher's fork server."""
     out = []
     for c in launcher.children():
         try:
-            if any("spawn_main" in part for part in c.cmdline()):
+            cmdline = " ".join(c.cmdline())
+            if "spawn_main" in cmdline:
                 out.append(c)
+            elif "multiprocessing.forkserver" in cmdline:
+                out.extend(c.children())
         except psutil.Error:
             pass
     return out

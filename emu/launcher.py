@@ -4,23 +4,25 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
 `target(ctx: RankContext, args) -> result`:
 
 * `launch(target, args, dp_size=...)` — the normal mode (the CLI, tests, benchmarks):
-  this process spawns the dp_size ranks on this machine and supervises them. It hosts
-  the rendezvous TCPStore on a free port (so parallel runs never collide), and it turns
-  any rank failure into one `ClusterError`: a rank that raises sends its traceback, a
-  rank that dies is seen through its process sentinel, a run that exceeds
-  `run_timeout_s` is stopped, and the collective watchdog (`emu.guard`) reads what every
-  rank publishes about its collectives and stops a run that hangs or whose ranks
-  disagree on a collective. The first failure is reported, except that an error raised
-  inside a torch.distributed call (how a rank sees a peer die or a collective time out)
-  gives way to another rank's own failure or a watchdog finding arriving within a short
-  grace. The report names, for every rank that recorded collectives, its last entered
-  and last completed one. Every rank is then stopped
-  (SIGTERM, which makes it dump its Python stack; SIGKILL after a grace period) and
-  joined, so no process survives. SIGINT and SIGTERM to this process do the same
-  (raised as `Interrupted`, a KeyboardInterrupt, once every rank is stopped and the
-  temporary directory is removed). Ranks also die with SIGKILL if this process dies
-  (Linux PR_SET_PDEATHSIG, set by `emu.rank_boot` before the rank imports torch) and
-  ignore SIGINT (Ctrl-C reaches the whole process group; the launcher stops them).
+  this process starts the dp_size ranks on this machine and supervises them (CPU ranks
+  are forks of a fork server that has torch imported, NPU ranks are spawned; see
+  `_rank_context`). It hosts the rendezvous TCPStore on a free port (so parallel runs
+  never collide), and it turns any rank failure into one `ClusterError`: a rank that
+  raises sends its traceback, a rank that dies is seen through its process sentinel, a
+  run that exceeds `run_timeout_s` is stopped, and the collective watchdog
+  (`emu.guard`) reads what every rank publishes about its collectives and stops a run
+  that hangs or whose ranks disagree on a collective. The first failure is reported,
+  except that an error raised inside a torch.distributed call (how a rank sees a peer
+  die or a collective time out) gives way to another rank's own failure or a watchdog
+  finding arriving within a short grace. The report names, for every rank that
+  recorded collectives, its last entered and last completed one. Every rank is then
+  stopped (SIGTERM, which makes it dump its Python stack; SIGKILL after a grace period)
+  and joined, so no rank survives (the fork server lives as long as this process and
+  exits with it). SIGINT and SIGTERM to this process do the same (raised as
+  `Interrupted`, a KeyboardInterrupt, once every rank is stopped and the temporary
+  directory is removed). Ranks also die with SIGKILL if this process dies (Linux
+  PR_SET_PDEATHSIG, set by `emu.rank_boot` in the rank's first moments) and ignore
+  SIGINT (Ctrl-C reaches the whole process group; the launcher stops them).
 * `join_from_env(target, args)` — one rank under `torchrun` (or any launcher that sets
   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), e.g. several NPU machines or
   an Ascend job system. torchrun then owns the processes and their failure handling;
@@ -50,7 +52,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -167,7 +169,7 @@ def _in_torch_distributed(exc: BaseException) -> bool:
 
 
 def _rank_main(spec: RankSpec, payload: bytes, conn) -> None:
-    """Called by `emu.rank_boot.main` in a spawned rank (already tied to its parent):
+    """Called by `emu.rank_boot.main` in a new rank (already tied to its parent):
     set up, run the target, report to the parent, then wait for the parent's go-ahead
     (every rank finished) before tearing the groups down."""
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
@@ -266,13 +268,13 @@ class _Rank:
 
     def stack(self) -> str:
         """The Python stack the rank dumped when stopped or crashed, without the frames of
-        the spawn bootstrap below _rank_main."""
+        start-up below _rank_main (fork server or spawn, multiprocessing, rank_boot)."""
         try:
             lines = pathlib.Path(self.stack_path).read_text().splitlines()
         except OSError:
             return ""
-        bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py", '"<string>"',
-                     "emu/rank_boot.py")
+        bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py",
+                     "multiprocessing/forkserver.py", '"<string>"', "emu/rank_boot.py")
         return "\n".join(ln for ln in lines if not any(b in ln for b in bootstrap)).strip()
 
     def detail(self) -> str:
@@ -306,7 +308,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
            run_timeout_s: float | None = None) -> list:
     """Run `target(ctx, args)` in dp_size new rank processes on this machine and return
     their results ordered by rank. `target` must be a module-level function and `args`
-    picklable (ranks are started with the spawn method). Raises DeviceError (before any
+    picklable (a rank unpickles them, by name). Raises DeviceError (before any
     rank starts) when the device cannot be used, ClusterError when any rank fails or
     the run, startup included, lasts longer than `run_timeout_s`, and Interrupted (a
     KeyboardInterrupt) when this process gets SIGINT or SIGTERM meanwhile (called from
@@ -332,7 +334,6 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    mp = multiprocessing.get_context("spawn")
     ranks: list[_Rank] = []
     resource_tracker.ensure_running()  # see _StopSignals.deferred and _LaunchFiles
     with _StopSignals() as signals, _LaunchFiles() as files:
@@ -340,10 +341,14 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         try:
             with signals.armed():
+                with signals.deferred():  # a fork server started here ignores SIGINT
+                    mp, parent_pid = _rank_context(device_kind)
+                environ = dict(os.environ)
                 for rank in range(dp_size):
                     stack_path = files.path(f"rank{rank}.stack")
                     spec = RankSpec(rank, dp_size, store.port, device_kind, out_dir,
-                                    collective_timeout_s, os.getpid(), stack_path, guard_path)
+                                    collective_timeout_s, parent_pid, stack_path, guard_path,
+                                    environ)
                     parent_conn, child_conn = mp.Pipe()
                     process = mp.Process(target=rank_boot.main,
                                          args=(spec, payload, child_conn),
@@ -366,6 +371,34 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
                 r.conn.close()
             watchdog.close()
     return [r.result for r in ranks]
+
+
+# How ranks start, per device kind (see _rank_context).
+_START_METHOD = {"cpu": "forkserver", "npu": "spawn"}
+
+
+def _rank_context(device_kind: str):
+    """The multiprocessing context the ranks of a launch start from, and the pid of
+    their parent. CPU ranks are forks of multiprocessing's fork server, started by the
+    first launch of this process and reused by every later one, which has imported
+    torch and the engine and loaded the compiled planner (`emu.rank_preload`): a rank
+    starts in milliseconds instead of importing for seconds, and a machine with fewer
+    cores than ranks no longer imports torch dp_size times at once. NPU ranks are
+    spawned, each a fresh interpreter that imports torch_npu itself: whether torch_npu
+    survives a fork once imported cannot be checked without the hardware, and a device
+    runtime does not once initialised (vLLM, too, spawns its workers when CUDA is)."""
+    spawn = multiprocessing.get_context("spawn"), os.getpid()
+    if _START_METHOD[device_kind] == "spawn":
+        return spawn
+    context = multiprocessing.get_context("forkserver")
+    # "__main__" as in multiprocessing's default: a rank need not import the launching
+    # script (e.g. the dyntra-emu console script) again. No effect once the server runs.
+    context.set_forkserver_preload(["__main__", "emu.rank_preload"])
+    try:
+        forkserver.ensure_running()
+    except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if that is long
+        return spawn
+    return context, forkserver._forkserver._forkserver_pid  # no public accessor
 
 
 class _LaunchFiles:

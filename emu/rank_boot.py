@@ -1,11 +1,20 @@
-"""First code of a spawned rank process, before anything heavy is imported.
+"""First code of a rank process, before the rank imports or runs anything heavy.
 
-`emu.launcher.launch` starts each rank with the spawn method and this module's `main`
-as the target. Spawn unpickles the target and its arguments before calling it, so this
-module and `RankSpec` import only the standard library: a rank is tied to its launcher
-(Linux PR_SET_PDEATHSIG) and deaf to Ctrl-C within a few milliseconds of existing, not
-after `import torch` (3-7 s later). Only then does it import the launcher (and torch)
-and run `emu.launcher._rank_main`.
+`emu.launcher.launch` starts each rank with this module's `main` as the target, in one
+of two ways (`emu.launcher._rank_context`): a CPU rank is a fork of the launcher's fork
+server, which has imported torch and the engine already (`emu.rank_preload`), so the
+rank starts in milliseconds; an NPU rank is spawned (a fresh interpreter, which then
+imports torch, 3-7 s). Spawn unpickles the target and its arguments before calling it,
+so this module and `RankSpec` import only the standard library: either way a rank is
+tied to its parent (Linux PR_SET_PDEATHSIG) and deaf to Ctrl-C within a few
+milliseconds of existing, before it imports or runs anything else. Only then does it
+import the launcher (and torch, unless preloaded) and run `emu.launcher._rank_main`.
+
+The death chain: a spawned rank's parent is the launcher. A forked rank's parent is the
+fork server, which exits as soon as the launcher is gone (it watches a pipe that only
+the launcher holds once each rank has closed its copy, see `_leave_fork_server`), and
+its death kills the rank. SIGKILL of the launcher therefore kills every rank, either
+way.
 
 Ctrl-C in a terminal reaches the whole process group, ranks included; the launcher
 handles it and stops every rank, so a rank ignores SIGINT instead of printing a
@@ -18,6 +27,7 @@ import ctypes
 import os
 import pathlib
 import signal
+import sys
 from dataclasses import dataclass
 
 _PR_SET_PDEATHSIG = 1
@@ -25,7 +35,10 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What a rank needs from its launcher (picklable without importing torch)."""
+    """What a rank needs from its launcher (picklable without importing torch).
+    `parent_pid` is the process the rank is started from (the launcher, or its fork
+    server); `environ` is the launcher's environment when it launched, which a forked
+    rank takes over (the fork server's own is as old as the server)."""
 
     rank: int
     dp_size: int
@@ -36,6 +49,7 @@ class RankSpec:
     parent_pid: int
     stack_path: str
     guard_path: str
+    environ: dict[str, str]
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -51,10 +65,35 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _forked_by_fork_server() -> bool:
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    return forkserver is not None and forkserver.get_inherited_fds() is not None
+
+
+def _leave_fork_server(environ: dict[str, str]) -> None:
+    """In a rank forked by multiprocessing's fork server: close the rank's copy of the
+    server's "alive" pipe. The server exits when every holder of that pipe is gone;
+    with ranks holding it, it would outlive a killed launcher and so would its ranks
+    (their parent-death signal waits for the server). CPython keeps the descriptor in a
+    private attribute, the only place to find it. Then undo what the rank inherited
+    from the server rather than from the launcher: SIGTERM, which the server ignores
+    (`emu.rank_preload`) and the launcher stops a rank with, and the environment, which
+    is the launcher's as of the server's start, not as of this launch."""
+    server = sys.modules["multiprocessing.forkserver"]._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(environ)
+
+
 def main(spec: RankSpec, payload: bytes, conn) -> None:
-    """The spawn target of every rank launched by `emu.launcher.launch`."""
+    """The start target of every rank launched by `emu.launcher.launch`."""
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _forked_by_fork_server():
+        _leave_fork_server(spec.environ)
     from emu.launcher import _rank_main
 
     _rank_main(spec, payload, conn)

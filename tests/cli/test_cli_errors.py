@@ -202,7 +202,7 @@ def test_a_killed_rank_is_named(tmp_path, clikit):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "rank 1 never wrote its event log"
             time.sleep(0.1)
-        rank1 = [p for p in psutil.Process(proc.pid).children()
+        rank1 = [p for p in psutil.Process(proc.pid).children(recursive=True)
                  if any(f.path == str(log) for f in p.open_files())]
         assert rank1, "no process has rank1.events.jsonl open"
         rank1[0].send_signal(signal.SIGKILL)

@@ -1,7 +1,11 @@
 """Signals to `dyntra-emu run` (issue 12): SIGTERM is handled like Ctrl-C (every rank
 stopped, one message, error.txt, run.json "interrupted", no temporary directory left);
 ranks ignore Ctrl-C from their first moments and die with a launcher that is killed
-while they still import torch."""
+while they still import torch.
+
+CPU ranks are forks of the launcher's fork server and start in milliseconds; the two
+start-up tests therefore run the CLI with spawned ranks (`SPAWN`, the start method of
+NPU ranks), whose start-up lasts seconds (`import torch`): the window they test."""
 
 from __future__ import annotations
 
@@ -21,6 +25,11 @@ from emu.metrics import PartialRunError, compute_metrics, load_run
 
 pytestmark = pytest.mark.integration
 
+# `python -m emu` with spawned CPU ranks (emu.launcher._START_METHOD).
+SPAWN = ["-c", "import sys, emu.launcher as l; l._START_METHOD['cpu'] = 'spawn'; "
+               "from emu.cli import main; sys.exit(main())"]
+
+
 def _long_trace(clikit, tmp_path: Path) -> Path:
     """Requests that would decode for a very long time: the run is stopped, never ends."""
     return clikit.write_trace(tmp_path / "long.jsonl", [
@@ -28,11 +37,12 @@ def _long_trace(clikit, tmp_path: Path) -> Path:
          "output_tokens": 100_000} for i in range(6)])
 
 
-def _start(clikit, trace: Path, out: Path, tmp: Path) -> subprocess.Popen:
+def _start(clikit, trace: Path, out: Path, tmp: Path,
+           entry=("-m", "emu")) -> subprocess.Popen:
     """The CLI in its own session (as a terminal's foreground job) with a private TMPDIR,
     so its temporary directories can be counted."""
     tmp.mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "emu", "run", "--workload", str(trace), *clikit.SMALL,
+    command = [sys.executable, *entry, "run", "--workload", str(trace), *clikit.SMALL,
                "--num-gpu-blocks", "8192", "--out", str(out)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -40,11 +50,16 @@ def _start(clikit, trace: Path, out: Path, tmp: Path) -> subprocess.Popen:
 
 
 def _ranks(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The launcher's rank processes: its spawned children, or the children of its fork
+    server."""
     out = []
     for child in psutil.Process(proc.pid).children():
         try:
-            if any("spawn_main" in part for part in child.cmdline()):
+            cmdline = " ".join(child.cmdline())
+            if "spawn_main" in cmdline:
                 out.append(child)
+            elif "multiprocessing.forkserver" in cmdline:
+                out.extend(child.children())
         except psutil.NoSuchProcess:
             pass
     return out
@@ -124,7 +139,7 @@ def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, cli
     """Ctrl-C in a terminal reaches every process of the job. The ranks, still importing
     torch, ignore it (no traceback, no rank failure); the launcher stops them."""
     out, tmp = tmp_path / "out", tmp_path / "tmp"
-    proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp)
+    proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp, entry=SPAWN)
     ranks = _wait(lambda: len(r := _ranks(proc)) == 2 and r, proc, "two rank processes")
     for rank in ranks:  # the terminal's SIGINT, as the ranks see it
         rank.send_signal(signal.SIGINT)
@@ -148,15 +163,14 @@ _SUBREAPER_SCRIPT = textwrap.dedent("""
     import psutil
     sys.path.insert(0, {here!r})
     import pathlib
-    from test_cli_signals import _importing_torch, _launch_files
+    from test_cli_signals import _importing_torch, _launch_files, _ranks
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come here
     launcher = subprocess.Popen({command!r}, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={{**os.environ, "TMPDIR": {tmp!r}}})
     deadline = time.monotonic() + 120
     while True:
-        ranks = [c for c in psutil.Process(launcher.pid).children()
-                 if any("spawn_main" in p for p in c.cmdline())]
+        ranks = _ranks(launcher)
         if len(ranks) == 2 and all(_importing_torch(r) for r in ranks):
             break
         assert launcher.poll() is None and time.monotonic() < deadline, "no ranks"
@@ -184,7 +198,7 @@ def test_ranks_killed_while_importing_torch_die_with_the_launcher(tmp_path, clik
     killed by its parent-death signal at once (SIGKILL), not left to notice it is an
     orphan seconds later, after the import (exit code 1); its scratch files go too."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "emu", "run", "--workload",
+    command = [sys.executable, *SPAWN, "run", "--workload",
                str(_long_trace(clikit, tmp_path)), *clikit.SMALL, "--num-gpu-blocks", "8192",
                "--out", str(out)]
     tmp = tmp_path / "tmp"

@@ -185,14 +185,19 @@ def kit() -> type[EngineTestKit]:
 
 
 def _children() -> set[int]:
-    """Live child processes of this test process, without multiprocessing's resource
-    tracker (started once by the spawn method, it lives as long as this process)."""
+    """Live descendants of this test process, without multiprocessing's helpers that
+    live as long as this process: the resource tracker and the launcher's fork server
+    (a direct child; the ranks it forks are counted)."""
+    me = psutil.Process()
     pids = set()
-    for child in psutil.Process().children(recursive=True):
+    for child in me.children(recursive=True):
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if any("resource_tracker" in part for part in child.cmdline()):
+            cmdline = " ".join(child.cmdline())
+            if "resource_tracker" in cmdline:
+                continue
+            if "multiprocessing.forkserver" in cmdline and child.ppid() == me.pid:
                 continue
         except psutil.NoSuchProcess:
             continue

@@ -1,0 +1,28 @@
+"""Imported once by the launcher's fork server, before it forks any CPU rank
+(`emu.launcher._rank_context` names this module in the server's preload list); never
+by a rank or the launcher itself.
+
+It imports what every rank would otherwise import during its own start-up: torch and
+torch.distributed, the launcher's rank side, the cluster's rank target with the engine
+and the kit implementation; and it loads the compiled planner from numba's disk cache
+(`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules that each rank of a DyntraLB
+run would load again). Each rank, a fork of the server, then has all of it in memory
+from its first instruction (`emu.rank_boot`). Without a disk cache (a fresh install
+whose first run has DyntraLB off) the warm-up compiles the planner here, once; `launch`
+users with DyntraLB on compile it before the first launch anyway (`run_cluster`).
+
+It also makes the server ignore SIGTERM. A SIGTERM sent to the whole process group (as
+some job runners do) must reach the launcher, which stops every rank and reports where
+each one was; were the server to die of it first, every rank would die of its
+parent-death signal without a word. A rank sets SIGTERM back to the default at once.
+"""
+
+import signal
+
+import emu.cluster  # noqa: F401  torch, torch.distributed, emu.launcher, the engine
+import emu.impl.kit  # noqa: F401  what emu.cluster imports only when a rank builds it
+import emu.rank_boot  # noqa: F401  the rank's start target
+from dyntra_lb import planner
+
+planner.warm_up()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
