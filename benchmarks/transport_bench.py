@@ -57,7 +57,8 @@ def one(args: dict) -> dict:
         finally:
             cpu[ctx.rank] = time.thread_time()
 
-    emu.cluster._rank_main = timed
+    if args["transport"] == "thread":  # rank processes need a picklable target
+        emu.cluster._rank_main = timed
 
     trace = load_trace(args["workload"])
     spec = RunSpec(trace=trace, dp_size=args["dp"], out_dir=args["out"],
