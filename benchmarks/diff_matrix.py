@@ -43,11 +43,16 @@ FULL = list(itertools.product(WORKLOADS, ("static", "dynamic"), ("default", "bt0
                               (False, True)))
 
 
-def small_trace(workload: str, n: int, max_output: int, out: pathlib.Path) -> tuple:
+def small_trace(workload: str, n: int | None, max_output: int | None,
+                out: pathlib.Path) -> tuple:
+    """Write the first ``n`` requests of a bundled workload (all of them for None), their
+    outputs capped at ``max_output`` (uncapped for None); return the file and the KV blocks
+    the largest request needs."""
     lines = (REPO / "fixtures" / "workloads" / f"{workload}.jsonl").read_text().splitlines()
     requests = [json.loads(line) for line in lines if line.strip()][:n]
     for r in requests:
-        r["output_tokens"] = min(r["output_tokens"], max_output)
+        if max_output is not None:
+            r["output_tokens"] = min(r["output_tokens"], max_output)
     out.write_text("".join(json.dumps(r) + "\n" for r in requests))
     need = max(-(-(r["prompt_tokens"] + r["output_tokens"]) // BLOCK_SIZE) for r in requests)
     return out, need
@@ -71,6 +76,8 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="run only cells whose name contains this")
     parser.add_argument("--dp", type=int, nargs="+", default=[2])
     parser.add_argument("--grid", choices=("listed", "full"), default="listed")
+    parser.add_argument("--whole", action="store_true",
+                        help="whole workloads, outputs uncapped (ignores --n, --max-output)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     exe = pathlib.Path(sys.executable).with_name("dyntra-emu")
@@ -79,9 +86,9 @@ def main() -> int:
         name = f"dp{dp}-{workload}-{mode}-{variant}{'-kv' if pressure else ''}"
         if args.only and args.only not in name:
             continue
-        trace, need = small_trace(workload, args.n, args.max_output,
-                                  args.out / f"{workload}.jsonl")
-        blocks = need + 8 if pressure else 1024
+        n, max_output = (None, None) if args.whole else (args.n, args.max_output)
+        trace, need = small_trace(workload, n, max_output, args.out / f"{workload}.jsonl")
+        blocks = need + 8 if pressure else max(1024, need * args.max_num_seqs)
         cmd = [str(exe), "diff", "--workload", str(trace), "--dp", str(dp), "--block-size",
                str(BLOCK_SIZE), "--num-gpu-blocks", str(blocks), "--max-num-seqs",
                str(args.max_num_seqs), "--device", "cpu", "--quiet", "--overwrite",
