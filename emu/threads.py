@@ -19,6 +19,17 @@ not all arrive within the collective timeout raises ``CollectiveTimeout``; once 
 has failed every waiting and later collective raises ``CollectiveAborted`` — how a rank
 thread sees a dead peer, as a gloo rank sees a closed connection.
 
+What the ranks share beyond the collectives: the plans. DyntraLB's planner is a pure
+function of the gathered snapshot and the config, and after an all-gather every rank
+holds the same snapshot, so each rank's ``DyntraLBCoordinator`` would compute the same
+plans (N planner runs per step, each over all N ranks' payloads). The DP group offers
+``plan_memo`` (``PlanMemo``, one per group): the first rank to plan a snapshot runs the
+planner, the others take its result, keyed on the planner, its arguments and the
+gathered bytes — an identical key is an identical input, so the plans are the ones the
+rank would have computed, and nothing a rank writes changes except the planner's wall
+time in its wall log. The plans are only read after planning (each rank applies its
+own row, rank 0 logs them), so sharing the objects is safe.
+
 The guard is the process transport's: every rank's ``CollectiveRecorder`` publishes into
 its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
 launching thread, so a hang or a disagreement is reported naming the ranks exactly as
@@ -138,6 +149,7 @@ class _Hub:
         self.acc: Any = None
         self.results: list[Any] = [None, None]
         self.waiters: list[threading.Lock] = []
+        self.plan_memo = PlanMemo()
         self.wakes = [threading.Lock() for _ in range(size)]
         for wake in self.wakes:
             wake.acquire()  # held: a rank waits by acquiring its own
@@ -232,14 +244,37 @@ class _Hub:
                 return
 
 
+class PlanMemo:
+    """The plans of the last snapshot planned on a group, shared by its rank threads
+    (the ``plan_memo`` a ``DyntraLBCoordinator`` looks for on its DP group). Called by
+    each rank right after its all-gather; the first rank with a new key computes while
+    the others wait on the lock, then each of them finds the key. One entry is enough:
+    no rank can plan the next snapshot before every rank has joined its all-gather, i.e.
+    finished planning this one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: Any = None
+        self._plans: Any = None
+
+    def __call__(self, key: Any, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._key is None or key != self._key:
+                self._plans = compute()  # a planner error leaves the memo as it was
+                self._key = key
+            return self._plans
+
+
 class ThreadGroup(dist.ProcessGroup):
     """One rank's handle on a group of the thread transport: the ``group=`` argument of
-    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``."""
+    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``.
+    ``plan_memo`` is shared by every rank of the group (see the module docstring)."""
 
     def __init__(self, hub: _Hub, rank: int):
         super().__init__(rank, hub.size)
         self._hub = hub
         self._rank = rank
+        self.plan_memo = hub.plan_memo
 
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: one tensor, reduced in place over every rank."""
