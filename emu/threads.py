@@ -12,11 +12,13 @@ The collectives. ``ThreadGroup`` is a ``torch.distributed.ProcessGroup`` subclas
 a wake-up lock per rank). ``dist.all_reduce(t, op=..., group=g)`` and
 ``dist.all_gather(list, t, group=g)`` dispatch to a group's own methods, so the engine,
 the lockstep clock and the DyntraLB coordinator run unchanged, on the same tensors and
-dtypes (SUM, PRODUCT, MIN and MAX, as gloo offers them). The groups are made directly,
-not through ``init_process_group`` / ``Backend.register_backend``: those keep one default
-group per process, and here one process holds every rank. A collective whose peers do
-not all arrive within the collective timeout raises ``CollectiveTimeout``; once the run
-has failed every waiting and later collective raises ``CollectiveAborted`` — how a rank
+dtypes (SUM, PRODUCT, MIN and MAX, as gloo offers them; the hub reduces and copies
+through numpy views of the CPU tensors, a fraction of a torch op's cost). The groups
+are made directly, not through ``init_process_group`` / ``Backend.register_backend``:
+those keep one default group per process, and here one process holds every rank. A
+collective whose peers do not all arrive within the collective timeout raises
+``CollectiveTimeout``; once the run has failed every waiting and later collective
+raises ``CollectiveAborted`` — how a rank
 thread sees a dead peer, as a gloo rank sees a closed connection.
 
 What the ranks share beyond the collectives: the plans. DyntraLB's planner is a pure
@@ -62,6 +64,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -84,24 +87,13 @@ class CollectiveAborted(RuntimeError):
     """The run failed elsewhere; this rank's collective was cancelled."""
 
 
-def _sum(acc: torch.Tensor, t: torch.Tensor) -> None:
-    acc.add_(t)
-
-
-def _product(acc: torch.Tensor, t: torch.Tensor) -> None:
-    acc.mul_(t)
-
-
-def _min(acc: torch.Tensor, t: torch.Tensor) -> None:
-    torch.minimum(acc, t, out=acc)
-
-
-def _max(acc: torch.Tensor, t: torch.Tensor) -> None:
-    torch.maximum(acc, t, out=acc)
-
-
-_REDUCE = {dist.ReduceOp.SUM: _sum, dist.ReduceOp.PRODUCT: _product,
-           dist.ReduceOp.MIN: _min, dist.ReduceOp.MAX: _max}
+# The reductions, on the numpy views of the tensors (numpy's elementwise ufuncs give
+# torch's results for these ops, integer wrap-around and NaN propagation included).
+_REDUCE = {dist.ReduceOp.SUM: np.add, dist.ReduceOp.PRODUCT: np.multiply,
+           dist.ReduceOp.MIN: np.minimum, dist.ReduceOp.MAX: np.maximum}
+# A group keeps the numpy views of at most this many tensors (the engine's collective
+# buffers are a handful, allocated once; a caller with fresh tensors per call refills it).
+_MAX_VIEWS = 256
 
 
 class _Abort:
@@ -155,40 +147,42 @@ class _Hub:
             wake.acquire()  # held: a rank waits by acquiring its own
         abort.hubs.append(self)
 
-    def all_reduce(self, rank: int, tensor: torch.Tensor, op) -> None:
+    def all_reduce(self, rank: int, array: np.ndarray, op) -> None:
+        """``array``: the numpy view of the rank's tensor, reduced in place."""
         reduce = _REDUCE.get(op)
         if reduce is None:
             raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
                              f"MIN and MAX, got {op}")
-        desc = ("all_reduce", op, tensor.dtype, tensor.shape)
+        desc = ("all_reduce", op, array.dtype, array.shape)
         woken: list[threading.Lock] | None = None
         with self.lock:
             generation = self._enter(rank, desc)
             if generation is not None:
                 if self.arrived == 0:
-                    self.acc = tensor.clone()
+                    self.acc = array.copy()
                 else:
-                    reduce(self.acc, tensor)
+                    reduce(self.acc, array, out=self.acc)
                 woken = self._arrive(rank)
         self._wait(rank, generation, woken)
-        tensor.copy_(self.results[generation & 1])
+        array[...] = self.results[generation & 1]
 
-    def all_gather(self, rank: int, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    def all_gather(self, rank: int, outputs: list[np.ndarray], array: np.ndarray) -> None:
+        """``outputs`` / ``array``: numpy views of the rank's output and input tensors."""
         if len(outputs) != self.size:
             raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
                              f"tensors, got {len(outputs)}")
-        desc = ("all_gather", tensor.dtype, tensor.shape)
+        desc = ("all_gather", array.dtype, array.shape)
         woken: list[threading.Lock] | None = None
         with self.lock:
             generation = self._enter(rank, desc)
             if generation is not None:
                 if self.arrived == 0:
                     self.acc = [None] * self.size
-                self.acc[rank] = tensor.clone()  # the sender may reuse its buffer at once
+                self.acc[rank] = array.copy()  # the sender may reuse its buffer at once
                 woken = self._arrive(rank)
         self._wait(rank, generation, woken)
         for out, part in zip(outputs, self.results[generation & 1], strict=True):
-            out.copy_(part)
+            out[...] = part
 
     def _enter(self, rank: int, desc: tuple) -> int | None:
         """Under the lock: this rank's generation, or None when it arrives with another
@@ -275,19 +269,37 @@ class ThreadGroup(dist.ProcessGroup):
         self._hub = hub
         self._rank = rank
         self.plan_memo = hub.plan_memo
+        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray]] = {}
 
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: one tensor, reduced in place over every rank."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp.op
         for tensor in tensors:
-            self._hub.all_reduce(self._rank, tensor, op)
+            self._hub.all_reduce(self._rank, self._view(tensor), op)
         return None  # completed synchronously; dist.all_reduce has nothing to wait for
 
     def allgather(self, output_lists, input_tensors, opts=None):
         """``dist.all_gather``: every rank's tensor into every rank's output list."""
         for outputs, tensor in zip(output_lists, input_tensors, strict=True):
-            self._hub.all_gather(self._rank, outputs, tensor)
+            self._hub.all_gather(self._rank, [self._view(out) for out in outputs],
+                                 self._view(tensor))
         return None
+
+    def _view(self, tensor: torch.Tensor) -> np.ndarray:
+        """The numpy array over ``tensor``'s memory (a CPU tensor of a numpy dtype, as
+        every tensor of the engine is). The hub works on these: a numpy copy or ufunc
+        costs a fraction of a torch op's dispatch. Kept per tensor, since ``.numpy()``
+        costs more than the copy; a tensor whose storage moved gets a new view."""
+        key = id(tensor)
+        entry = self._views.get(key)
+        address = tensor.data_ptr()
+        if entry is None or entry[0] is not tensor or entry[1] != address \
+                or entry[2].shape != tensor.shape:
+            if len(self._views) >= _MAX_VIEWS:
+                self._views.clear()
+            entry = (tensor, address, tensor.numpy())
+            self._views[key] = entry
+        return entry[2]
 
 
 # ---------------------------------------------------------------------------------------

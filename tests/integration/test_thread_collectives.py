@@ -28,6 +28,14 @@ def collectives_target(ctx, _):
                 t = (torch.arange(5, dtype=dtype) * (ctx.rank + 1) - 2 * ctx.rank + 1)
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
                 results.append((op, str(t.dtype), t.tolist()))
+    # A tensor reduced again after its storage was replaced (the thread transport keeps
+    # a numpy view per tensor: it must follow the new storage and shape).
+    t = torch.full((3,), ctx.rank, dtype=torch.int64)
+    dist.all_reduce(t, group=ctx.dp_group)
+    for shape in (3, 5):
+        t.set_(torch.full((shape,), ctx.rank + shape, dtype=torch.int64))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+        results.append(("new storage", t.tolist()))
     send = torch.tensor([ctx.rank, 10 * ctx.rank, -ctx.rank], dtype=torch.int32)
     outs = [torch.full((3,), -99, dtype=torch.int32) for _ in range(ctx.dp_size)]
     dist.all_gather(outs, send, group=ctx.dp_group)
