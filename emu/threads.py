@@ -18,8 +18,8 @@ are made directly, not through ``init_process_group`` / ``Backend.register_backe
 those keep one default group per process, and here one process holds every rank. A
 collective whose peers do not all arrive within the collective timeout raises
 ``CollectiveTimeout``; once the run has failed every waiting and later collective
-raises ``CollectiveAborted`` — how a rank
-thread sees a dead peer, as a gloo rank sees a closed connection.
+raises ``CollectiveAborted`` — how a rank thread sees a dead peer, as a gloo rank sees
+a closed connection.
 
 What the ranks share beyond the collectives: the plans. DyntraLB's planner is a pure
 function of the gathered snapshot and the config, and after an all-gather every rank
