@@ -45,7 +45,14 @@ and the report says it did not stop).
 Process-wide state the ranks would each set in their own process is set once for the
 run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
 ``rank<r>.log`` of the thread that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
-holds while threads run and is restored afterwards. Python's and numpy's global RNGs are
+holds while threads run and is restored afterwards. So do ``dist.all_reduce`` and
+``dist.all_gather`` of ours (``_all_reduce``, ``_all_gather``): called on a
+``ThreadGroup`` (the same call of the engine, clock and coordinator code), they go
+straight to its hub, since torch's wrappers check and dispatch at a cost larger than the
+in-memory collective itself (about 6 µs of ~17 per call); any other call, and any call
+those wrappers would treat specially (``async_op``, complex or subclassed tensors, an
+all-gather with mixed dtypes, an op the hub does not have), goes to torch's own
+function, unchanged. Python's and numpy's global RNGs are
 shared: every rank seeds them with the run's seed, and no engine code draws from them (a
 draw would make a result depend on how the threads interleave).
 """
@@ -334,16 +341,41 @@ _saved: dict[str, Any] = {}
 _router: _RankLogRouter | None = None
 
 
+def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    """``dist.all_reduce`` while thread runs are under way (see the module docstring)."""
+    if (type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor
+            and op in _REDUCE and not tensor.is_complex()):
+        group._hub.all_reduce(group._rank, group._view(tensor), op)
+        return None
+    return _saved["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+
+
+def _all_gather(tensor_list, tensor, group=None, async_op=False):
+    """``dist.all_gather`` while thread runs are under way (see the module docstring)."""
+    if (type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor
+            and not tensor.is_complex()):
+        dtype, view = tensor.dtype, group._view
+        outputs = [view(t) for t in tensor_list
+                   if type(t) is torch.Tensor and t.dtype == dtype]
+        if len(outputs) == len(tensor_list):
+            group._hub.all_gather(group._rank, outputs, view(tensor))
+            return None
+    return _saved["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
+
+
 @contextlib.contextmanager
 def _process_state() -> Iterator[None]:
-    """While any thread run is under way: one intra-op torch thread, and the
-    ``dyntra_lb`` logger routed per rank thread; both restored after the last run."""
+    """While any thread run is under way: one intra-op torch thread, the ``dyntra_lb``
+    logger routed per rank thread, and our ``dist.all_reduce`` / ``dist.all_gather``;
+    all restored after the last run."""
     global _state_users, _router
     with _state_lock:
         if _state_users == 0:
             log = logging.getLogger("dyntra_lb")
             _saved.update(num_threads=torch.get_num_threads(), level=log.level,
-                          propagate=log.propagate, handlers=list(log.handlers))
+                          propagate=log.propagate, handlers=list(log.handlers),
+                          all_reduce=dist.all_reduce, all_gather=dist.all_gather)
+            dist.all_reduce, dist.all_gather = _all_reduce, _all_gather
             _router = _RankLogRouter(log.getEffectiveLevel())
             torch.set_num_threads(1)
             log.handlers = [_router]
@@ -361,6 +393,7 @@ def _process_state() -> Iterator[None]:
                 log.setLevel(_saved["level"])
                 log.propagate = _saved["propagate"]
                 torch.set_num_threads(_saved["num_threads"])
+                dist.all_reduce, dist.all_gather = _saved["all_reduce"], _saved["all_gather"]
                 _router = None
 
 
