@@ -191,7 +191,7 @@ class EngineCore:
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=planner_name(spec))
+            planner=planner_name(spec.planner, spec.impl))
 
     # ------------------------------------------------------------------ loop
 

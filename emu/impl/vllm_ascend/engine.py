@@ -226,7 +226,7 @@ class EmulatedRank:
         self.max_steps = spec.max_steps
         self.stall_steps = spec.stall_steps
         self.block_size = spec.block_size
-        name = planner_name(spec)
+        name = planner_name(spec.planner, spec.impl)
         self.our_planner = None if name == "vllm-ascend" else planners.get(name)
         self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
         self.faults = faults
