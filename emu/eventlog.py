@@ -23,9 +23,13 @@ _PLAN_KEYS = frozenset(("freeze", "in_blk", "out_blk"))
 _COLLECTIVE_KEYS = frozenset(("dtype", "op", "seq", "shape", "site"))
 
 
-def _value(value) -> str:
-    """A list or dict field: _dumps, with the common empty case written directly."""
-    return _dumps(value) if value else ("[]" if isinstance(value, list) else "{}")
+def _ints(values: list) -> str:
+    """A list of Python ints (a shape, a plan's block sizes) as _dumps writes it."""
+    if not values:
+        return "[]"
+    if all(type(v) is int for v in values):
+        return "[" + ",".join(map(str, values)) + "]"
+    return _dumps(values)
 
 
 def _plan(plan: dict | None) -> str:
@@ -34,8 +38,8 @@ def _plan(plan: dict | None) -> str:
     freeze = plan.get("freeze")
     if plan.keys() != _PLAN_KEYS or type(freeze) is not bool:
         return _dumps(plan)
-    return (f'{{"freeze":{"true" if freeze else "false"},"in_blk":{_value(plan["in_blk"])},'
-            f'"out_blk":{_value(plan["out_blk"])}}}')
+    return (f'{{"freeze":{"true" if freeze else "false"},"in_blk":{_ints(plan["in_blk"])},'
+            f'"out_blk":{_ints(plan["out_blk"])}}}')
 
 
 def _collectives(records: list[dict]) -> str:
@@ -46,7 +50,7 @@ def _collectives(records: list[dict]) -> str:
             parts.append(_dumps(c))
             continue
         parts.append(f'{{"dtype":{_string(c["dtype"])},"op":{_string(c["op"])},"seq":{seq},'
-                     f'"shape":{_value(c["shape"])},"site":{_string(c["site"])}}}')
+                     f'"shape":{_ints(c["shape"])},"site":{_string(c["site"])}}}')
     return "[" + ",".join(parts) + "]"
 
 
@@ -102,20 +106,25 @@ class StepRecord:
         It runs on every step of every rank, and the generic encoder (sorting every
         dict's keys, a call per nested value) costs several times more. Nested values
         of another shape than the engines write go through ``_dumps``."""
+        d = _dumps
         return (
-            f'{{"admitted":{_value(self.admitted)},"clock_s":{_float(self.clock_us / 1e6)},'
+            f'{{"admitted":{d(self.admitted) if self.admitted else "[]"},'
+            f'"clock_s":{_float(self.clock_us / 1e6)},'
             f'"collectives":{_collectives(self.collectives)},'
             f'"dummy":{"true" if self.dummy else "false"},'
-            f'"finished":{_value(self.finished)},"iter":{self.iter},"kind":"step",'
+            f'"finished":{d(self.finished) if self.finished else "[]"},'
+            f'"iter":{self.iter},"kind":"step",'
             f'"kv_free_blocks":{self.kv_free_blocks},"kv_held_blocks":{self.kv_held_blocks},'
             f'"lb_active":{"false" if self.plan_generated is None else "true"},'
             f'"num_running":{self.num_running},"num_waiting":{self.num_waiting},'
-            f'"own_cost_s":{_float(self.own_cost_us / 1e6)},"paused":{_value(self.paused)},'
-            f'"paused_kv_blocks":{_value(self.paused_kv_blocks)},'
+            f'"own_cost_s":{_float(self.own_cost_us / 1e6)},'
+            f'"paused":{d(self.paused) if self.paused else "[]"},'
+            f'"paused_kv_blocks":{d(self.paused_kv_blocks) if self.paused_kv_blocks else "{}"},'
             f'"plan_applied":{_plan(self.plan_applied)},'
             f'"plan_generated":{_plan(self.plan_generated)},'
-            f'"preempted":{_value(self.preempted)},"rank":{rank},'
-            f'"resumed":{_value(self.resumed)},"running_blocks":{self.running_blocks},'
+            f'"preempted":{d(self.preempted) if self.preempted else "[]"},"rank":{rank},'
+            f'"resumed":{d(self.resumed) if self.resumed else "[]"},'
+            f'"running_blocks":{self.running_blocks},'
             f'"scheduled_tokens":{self.scheduled_tokens},"step_counter":{self.step_counter},'
             f'"step_time_s":{_float(self.step_us / 1e6)},'
             f'"waiting_blocks":{self.waiting_blocks},"wave":{self.wave}}}')
