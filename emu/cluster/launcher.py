@@ -10,7 +10,7 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
   never collide), and it turns any rank failure into one `ClusterError`: a rank that
   raises sends its traceback, a rank that dies is seen through its process sentinel, a
   run that exceeds `run_timeout_s` is stopped, and the collective watchdog
-  (`emu.guard`) reads what every rank publishes about its collectives and stops a run
+  (`emu.cluster.guard`) reads what every rank publishes about its collectives and stops a run
   that hangs or whose ranks disagree on a collective. The first failure is reported,
   except that an error raised inside a torch.distributed call (how a rank sees a peer
   die or a collective time out) gives way to another rank's own failure or a watchdog
@@ -21,7 +21,7 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
   exits with it). SIGINT and SIGTERM to this process do the same (raised as
   `Interrupted`, a KeyboardInterrupt, once every rank is stopped and the temporary
   directory is removed). Ranks also die with SIGKILL if this process dies (Linux
-  PR_SET_PDEATHSIG, set by `emu.rank_boot` in the rank's first moments) and ignore
+  PR_SET_PDEATHSIG, set by `emu.cluster.rank_boot` in the rank's first moments) and ignore
   SIGINT (Ctrl-C reaches the whole process group; the launcher stops them).
 * `join_from_env(target, args)` — one rank under `torchrun` (or any launcher that sets
   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), e.g. several NPU machines or
@@ -59,11 +59,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from emu import rank_boot
-from emu.device import bind_rank_device, select_device
-from emu.guard import GuardSlot, Watchdog
+from emu.cluster import rank_boot
+from emu.cluster.device import bind_rank_device, select_device
+from emu.cluster.guard import GuardSlot, Watchdog
+from emu.cluster.rank_boot import RankSpec
 from emu.knobs import is_int
-from emu.rank_boot import RankSpec
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
 _STOP_GRACE_S = 3.0
@@ -96,7 +96,7 @@ class ClusterError(RuntimeError):
     completed collective when it recorded any, then its traceback, exit status, or the
     Python stack it had when stopped) and `failed_ranks` every rank that failed before
     the launcher stopped it, `rank` first. `collectives` holds, per rank that recorded
-    any, `emu.guard.Watchdog.records` (last entered / completed collective)."""
+    any, `emu.cluster.guard.Watchdog.records` (last entered / completed collective)."""
 
     def __init__(self, rank: int | None, message: str, details: dict[int, str],
                  failed_ranks: list[int] | None = None,
@@ -169,7 +169,7 @@ def _in_torch_distributed(exc: BaseException) -> bool:
 
 
 def _rank_main(spec: RankSpec, payload: bytes, conn) -> None:
-    """Called by `emu.rank_boot.main` in a new rank (already tied to its parent):
+    """Called by `emu.cluster.rank_boot.main` in a new rank (already tied to its parent):
     set up, run the target, report to the parent, then wait for the parent's go-ahead
     (every rank finished) before tearing the groups down."""
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
@@ -274,7 +274,7 @@ class _Rank:
         except OSError:
             return ""
         bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py",
-                     "multiprocessing/forkserver.py", '"<string>"', "emu/rank_boot.py")
+                     "multiprocessing/forkserver.py", '"<string>"', "emu/cluster/rank_boot.py")
         return "\n".join(ln for ln in lines if not any(b in ln for b in bootstrap)).strip()
 
     def detail(self) -> str:
@@ -381,7 +381,7 @@ def _rank_context(device_kind: str):
     """The multiprocessing context the ranks of a launch start from, and the pid of
     their parent. CPU ranks are forks of multiprocessing's fork server, started by the
     first launch of this process and reused by every later one, which has imported
-    torch and the engine and loaded the compiled planner (`emu.rank_preload`): a rank
+    torch and the engine and loaded the compiled planner (`emu.cluster.rank_preload`): a rank
     starts in milliseconds instead of importing for seconds, and a machine with fewer
     cores than ranks no longer imports torch dp_size times at once. NPU ranks are
     spawned, each a fresh interpreter that imports torch_npu itself: whether torch_npu
@@ -393,7 +393,7 @@ def _rank_context(device_kind: str):
     context = multiprocessing.get_context("forkserver")
     # "__main__" as in multiprocessing's default: a rank need not import the launching
     # script (e.g. the dyntra-emu console script) again. No effect once the server runs.
-    context.set_forkserver_preload(["__main__", "emu.rank_preload"])
+    context.set_forkserver_preload(["__main__", "emu.cluster.rank_preload"])
     try:
         forkserver.ensure_running()
     except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if that is long
