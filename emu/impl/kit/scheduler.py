@@ -26,7 +26,7 @@ from typing import Any
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
-from emu.kv import BlockPool, KVCacheManager, RemoteKVConnector
+from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
 
 __all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
 
