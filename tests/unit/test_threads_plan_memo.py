@@ -1,4 +1,4 @@
-"""``emu.threads.PlanMemo``, the plans the rank threads of a group share: computed once
+"""``emu.cluster.threads.PlanMemo``, the plans the rank threads of a group share: computed once
 per key, recomputed for a new key, untouched by a planner that raises."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from emu.threads import PlanMemo
+from emu.cluster.threads import PlanMemo
 
 
 def test_the_same_key_is_computed_once_and_returns_the_same_plans():
