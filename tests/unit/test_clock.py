@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from emu import clock as clock_module
+from emu.engine import clock as clock_module
 from emu.engine.clock import LockstepClock
 from emu.engine.costs import StepCostModel
 
