@@ -12,12 +12,14 @@ every other key at its default, as in the PR). Both runs of a pair use the same 
 and seed; each (profile, seed) pair runs one after the other, on the thread transport
 (``--transport process`` for rank processes: the same numbers, several times slower).
 
-Differences from the PR that the emulator cannot close yet: no MTP (one token per
-request per step, the PR used 3 draft tokens); synchronous scheduling (the PR used async
-scheduling).
+MTP: the ``kv-token-mtp3`` profile runs the PR's 3 speculative tokens (each accepted
+with an assumed probability of 0.7 given the earlier ones, docs/cost-models.md); the
+other profiles emit one token per request per step. A difference from the PR that the
+emulator cannot close yet: synchronous scheduling (the PR used async scheduling).
 
     .venv/bin/python benchmarks/pr12292.py                          # 1,000 requests, seed 0
     .venv/bin/python benchmarks/pr12292.py --n 300 --seeds 0 1 --profiles kv-token
+    .venv/bin/python benchmarks/pr12292.py --profiles kv-token kv-token-mtp3   # MTP row
     .venv/bin/python benchmarks/pr12292.py --n 100 --check-transports   # thread == process
 
 ``--check-transports`` also runs the first seed's pairs on rank processes and checks
