@@ -215,3 +215,17 @@ def test_preemption_drops_the_drafts():
             assert victim.num_spec_tokens == 0 and victim.num_computed_tokens == 0
         scheduler.update_from_output(out, t + 1.0)
     assert preempted
+
+
+def test_vllm_ascend_refuses_a_profile_with_drafts(tmp_path):
+    from emu.cluster import RunSpec, validate
+    from emu.workload import TraceRequest
+
+    trace = [TraceRequest("a", 0.0, 100, 10)]
+    spec = RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
+                   cost_model=PROFILES["kv-token-mtp3"])
+    with pytest.raises(ValueError, match="cost model 'kv-token-mtp3' has "
+                                         "num_speculative_tokens=3 .MTP.; speculative "
+                                         "decoding runs with impl 'kit' only"):
+        validate(spec)
+    validate(replace(spec, impl="kit"))
