@@ -2,8 +2,12 @@
 x config x KV pressure at each ``--dp``, block size 16. Prints one row per cell:
 identical, or the divergence kinds with their first iteration. The traces are the first ``--n``
 requests of the bundled workloads with output lengths capped at ``--max-output`` (so
-that a cell runs in a few minutes on a loaded laptop); "KV pressure" gives each rank
-``--num-gpu-blocks`` just above what the largest request needs.
+that a cell runs in a few minutes on a loaded laptop), or with ``--whole`` the whole
+workloads. "KV pressure" gives each rank ``--num-gpu-blocks`` just above what the
+largest request needs; without it a rank has 1,024 blocks, or with ``--whole`` enough for
+every request of the trace at once (paused requests keep their KV, so fewer can stall a
+rank for good: docs/upstream-findings.md). A run that fails (``--stall-steps``) is
+compared as far as every rank logged; the row says whether both failed the same way.
 
     DYNTRA_VLLM_ASCEND=../shared/upstream/vllm-ascend \\
         .venv-upstream/bin/python benchmarks/diff_matrix.py --out runs/diff-matrix
@@ -47,15 +51,15 @@ def small_trace(workload: str, n: int | None, max_output: int | None,
                 out: pathlib.Path) -> tuple:
     """Write the first ``n`` requests of a bundled workload (all of them for None), their
     outputs capped at ``max_output`` (uncapped for None); return the file and the KV blocks
-    the largest request needs."""
+    the largest request and all of them need."""
     lines = (REPO / "fixtures" / "workloads" / f"{workload}.jsonl").read_text().splitlines()
     requests = [json.loads(line) for line in lines if line.strip()][:n]
     for r in requests:
         if max_output is not None:
             r["output_tokens"] = min(r["output_tokens"], max_output)
     out.write_text("".join(json.dumps(r) + "\n" for r in requests))
-    need = max(-(-(r["prompt_tokens"] + r["output_tokens"]) // BLOCK_SIZE) for r in requests)
-    return out, need
+    needs = [-(-(r["prompt_tokens"] + r["output_tokens"]) // BLOCK_SIZE) for r in requests]
+    return out, max(needs), sum(needs)
 
 
 def config(mode: str, variant: str) -> dict:
@@ -76,6 +80,8 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="run only cells whose name contains this")
     parser.add_argument("--dp", type=int, nargs="+", default=[2])
     parser.add_argument("--grid", choices=("listed", "full"), default="listed")
+    parser.add_argument("--stall-steps", type=int, default=2000,
+                        help="steps without a token after which a rank counts as stuck")
     parser.add_argument("--whole", action="store_true",
                         help="whole workloads, outputs uncapped (ignores --n, --max-output)")
     args = parser.parse_args()
@@ -87,11 +93,13 @@ def main() -> int:
         if args.only and args.only not in name:
             continue
         n, max_output = (None, None) if args.whole else (args.n, args.max_output)
-        trace, need = small_trace(workload, n, max_output, args.out / f"{workload}.jsonl")
-        blocks = need + 8 if pressure else max(1024, need * args.max_num_seqs)
+        trace, need, total = small_trace(workload, n, max_output,
+                                         args.out / f"{workload}.jsonl")
+        blocks = need + 8 if pressure else (total if args.whole else 1024)
         cmd = [str(exe), "diff", "--workload", str(trace), "--dp", str(dp), "--block-size",
                str(BLOCK_SIZE), "--num-gpu-blocks", str(blocks), "--max-num-seqs",
-               str(args.max_num_seqs), "--device", "cpu", "--quiet", "--overwrite",
+               str(args.max_num_seqs), "--stall-steps", str(args.stall_steps),
+               "--device", "cpu", "--quiet", "--overwrite",
                "--additional-config", json.dumps(config(mode, variant)),
                "--out", str(args.out / name)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -102,8 +110,10 @@ def main() -> int:
             continue
         report = json.loads(report_path.read_text())
         steps = report["counts"]["steps"]
+        failed = [f for f in report["failures"] if f is not None]
         if report["identical"]:
-            verdict = f"identical ({steps} step records)"
+            verdict = f"identical ({steps} step records)" + (
+                f"; both FAILED the same way: {failed[0][:160]}" if failed else "")
         else:
             first = report["first"]
             kinds = ", ".join(f"{k} x{g['count']}" for k, g in report["by_kind"].items())

@@ -17,24 +17,16 @@ Needs vLLM 0.27.1 (the ``.venv-upstream`` of the README).
 from __future__ import annotations
 
 import argparse
-import os
-import pathlib
-import platform
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from sidebyside import REPO, STATIC, TREE, end_line, machine_line, pairs
 
-from emu.cluster import RunSpec, run_cluster  # noqa: E402
-from emu.workload import load_trace  # noqa: E402
+from emu.cluster import RunSpec, run_cluster
+from emu.workload import load_trace
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-TREE = os.environ.get("DYNTRA_VLLM_ASCEND") or str(REPO.parent / "shared" / "upstream" /
-                                                   "vllm-ascend")
-STATIC = {"scheduler_config": {"dyntra_lb_config": {
-    "enabled": True, "mode": "static", "start_step": 0}}}
+IMPLS = ("kit", "vllm-ascend")
 
 
 def one_run(impl: str, dp: int, workload: str) -> dict:
@@ -57,17 +49,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="pairs per DP size")
     parser.add_argument("--workload", default="uniform", help="bundled workload")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python "
-          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}; "
-          f"workload {args.workload}, static mode from step 0")
+    print(machine_line(f"workload {args.workload}, static mode from step 0"))
     print(f"{'dp':>3} {'impl':<12} {'steps':>6} {'steps/s':>9} {'start-up s':>10} "
           f"{'ratio (va/kit)':>14}")
     for dp in args.dp or [2, 4]:
-        runs: dict[str, list[dict]] = {"kit": [], "vllm-ascend": []}
-        for pair in range(args.repeats):
-            order = ("kit", "vllm-ascend") if pair % 2 == 0 else ("vllm-ascend", "kit")
-            for impl in order:
-                runs[impl].append(one_run(impl, dp, args.workload))
+        runs: dict[str, list[dict]] = {impl: [] for impl in IMPLS}
+        def run(_pair: int, impl: str, dp: int = dp) -> dict:
+            return one_run(impl, dp, args.workload)
+
+        for pair in pairs(IMPLS, args.repeats, run):
+            for impl, result in pair.items():
+                runs[impl].append(result)
         ratios = [v["rate"] / k["rate"] for k, v in zip(runs["kit"], runs["vllm-ascend"],
                                                          strict=True)]
         for impl, rows in runs.items():
@@ -76,7 +68,7 @@ def main() -> int:
             ratio = f"{statistics.median(ratios):.2f}" if impl == "vllm-ascend" else ""
             print(f"{dp:>3} {impl:<12} {rows[0]['steps']:>6} {rate:>9.1f} {startup:>10.1f} "
                   f"{ratio:>14}")
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print(end_line())
     return 0
 
 

@@ -18,18 +18,14 @@ over the pairs and the ratio Python / compiled.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 
-import numpy as np
+from sidebyside import REPO, end_line, machine_line, pairs, planner_times, print_planner_table
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 SIDES = ("python", "compiled")
 _NO_NUMBA = 'raise ImportError("numba hidden by benchmarks/planner_engine_bench.py")\n'
 
@@ -51,10 +47,8 @@ def implementation(env: dict) -> str:
 def one_run(args, env: dict, out: pathlib.Path) -> dict:
     subprocess.run([sys.executable, "-m", "emu", "run", "--workload", args.workload,
                     "--dp", str(args.dp), "--out", str(out), "--quiet"],
-                   env=env, check=True, capture_output=True, cwd=ROOT)
-    times = [w["planner_s"] for path in sorted(out.glob("rank*.wall.jsonl"))
-             for w in map(json.loads, path.open()) if w.get("planner_s")]
-    return {"times": np.array(times),
+                   env=env, check=True, capture_output=True, cwd=REPO)
+    return {"times": planner_times(sorted(out.glob("rank*.wall.jsonl"))),
             "events": [p.read_bytes() for p in sorted(out.glob("rank*.events.jsonl"))]}
 
 
@@ -64,11 +58,10 @@ def main() -> int:
     parser.add_argument("--dp", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3, help="pairs of runs")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python "
-          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}; workload "
-          f"{args.workload}, dp {args.dp}, `dyntra-emu run` defaults (static from step 0, "
-          f"max_num_seqs 16, block size 128), transport process")
-    stats: dict[str, list[tuple[float, float]]] = {s: [] for s in SIDES}
+    print(machine_line(f"workload {args.workload}, dp {args.dp}, `dyntra-emu run` defaults "
+                       "(static from step 0, max_num_seqs 16, block size 128), transport "
+                       "process"))
+    times: dict[str, list] = {s: [] for s in SIDES}
     with tempfile.TemporaryDirectory(prefix="planner-engine-") as tmp:
         shim = pathlib.Path(tmp) / "no-numba"
         (shim / "numba").mkdir(parents=True)
@@ -77,26 +70,17 @@ def main() -> int:
         for side in SIDES:
             print(f"{side}: dyntra_lb.planner.IMPLEMENTATION = {implementation(envs[side])}")
         count = 0
-        for pair in range(args.repeats):
-            order = SIDES if pair % 2 == 0 else SIDES[::-1]
-            runs = {s: one_run(args, envs[s], pathlib.Path(tmp) / f"{pair}-{s}")
-                    for s in order}
+        for runs in pairs(SIDES, args.repeats, lambda pair, s: one_run(
+                args, envs[s], pathlib.Path(tmp) / f"{pair}-{s}")):
             if runs["python"]["events"] != runs["compiled"]["events"]:
                 print("event logs differ between the planners", file=sys.stderr)
                 return 1
             for side, run in runs.items():
-                stats[side].append((np.percentile(run["times"], 50) * 1e3,
-                                    np.percentile(run["times"], 99) * 1e3))
+                times[side].append(run["times"])
             count = runs["compiled"]["times"].size
     print(f"{count} planning steps over all ranks per run; event logs byte-identical")
-    print(f"{'planner':<10} {'p50 ms':>8} {'p99 ms':>8}")
-    p50 = {s: statistics.median(v[0] for v in stats[s]) for s in SIDES}
-    p99 = {s: statistics.median(v[1] for v in stats[s]) for s in SIDES}
-    for side in SIDES:
-        print(f"{side:<10} {p50[side]:>8.3f} {p99[side]:>8.3f}")
-    print(f"ratio python / compiled: p50 {p50['python'] / p50['compiled']:.2f}x, "
-          f"p99 {p99['python'] / p99['compiled']:.2f}x")
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print_planner_table(times, "python", "compiled")
+    print(end_line())
     return 0
 
 

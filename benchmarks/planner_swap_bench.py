@@ -16,27 +16,25 @@ to vllm-ascend's dicts. Needs vLLM 0.27.1 (the README's ``.venv-upstream``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
-import platform
-import statistics
 import sys
 import tempfile
 import time
 
-import numpy as np
+from sidebyside import (
+    REPO,
+    STATIC,
+    TREE,
+    end_line,
+    machine_line,
+    pairs,
+    planner_times,
+    print_planner_table,
+)
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from emu.cluster import RunSpec, run_cluster
+from emu.workload import load_trace
 
-from emu.cluster import RunSpec, run_cluster  # noqa: E402
-from emu.workload import load_trace  # noqa: E402
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
-TREE = os.environ.get("DYNTRA_VLLM_ASCEND") or str(REPO.parent / "shared" / "upstream" /
-                                                   "vllm-ascend")
-STATIC = {"scheduler_config": {"dyntra_lb_config": {
-    "enabled": True, "mode": "static", "start_step": 0}}}
 PLANNERS = ("vllm-ascend", "reference")
 
 
@@ -45,9 +43,7 @@ def one_run(planner: str, trace, dp: int, out: pathlib.Path) -> dict:
                    device="cpu", impl="vllm-ascend", vllm_ascend=TREE, planner=planner)
     start = time.perf_counter()
     result = run_cluster(spec)
-    times = [w["planner_s"] for path in result.wall_logs for w in map(json.loads, path.open())
-             if w.get("planner_s")]
-    return {"times": np.array(times), "wall_s": time.perf_counter() - start,
+    return {"times": planner_times(result.wall_logs), "wall_s": time.perf_counter() - start,
             "events": [p.read_bytes() for p in result.event_logs],
             "steps": result.ranks[0].steps, "plans": result.ranks[0].num_plans}
 
@@ -62,31 +58,21 @@ def main() -> int:
     args = parser.parse_args()
     trace = load_trace(REPO / "fixtures" / "workloads" / f"{args.workload}.jsonl",
                        dp_size=args.dp)[:args.n]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python "
-          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}; workload "
-          f"{args.workload} ({len(trace)} requests), dp {args.dp}, static mode from step 0")
-    stats: dict[str, list[tuple[float, float]]] = {p: [] for p in PLANNERS}
+    print(machine_line(f"workload {args.workload} ({len(trace)} requests), dp {args.dp}, "
+                       "static mode from step 0"))
+    times: dict[str, list] = {p: [] for p in PLANNERS}
     with tempfile.TemporaryDirectory(prefix="planner-swap-") as tmp:
-        for pair in range(args.repeats):
-            order = PLANNERS if pair % 2 == 0 else PLANNERS[::-1]
-            runs = {p: one_run(p, trace, args.dp, pathlib.Path(tmp) / f"{pair}-{p}")
-                    for p in order}
+        for runs in pairs(PLANNERS, args.repeats, lambda pair, p: one_run(
+                p, trace, args.dp, pathlib.Path(tmp) / f"{pair}-{p}")):
             if runs["reference"]["events"] != runs["vllm-ascend"]["events"]:
                 print("event logs differ between the planners", file=sys.stderr)
                 return 1
             for p, run in runs.items():
-                stats[p].append((np.percentile(run["times"], 50) * 1e3,
-                                 np.percentile(run["times"], 99) * 1e3))
+                times[p].append(run["times"])
             steps, plans = runs["reference"]["steps"], runs["reference"]["plans"]
     print(f"{steps} steps, {plans} planning steps per rank; event logs byte-identical")
-    print(f"{'planner':<12} {'p50 ms':>8} {'p99 ms':>8}")
-    p50 = {p: statistics.median(s[0] for s in stats[p]) for p in PLANNERS}
-    p99 = {p: statistics.median(s[1] for s in stats[p]) for p in PLANNERS}
-    for p in PLANNERS:
-        print(f"{p:<12} {p50[p]:>8.3f} {p99[p]:>8.3f}")
-    print(f"ratio vllm-ascend / reference: p50 {p50['vllm-ascend'] / p50['reference']:.2f}x, "
-          f"p99 {p99['vllm-ascend'] / p99['reference']:.2f}x")
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print_planner_table(times, "vllm-ascend", "reference")
+    print(end_line())
     return 0
 
 

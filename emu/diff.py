@@ -16,6 +16,13 @@ waiting counts and block sums), ``step_counter`` and the wave, the collective se
 the diagnostics lines of ``rank<r>.log`` with the prefixes removed
 (``emu.logscan.clean_line``).
 
+A run that failed (run.json "failed": a rank stalled, broke a strict invariant, or was
+killed by a fault) is compared too, as far as every rank of it logged: a failure is
+behaviour, and whether the other side fails the same way is the question. The outcomes
+(complete, or the failure's reason) are compared first, as kind "outcome"; two failed
+runs are compared on the iterations both logged (the launcher stops the other ranks at
+different points, so their step counts are not compared).
+
 Normalised before comparing (both are orders vLLM does not define): ``preempted`` is
 compared as a sorted list (vLLM's ``preempted_req_ids`` is a set), and the emulator's
 own ``emulated engine: ...`` line of a rank log is skipped (the vllm-ascend ranks always
@@ -32,6 +39,7 @@ from pathlib import Path
 
 from emu.logscan import clean_line
 from emu.metrics import RunError, load_run
+from emu.run_status import read_status
 
 # Step-record field -> divergence kind. A field not listed is compared as kind "other".
 STEP_FIELDS = {
@@ -47,7 +55,7 @@ STEP_FIELDS = {
     "clock_s": "time", "own_cost_s": "time", "step_time_s": "time",
 }
 # Kinds in the order a reader looks at them (what DyntraLB decided first).
-KINDS = ("steps", "plan", "schedule", "snapshot", "counter", "collectives", "kv", "time",
+KINDS = ("outcome", "steps", "plan", "schedule", "snapshot", "counter", "collectives", "kv", "time",
          "other", "request", "diagnostics")
 _IGNORED = {"iter", "kind", "rank"}
 # The fields shown for each side in a divergence's "state" and "before" context.
@@ -56,6 +64,8 @@ _STATE_FIELDS = ("iter", "step_counter", "wave", "num_running", "running_blocks"
                  "paused", "resumed", "admitted", "preempted", "finished")
 _EMULATOR_LINE = re.compile(r"^emulated engine: ")
 _STEP_LINE = re.compile(r"^_has_global_unfinished_reqs \| step_counter: ")
+# Differing stretches of two rank logs longer than this are not aligned line by line.
+_MATCH_LIMIT = 5000
 
 
 class DiffInputError(ValueError):
@@ -65,13 +75,15 @@ class DiffInputError(ValueError):
 @dataclass
 class RunLogs:
     """One run directory: step records per rank, request records per rank (by id), and
-    the cleaned diagnostics messages per rank as (line number, message)."""
+    the cleaned diagnostics messages per rank as (line number, message); ``failure`` is
+    the reason of a failed run (None: it completed)."""
 
     label: str
     directory: Path
     steps: list[list[dict]]
     requests: list[dict[str, dict]]
     logs: list[list[tuple[int, str]]]
+    failure: str | None = None
 
     @property
     def dp_size(self) -> int:
@@ -79,11 +91,15 @@ class RunLogs:
 
 
 def read_run(directory, label: str) -> RunLogs:
-    """The run in ``directory`` (``rank<r>.events.jsonl``, optional ``rank<r>.log``).
-    Raises DiffInputError naming the directory."""
+    """The run in ``directory`` (``rank<r>.events.jsonl``, optional ``rank<r>.log``), a
+    failed one as far as every rank logged. Raises DiffInputError naming the directory."""
     directory = Path(directory)
+    status = read_status(directory) if directory.is_dir() else None
+    failure = None
+    if status is not None and status.get("state") == "failed":
+        failure = status.get("reason") or "failed (no reason recorded)"
     try:
-        run = load_run(directory)
+        run = load_run(directory, allow_partial=failure is not None)
     except RunError as exc:
         raise DiffInputError(str(exc)) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -98,8 +114,24 @@ def read_run(directory, label: str) -> RunLogs:
             text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
         except OSError as exc:
             raise DiffInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        logs.append(diagnostics_messages(text.splitlines()))
-    return RunLogs(label, directory, run.steps, requests, logs)
+        messages = diagnostics_messages(text.splitlines())
+        if failure is not None:
+            messages = _first_iterations(messages, len(run.steps[rank]))
+        logs.append(messages)
+    return RunLogs(label, directory, run.steps, requests, logs, failure)
+
+
+def _first_iterations(messages: list[tuple[int, str]], count: int) -> list[tuple[int, str]]:
+    """The diagnostics messages of the first ``count`` iterations (each begins with its
+    ``_has_global_unfinished_reqs | step_counter:`` line): what a failed run logged on the
+    iterations kept of its event logs."""
+    seen = 0
+    for index, (_, message) in enumerate(messages):
+        if _STEP_LINE.match(message):
+            seen += 1
+            if seen > count:
+                return messages[:index]
+    return messages
 
 
 def diagnostics_messages(lines) -> list[tuple[int, str]]:
@@ -124,7 +156,7 @@ class Divergence:
     step divergence has one: the later ones are mostly its consequences)."""
 
     kind: str
-    rank: int
+    rank: int | None  # None: the run as a whole (kind "outcome")
     iter: int | None
     fields: dict
     what: str = ""
@@ -143,6 +175,7 @@ class DiffReport:
     directories: tuple[str, str]
     counts: dict
     divergences: list[Divergence]
+    failures: tuple[str | None, str | None] = (None, None)  # each run's, None: completed
 
     @property
     def identical(self) -> bool:
@@ -150,7 +183,10 @@ class DiffReport:
 
     @property
     def first(self) -> Divergence | None:
-        return self.divergences[0] if self.divergences else None
+        """The first divergence of the steps, requests or logs (the outcome, printed in
+        the report's head, only when nothing else differs)."""
+        return next((d for d in self.divergences if d.kind != "outcome"),
+                    self.divergences[0] if self.divergences else None)
 
     def by_kind(self) -> dict[str, dict]:
         """Per kind: how many, on which ranks, the first iteration, which fields."""
@@ -159,7 +195,8 @@ class DiffReport:
             g = groups.setdefault(d.kind, {"count": 0, "ranks": set(), "first_iter": None,
                                            "fields": set()})
             g["count"] += 1
-            g["ranks"].add(d.rank)
+            if d.rank is not None:
+                g["ranks"].add(d.rank)
             g["fields"].update(d.fields)
             if d.iter is not None and (g["first_iter"] is None or d.iter < g["first_iter"]):
                 g["first_iter"] = d.iter
@@ -170,6 +207,7 @@ class DiffReport:
     def to_dict(self) -> dict:
         return {"identical": self.identical, "labels": list(self.labels),
                 "directories": list(self.directories), "counts": self.counts,
+                "failures": list(self.failures),
                 "first": self.first.to_dict() if self.first else None,
                 "by_kind": self.by_kind(),
                 "divergences": [d.to_dict() for d in self.divergences]}
@@ -227,6 +265,8 @@ def compare(a: RunLogs, b: RunLogs, *, before: int = 3) -> DiffReport:
     steps: list[Divergence] = []
     requests: list[Divergence] = []
     logs: list[Divergence] = []
+    outcome = _compare_outcomes(a, b)
+    both_failed = a.failure is not None and b.failure is not None
     counts = {"ranks": a.dp_size, "steps": 0, "collectives": 0, "plans": 0,
               "requests": 0, "diagnostics_lines": 0}
     for rank in range(a.dp_size):
@@ -237,7 +277,7 @@ def compare(a: RunLogs, b: RunLogs, *, before: int = 3) -> DiffReport:
             counts["plans"] += sa[index].get("plan_generated") is not None
             for kind, fields in compare_steps(sa[index], sb[index]).items():
                 steps.append(Divergence(kind, rank, sa[index].get("iter", index), fields))
-        if len(sa) != len(sb):
+        if len(sa) != len(sb) and not both_failed:
             index = min(len(sa), len(sb))
             steps.append(Divergence(
                 "steps", rank, index, {"steps": [len(sa), len(sb)]},
@@ -248,7 +288,21 @@ def compare(a: RunLogs, b: RunLogs, *, before: int = 3) -> DiffReport:
     if steps:
         steps[0].context = _context(a, b, steps[0].rank, steps[0].iter, before)
     return DiffReport((a.label, b.label), (str(a.directory), str(b.directory)), counts,
-                      steps + requests + logs)
+                      outcome + steps + requests + logs, (a.failure, b.failure))
+
+
+def _compare_outcomes(a: RunLogs, b: RunLogs) -> list[Divergence]:
+    """An "outcome" divergence when one run failed and the other did not, or both failed
+    for different reasons."""
+    if a.failure == b.failure:
+        return []
+    if a.failure is not None and b.failure is not None:
+        what = "both runs failed, for different reasons"
+    else:
+        failed, completed = (a, b) if a.failure is not None else (b, a)
+        what = f"{failed.label} failed, {completed.label} completed"
+    return [Divergence("outcome", None, None, {"outcome": [
+        a.failure or "complete", b.failure or "complete"]}, what=what)]
 
 
 def _compare_requests(a: RunLogs, b: RunLogs, rank: int, counts: dict) -> list[Divergence]:
@@ -280,10 +334,8 @@ def _iteration_of(messages: list[tuple[int, str]], index: int) -> int | None:
 def _compare_logs(a: RunLogs, b: RunLogs, rank: int, counts: dict) -> list[Divergence]:
     la, lb = a.logs[rank], b.logs[rank]
     counts["diagnostics_lines"] += len(la)
-    matcher = difflib.SequenceMatcher(None, [m for _, m in la], [m for _, m in lb],
-                                      autojunk=False)
     out = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in _line_opcodes([m for _, m in la], [m for _, m in lb]):
         if tag == "equal":
             continue
         lines_a = [f"{n}: {m}" for n, m in la[i1:i2]]
@@ -292,6 +344,29 @@ def _compare_logs(a: RunLogs, b: RunLogs, rank: int, counts: dict) -> list[Diver
         out.append(Divergence("diagnostics", rank, iteration, {"lines": [lines_a, lines_b]},
                               what=f"rank{rank}.log {tag}"))
     return out
+
+
+def _line_opcodes(xs: list[str], ys: list[str]) -> list[tuple]:
+    """difflib's opcodes of two message lists, on the part between their common prefix and
+    suffix only. Logs of long runs repeat a few lines thousands of times, which makes
+    difflib's matcher quadratic; a differing middle longer than ``_MATCH_LIMIT`` lines is
+    reported as one replaced block."""
+    head = 0
+    while head < min(len(xs), len(ys)) and xs[head] == ys[head]:
+        head += 1
+    tail = 0
+    while (tail < min(len(xs), len(ys)) - head
+           and xs[len(xs) - 1 - tail] == ys[len(ys) - 1 - tail]):
+        tail += 1
+    mid_x, mid_y = xs[head:len(xs) - tail], ys[head:len(ys) - tail]
+    if not mid_x and not mid_y:
+        return []
+    if max(len(mid_x), len(mid_y)) > _MATCH_LIMIT:
+        tag = "replace" if mid_x and mid_y else ("delete" if mid_x else "insert")
+        return [(tag, head, head + len(mid_x), head, head + len(mid_y))]
+    matcher = difflib.SequenceMatcher(None, mid_x, mid_y, autojunk=False)
+    return [(tag, i1 + head, i2 + head, j1 + head, j2 + head)
+            for tag, i1, i2, j1, j2 in matcher.get_opcodes()]
 
 
 # --------------------------------------------------------------------------- report
@@ -328,11 +403,16 @@ def format_report(report: DiffReport) -> str:
                 f"{c['collectives']} collectives), {c['requests']} requests, "
                 f"{c['diagnostics_lines']} diagnostics lines")
     head = [f"A = {la}: {report.directories[0]}", f"B = {lb}: {report.directories[1]}"]
+    for label, failure in zip(report.labels, report.failures, strict=True):
+        if failure is not None:
+            head.append(f"{label} FAILED: {failure}")
     if report.identical:
-        return "\n".join([*head, f"identical: {compared} compared"])
+        same = ("; both runs failed the same way, compared as far as every rank logged"
+                if report.failures[0] is not None else "")
+        return "\n".join([*head, f"identical: {compared} compared{same}"])
     first = report.first
-    where = f"rank {first.rank}" + (f", iteration {first.iter}" if first.iter is not None
-                                    else "")
+    where = "the whole run" if first.rank is None else f"rank {first.rank}" + (
+        f", iteration {first.iter}" if first.iter is not None else "")
     lines = [*head, f"DIVERGENT: first divergence at {where}: {first.kind}"
              + (f" ({first.what})" if first.what else "")]
     width = max(len(n) for n in first.fields)
@@ -343,8 +423,9 @@ def format_report(report: DiffReport) -> str:
             lines.append(f"  {lb}:")
             lines += [f"    {line}" for line in vb[:8]] or ["    (nothing)"]
             continue
-        lines.append(f"  {name:<{width}}  {la}: {_value(va)}")
-        lines.append(f"  {'':<{width}}  {lb}: {_value(vb)}")
+        show = str if first.kind == "outcome" else _value
+        lines.append(f"  {name:<{width}}  {la}: {show(va)}")
+        lines.append(f"  {'':<{width}}  {lb}: {show(vb)}")
     ctx = first.context
     if ctx:
         lines.append(f"plan and queue state at iteration {first.iter}, every rank:")

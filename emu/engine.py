@@ -193,7 +193,7 @@ class EngineCore:
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=planner_name(spec))
+            planner=planner_name(spec.planner, spec.impl))
 
     # ------------------------------------------------------------------ loop
 
@@ -204,13 +204,15 @@ class EngineCore:
         self._events = EventLog(out / f"rank{self.dp_rank}.events.jsonl" if out else None,
                                 self.dp_rank)
         self._wall = WallLog(out / f"rank{self.dp_rank}.wall.jsonl" if out else None)
+        start = time.perf_counter()
         try:
-            start = time.perf_counter()
             self.run_busy_loop()
+        finally:
+            # A failed rank writes its requests too (as vllm-ascend's ranks do): the
+            # partial log of a stalled run then shows where each request got to.
             loop_wall_s = time.perf_counter() - start
             self._events.requests([self.scheduler.requests[rid].record()
                                    for rid in sorted(self.scheduler.requests)])
-        finally:
             self._events.close()
             self._wall.close()
         return RankSummary(

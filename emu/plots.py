@@ -68,12 +68,8 @@ def plot_bubble(run: Run, path) -> None:
     if ratio is not None:
         ax.axhline(ratio * 100, color="black", ls="--", lw=1,
                    label=f"whole run: {ratio * 100:.1f} %")
-    ax.set_title("DP bubble: share of the step time ranks spend waiting for the slowest rank")
-    ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel("bubble (% of DP step time)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    _legend(ax, **_OUTSIDE)
+    _label_bubble_axes(ax, "DP bubble: share of the step time ranks spend waiting for the "
+                           "slowest rank")
     fig.savefig(path, dpi=110)
 
 
@@ -94,11 +90,7 @@ def plot_tpot(run: Run, path) -> None:
         _legend(ax, loc="upper right", fontsize="small")
     else:
         _no_data(ax)
-    ax.set_title(f"TPOT per request ({values.size} requests with 2+ output tokens)")
-    ax.set_xlabel("TPOT (ms per output token after the first"
-                  + (", log scale)" if ax.get_xscale() == "log" else ")"))
-    ax.set_ylabel("requests")
-    ax.grid(alpha=0.3)
+    _label_tpot_axes(ax, f"TPOT per request ({values.size} requests with 2+ output tokens)")
     fig.savefig(path, dpi=110)
 
 
@@ -144,12 +136,7 @@ def plot_bubble_ab(run_a: Run, run_b: Run, labels, path) -> None:
         if ratio is not None:
             ax.axhline(ratio * 100, color=colour, ls="--", lw=1,
                        label=f"{label} whole run: {ratio * 100:.1f} %")
-    ax.set_title("DP bubble over time")
-    ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel("bubble (% of DP step time)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    _legend(ax, **_OUTSIDE)
+    _label_bubble_axes(ax, "DP bubble over time")
     fig.savefig(path, dpi=110)
 
 
@@ -174,12 +161,27 @@ def plot_tpot_ab(run_a: Run, run_b: Run, labels, path) -> None:
         _legend(ax, loc="upper right", fontsize="small")
     else:
         _no_data(ax)
-    ax.set_title("TPOT per request")
+    _label_tpot_axes(ax, "TPOT per request")
+    fig.savefig(path, dpi=110)
+
+
+def _label_bubble_axes(ax, title: str) -> None:
+    """Title, labels, grid and legend of a bubble-over-virtual-time plot."""
+    ax.set_title(title)
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel("bubble (% of DP step time)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    _legend(ax, **_OUTSIDE)
+
+
+def _label_tpot_axes(ax, title: str) -> None:
+    """Title, labels and grid of a TPOT histogram (its legend is placed by the caller)."""
+    ax.set_title(title)
     ax.set_xlabel("TPOT (ms per output token after the first"
                   + (", log scale)" if ax.get_xscale() == "log" else ")"))
     ax.set_ylabel("requests")
     ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=110)
 
 
 def _draw_rank_loads(ax, run: Run) -> None:
@@ -260,7 +262,7 @@ def write_replay_plots(report, directory: str | Path) -> list[Path]:
     every mismatch) of a ``emu.replay.ReplayReport``. Returns the files written."""
     import matplotlib
 
-    from emu.replay import loads, loads_after
+    from emu.replay import loads, loads_after, or_dash
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -327,8 +329,8 @@ def write_replay_plots(report, directory: str | Path) -> list[Path]:
         ax.set_xticks(ranks, [f"DP{x}" for x in ranks])
         ax.set_xlabel("DP rank")
         ax.set_ylabel("running KV blocks")
-        ax.set_title(f"snapshot {snap.index} (line {snap.line}, wave {_or_dash(snap.wave)}, "
-                     f"step {_or_dash(snap.step)}): {r.status.replace('_', ' ')}")
+        ax.set_title(f"snapshot {snap.index} (line {snap.line}, wave {or_dash(snap.wave)}, "
+                     f"step {or_dash(snap.step)}): {r.status.replace('_', ' ')}")
         ax.legend(fontsize="small")
         ax.grid(axis="y", alpha=0.3)
         path = directory / f"snapshot_{snap.index:05d}.png"
@@ -337,6 +339,3 @@ def write_replay_plots(report, directory: str | Path) -> list[Path]:
     plt.close(fig)
     return written
 
-
-def _or_dash(value) -> str:
-    return "-" if value is None else str(value)

@@ -213,8 +213,9 @@ def loads_after(requests_by_rank, plans) -> list[int]:
             for load, p in zip(loads(requests_by_rank), plans, strict=True)]
 
 
-def _fmt(v) -> str:
-    return "-" if v is None else str(v)
+def or_dash(value) -> str:
+    """A field of the report that may be missing from the log, "-" when it is."""
+    return "-" if value is None else str(value)
 
 
 def format_report(report: ReplayReport) -> str:
@@ -244,8 +245,8 @@ def format_report(report: ReplayReport) -> str:
             result = r.status.replace("_", " ")
             if r.detail:
                 result += f": {r.detail}"
-            rows.append((str(snap.index), str(snap.line), snap.stream or "-", _fmt(snap.wave),
-                         _fmt(snap.step), before, after, result))
+            rows.append((str(snap.index), str(snap.line), snap.stream or "-", or_dash(snap.wave),
+                         or_dash(snap.step), before, after, result))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         out.append("")
         for row in rows:
@@ -256,8 +257,9 @@ def format_report(report: ReplayReport) -> str:
             continue
         snap = r.snapshot
         out.append("")
-        out.append(f"MISMATCH snapshot {snap.index} at line {snap.line}: wave {_fmt(snap.wave)}, "
-                   f"step {_fmt(snap.step)}, threshold {r.threshold}, "
+        out.append(f"MISMATCH snapshot {snap.index} at line {snap.line}: "
+                   f"wave {or_dash(snap.wave)}, step {or_dash(snap.step)}, "
+                   f"threshold {r.threshold}, "
                    f"max_num_seqs {r.max_num_seqs}")
         for rank, (blks, split) in enumerate(snap.requests_by_rank):
             mark = "  <-- differs" if rank in r.mismatched_ranks else ""

@@ -170,10 +170,6 @@ def _check_combinations(spec: RunSpec) -> None:
     if spec.transport == "thread" and spec.device == "npu":
         raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
                          "device must be 'cpu' or 'auto', got 'npu'")
-    if spec.max_concurrency is not None and spec.impl != "kit":
-        raise ValueError(f"RunSpec.max_concurrency needs impl 'kit'; {spec.impl!r} ranks read "
-                         "the trace open-loop (its input queue does not see finishes on "
-                         "other ranks yet)")
     if spec.transport == "thread" and spec.impl != "kit":
         raise ValueError(f"RunSpec.transport 'thread' runs impl 'kit' only; {spec.impl!r} "
                          "brings vLLM's engine, which keeps per-process state")

@@ -83,7 +83,7 @@ def _planners(args) -> tuple[str, str]:
     else A's)."""
     from emu.impl import planner_name
 
-    a = planner_name(argparse.Namespace(planner=args.planner, impl=args.impl))
+    a = planner_name(args.planner, args.impl)
     return a, args.planner_b or a
 
 

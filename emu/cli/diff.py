@@ -11,8 +11,13 @@ Three ways in, one comparison (``emu.diff``):
   vllm-ascend, from two trees (a contributor's before and after);
 - ``diff DIR_A DIR_B``: two run directories that already exist.
 
-Exit codes: 0 identical, 1 divergent, 2 bad input (one message, nothing started), 3 a
-run failed (its report is in ``DIR/a|b/error.txt``).
+A run that fails (a stalled rank, a strict-mode violation, a fault) is compared as far
+as every rank of it logged, its failure reason being the outcome compared first: whether
+the other side fails the same way is part of the answer.
+
+Exit codes: 0 identical (also when both runs failed the same way), 1 divergent, 2 bad
+input (one message, nothing started), 3 a run failed leaving nothing to compare (its
+report is in ``DIR/a|b/error.txt``).
 """
 
 from __future__ import annotations
@@ -53,10 +58,13 @@ examples:
 
 Prints "identical" with what was compared, or the first divergence (rank, iteration,
 both sides' differing fields, every rank's plan and queue state there, the steps
-before it) and every divergence grouped by kind (plan, schedule, snapshot, counter,
-collectives, kv, time, request, diagnostics). --out DIR gets a/ and b/ (the runs),
-diff.json and load_diff.png (per-rank load of both runs, divergences marked).
-Exit code 0 identical, 1 divergent, 2 bad input, 3 a run failed.
+before it) and every divergence grouped by kind (outcome, plan, schedule, snapshot,
+counter, collectives, kv, time, request, diagnostics). --out DIR gets a/ and b/ (the
+runs), diff.json and load_diff.png (per-rank load of both runs, divergences marked).
+A run that fails is compared as far as every rank logged, its failure first (kind
+outcome).
+Exit code 0 identical (also when both failed the same way), 1 divergent, 2 bad input,
+3 a run failed leaving nothing to compare.
 """
 
 
@@ -191,13 +199,18 @@ def _diff_runs(args) -> int:
     for (label, side, prepared), name in zip(runs, RUN_DIRS, strict=True):
         try:
             run_one(side, prepared, prepared.configs[0], out / name,
-                        f"{name.upper()} ({label})")
+                    f"{name.upper()} ({label})")
         except ClusterFailed as exc:
-            print(f"dyntra-emu diff: error: run {name.upper()} ({label}): {exc}",
-                  file=sys.stderr)
-            return EXIT_RUN_FAILED
-    a, b = (read_run(out / name, label)
-            for (label, _, _), name in zip(runs, RUN_DIRS, strict=True))
+            # A failure is behaviour too: the other run is made and compared with it.
+            print(f"dyntra-emu diff: run {name.upper()} ({label}) "
+                  f"{str(exc).splitlines()[0]}; its report: {out / name}/error.txt; "
+                  "comparing it as far as every rank logged", file=sys.stderr)
+    try:
+        a, b = (read_run(out / name, label)
+                for (label, _, _), name in zip(runs, RUN_DIRS, strict=True))
+    except DiffInputError as exc:
+        print(f"dyntra-emu diff: error: nothing to compare: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     return _report(args, a, b, out)
 
 

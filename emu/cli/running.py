@@ -133,12 +133,13 @@ def _recorded_impl(spec) -> dict:
     vLLM's version."""
     from emu.impl import planner_name
 
+    planner = planner_name(spec.planner, spec.impl)
     if spec.impl == "kit":
-        return {"impl": "kit", "planner": planner_name(spec)}
+        return {"impl": "kit", "planner": planner}
     from emu.impl.vllm_ascend.tree import resolve
 
     return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
-            "planner": planner_name(spec), **resolve(spec.vllm_ascend).describe()}
+            "planner": planner, **resolve(spec.vllm_ascend).describe()}
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

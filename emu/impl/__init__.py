@@ -28,12 +28,12 @@ IMPLS = {"kit": "emu.impl.kit", "vllm-ascend": "emu.impl.vllm_ascend"}
 PLANNERS = (*planners.NAMES, "vllm-ascend")
 
 
-def planner_name(spec) -> str:
-    """The planner a run's ranks run: ``spec.planner``, else the impl's own ("reference"
-    for the kit, "vllm-ascend" for vllm-ascend)."""
-    if spec.planner is not None:
-        return spec.planner
-    return planners.REFERENCE if spec.impl == "kit" else "vllm-ascend"
+def planner_name(planner: str | None, impl: str) -> str:
+    """The planner a run's ranks run: ``planner`` (RunSpec.planner, --planner) if given,
+    else the impl's own ("reference" for the kit, "vllm-ascend" for vllm-ascend)."""
+    if planner is not None:
+        return planner
+    return planners.REFERENCE if impl == "kit" else "vllm-ascend"
 
 
 def get(name: str) -> ModuleType:

@@ -55,8 +55,3 @@ def test_a_bad_limit_from_python_names_the_field(value):
     with pytest.raises(ValueError, match=r"RunSpec.max_concurrency must be an int >= 1, "
                                          r"or None, got"):
         validate(spec(max_concurrency=value))
-
-
-def test_the_vllm_ascend_impl_refuses_the_limit():
-    with pytest.raises(ValueError, match="RunSpec.max_concurrency needs impl 'kit'"):
-        validate(spec(max_concurrency=4, impl="vllm-ascend"))

@@ -227,7 +227,10 @@ def test_never_completing_load_ends_in_a_named_failure(dyntra_cluster, tmp_path,
     assert last["clock_s"] + last["step_time_s"] >= 5.0
     assert (last["num_running"], last["num_waiting"], last["wave"]) == (0, 1, 0)
     assert all(r["dummy"] and r["num_waiting"] == 1 for r in rank1[-64:])
-    assert HANGING not in {r["request_id"] for r in records if r["kind"] == "request"}
+    # Its request record, written on the way out too, shows it never ran.
+    [hanging] = [r for r in records if r["kind"] == "request" and r["request_id"] == HANGING]
+    assert (hanging["first_scheduled_s"], hanging["token_times_s"], hanging["finish_s"]) == (
+        None, [], None)
 
 
 @pytest.mark.dp(2)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from emu.diff import DiffInputError, compare, format_report, plot_load, read_run
+from emu.run_status import write_status
 
 
 def _step(i: int, rank: int, **overrides) -> dict:
@@ -213,3 +214,66 @@ def test_plot_marks_the_divergences(tmp_path):
     a, b = _pair(tmp_path, _steps(), steps_b)
     path = plot_load(a, b, compare(a, b), tmp_path / "load_diff.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def _failed(directory, reason):
+    write_status(directory, "failed", reason=reason)
+    return directory
+
+
+STALL = "rank 0 failed: emu.engine.StallError: rank 0 is stuck"
+
+
+def test_a_failed_run_against_a_complete_one_diverges_in_its_outcome(tmp_path):
+    a = read_run(write_run(tmp_path / "a", _steps()), "kit")
+    b = read_run(_failed(write_run(tmp_path / "b", _steps(n=4)), STALL), "vllm-ascend")
+    report = compare(a, b)
+    assert list(report.by_kind()) == ["outcome", "steps"]
+    outcome = report.divergences[0]
+    assert outcome.fields == {"outcome": ["complete", STALL]}
+    assert outcome.what == "vllm-ascend failed, kit completed"
+    assert report.first.kind == "steps"  # the steps the failed run lacks
+    text = format_report(report)
+    assert f"vllm-ascend FAILED: {STALL}" in text and "outcome" in text
+
+
+def test_two_runs_that_failed_the_same_way_compare_the_iterations_both_logged(tmp_path):
+    # The launcher stops the surviving ranks wherever they are: B's got one step further.
+    a = read_run(_failed(write_run(tmp_path / "a", _steps(n=4)), STALL), "kit")
+    b = read_run(_failed(write_run(tmp_path / "b", _steps(n=5)), STALL), "vllm-ascend")
+    report = compare(a, b)
+    assert report.identical, format_report(report)
+    assert report.counts["steps"] == 8
+    assert format_report(report).splitlines()[-1].endswith(
+        "both runs failed the same way, compared as far as every rank logged")
+
+
+def test_two_runs_that_failed_differently_diverge_in_their_outcome(tmp_path):
+    a = read_run(_failed(write_run(tmp_path / "a", _steps()), STALL), "kit")
+    b = read_run(_failed(write_run(tmp_path / "b", _steps()), "rank 1 failed: RankKilled"),
+                 "vllm-ascend")
+    [d] = compare(a, b).divergences
+    assert (d.kind, d.rank, d.what) == ("outcome", None, "both runs failed, for different "
+                                        "reasons")
+
+
+def test_a_failed_run_logs_only_the_kept_iterations_diagnostics(tmp_path):
+    # Rank 0 logged one iteration more than rank 1 before it was stopped.
+    steps = _steps(n=2)
+    steps[0].append(_step(2, 0))
+    longer = KIT_LOG + "(EngineCore_DP0) INFO _has_global_unfinished_reqs | step_counter: 2\n"
+    a = read_run(_failed(write_run(tmp_path / "a", steps, logs=[longer, ""]), STALL), "kit")
+    b = read_run(_failed(write_run(tmp_path / "b", _steps(n=2), logs=[KIT_LOG, ""]), STALL),
+                 "vllm-ascend")
+    assert len(a.steps[0]) == 2 and a.logs == b.logs
+    assert compare(a, b).identical
+
+
+def test_a_long_differing_stretch_of_a_log_is_one_divergence(tmp_path, monkeypatch):
+    monkeypatch.setattr("emu.diff._MATCH_LIMIT", 3)
+    row = "(EngineCore_DP0) INFO  DP0 | Run(1): [ {}]\n"
+    log_a = KIT_LOG + "".join(row.format(n) for n in range(10))
+    log_b = KIT_LOG + "".join(row.format(n) for n in range(10, 20))
+    a, b = _pair(tmp_path, _steps(dp=1), _steps(dp=1), logs_a=[log_a], logs_b=[log_b])
+    [d] = compare(a, b).divergences
+    assert d.what == "rank0.log replace" and len(d.fields["lines"][0]) == 10

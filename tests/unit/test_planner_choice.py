@@ -18,11 +18,9 @@ def test_the_kit_runs_the_registry_planners(tmp_path, planner):
 
 
 def test_the_impl_own_planner_is_the_default():
-    assert planner_name(RunSpec(trace=TRACE, dp_size=2, out_dir=".")) == "reference"
-    assert planner_name(RunSpec(trace=TRACE, dp_size=2, out_dir=".",
-                                impl="vllm-ascend")) == "vllm-ascend"
-    assert planner_name(RunSpec(trace=TRACE, dp_size=2, out_dir=".", impl="vllm-ascend",
-                                planner="fill-protect")) == "fill-protect"
+    assert planner_name(None, "kit") == "reference"
+    assert planner_name(None, "vllm-ascend") == "vllm-ascend"
+    assert planner_name("fill-protect", "vllm-ascend") == "fill-protect"
 
 
 def test_the_old_kit_name_is_gone(tmp_path):

@@ -188,6 +188,8 @@ class _EmulatedEngine:
         plan_applied = getattr(self.scheduler, "modifications", None)
         result = super()._has_global_unfinished_reqs(local_unfinished)
         self._emu_rank.end_iteration(local_unfinished, plan_applied)
+        if not result:  # the wave ends: whatever was sent has finished
+            self._emu_rank.arrivals.nothing_in_flight(self._emu_rank.clock_us)
         return result
 
     def _balance_load(self, *args, **kwargs):
@@ -226,9 +228,9 @@ class EmulatedRank:
         self.max_steps = spec.max_steps
         self.stall_steps = spec.stall_steps
         self.block_size = spec.block_size
-        name = planner_name(spec)
+        name = planner_name(spec.planner, spec.impl)
         self.our_planner = None if name == "vllm-ascend" else planners.get(name)
-        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size)
+        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
         self.faults = faults
         cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
         self.cost = cost_model.cost
@@ -236,7 +238,8 @@ class EmulatedRank:
         if faults is not None:
             self.recorder = faults.wrap_recorder(self.recorder)
         self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
-                                      device=ctx.device, observe=self.recorder)
+                                      device=ctx.device, observe=self.recorder,
+                                      carry_finished=spec.max_concurrency is not None)
         collectives.install(self.recorder, self._time_collective)
         self.events = EventLog(event_log, ctx.rank)
         self.wall = WallLog(wall_log)
@@ -332,9 +335,7 @@ class EmulatedRank:
             self._own_cost_us = self.cost(
                 sum(block_counts(running, self.block_size)),
                 sum(r.num_tokens for r in running), len(running), total, False)
-            self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
-                                               len(scheduler.running))
-            self.clock_us += self._step_us
+            self._lockstep(self.num_finished)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         requests = scheduler.requests
         sampled = [[_SAMPLED_TOKEN] if requests[rid].num_computed_tokens
@@ -352,8 +353,17 @@ class EmulatedRank:
         self._begin_step()
         self.num_dummy_steps += 1
         self._own_cost_us = self.cost(0, 0, 0, 0, True)
+        # this iteration's finishes (update_from_output ran before the dummy batch) count
+        self._lockstep(self.num_finished + len(self._finished))
+
+    def _lockstep(self, num_finished: int) -> None:
+        """Join the lockstep collective with this rank's cost and counts and advance the
+        clock by the DP step time. ``num_finished``: this rank's finishes up to the
+        step's start, which a concurrency limit turns into the next sends
+        (``emu.intake``)."""
         self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
-                                           len(self.scheduler.running))
+                                           len(self.scheduler.running), num_finished)
+        self.arrivals.finished(self.lockstep.finished_total, self.clock_us)
         self.clock_us += self._step_us
 
     def _begin_step(self) -> None:

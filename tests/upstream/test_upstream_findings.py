@@ -1,0 +1,74 @@
+"""vllm-ascend behaviour that surprises, shown through ``--impl vllm-ascend`` on the
+smallest trace we found for it (docs/upstream-findings.md, "Findings in vllm-ascend").
+Our kit reproduces each one; the tests fail when vllm-ascend's behaviour changes."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from emu.cluster import RunSpec, run_cluster
+from emu.workload import TraceRequest
+from tests.upstream.conftest import TREE
+
+pytestmark = pytest.mark.integration
+
+DYNTRA_EMU = pathlib.Path(sys.executable).with_name("dyntra-emu")
+# Three requests pinned to rank 0 (rank 1 stays empty), KV for one long request only.
+KV_STALL_TRACE = [("r0", 12, 18), ("r1", 4, 4), ("r2", 9, 16)]
+KV_STALL_FLAGS = ["--dp", 2, "--block-size", 4, "--num-gpu-blocks", 8, "--max-num-seqs", 2,
+                  "--stall-steps", 30, "--device", "cpu", "--quiet"]
+STATIC = {"scheduler_config": {"dyntra_lb_config": {
+    "enabled": True, "mode": "static", "start_step": 0}}}
+
+
+def _kv_stall_trace(path: pathlib.Path) -> pathlib.Path:
+    path.write_text("".join(json.dumps({"request_id": rid, "arrival_s": 0.0,
+                                        "prompt_tokens": p, "output_tokens": o, "rank": 0})
+                            + "\n" for rid, p, o in KV_STALL_TRACE))
+    return path
+
+
+def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp_path):
+    """The planner pauses rank 0's only running request (its KV stays allocated) and asks
+    for two waiting ones by block count; the first in schedule order is a preempted
+    request whose recompute needs more blocks than are free, so vLLM's waiting loop stops
+    there, every step. The paused request, the one that could run, is never in a plan
+    again: no token is scheduled until the stall check ends the run. The kit does the
+    same, step for step."""
+    trace = _kv_stall_trace(tmp_path / "kv_stall.jsonl")
+    proc = subprocess.run(
+        [str(DYNTRA_EMU), "diff", "--workload", str(trace), *map(str, KV_STALL_FLAGS),
+         "--vllm-ascend", str(TREE), "--additional-config", json.dumps(STATIC),
+         "--out", str(tmp_path / "diff"), "--json"],
+        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["identical"]
+    for failure in report["failures"]:
+        assert failure.startswith("rank 0 failed: emu.engine.StallError: rank 0 is stuck: "
+                                  "3 unfinished request(s) but no token scheduled for 30 "
+                                  "steps"), failure
+        assert "r0 (PREEMPTED, DyntraLB-paused)" in failure
+    steps = [json.loads(line) for line in (tmp_path / "diff" / "b" / "rank0.events.jsonl")
+             .read_text().splitlines() if '"kind":"step"' in line]
+    last = max(s["iter"] for s in steps if s["scheduled_tokens"])
+    stuck = [s for s in steps if s["iter"] > last]
+    assert len(stuck) == 30 - 1  # the 30th step without a token raised before it was logged
+    assert all(s["paused_kv_blocks"] == {"r0": 5} and s["num_running"] == 0
+               and s["plan_applied"]["in_blk"] and not s["admitted"] for s in stuck)
+
+
+def test_without_dyntra_lb_the_kv_stall_trace_finishes(tmp_path):
+    """The same trace and engine settings, DyntraLB off: vLLM alone preempts and
+    recomputes, and every request finishes."""
+    trace = [TraceRequest(rid, 0.0, p, o, rank=0) for rid, p, o in KV_STALL_TRACE]
+    spec = RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, block_size=4, num_gpu_blocks=8,
+                   max_num_seqs=2, stall_steps=30, device="cpu", impl="vllm-ascend",
+                   vllm_ascend=str(TREE), run_timeout_s=600.0)
+    result = run_cluster(spec)
+    assert sum(r.num_finished for r in result.ranks) == len(KV_STALL_TRACE)
