@@ -23,7 +23,8 @@ import time
 
 from sidebyside import REPO, STATIC, TREE, end_line, machine_line, pairs
 
-from emu.cluster import RunSpec, run_cluster
+from emu.cluster.run import run_cluster
+from emu.spec import RunSpec
 from emu.workload import load_trace
 
 IMPLS = ("kit", "vllm-ascend")

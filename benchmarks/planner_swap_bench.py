@@ -32,7 +32,8 @@ from sidebyside import (
     print_planner_table,
 )
 
-from emu.cluster import RunSpec, run_cluster
+from emu.cluster.run import run_cluster
+from emu.spec import RunSpec
 from emu.workload import load_trace
 
 PLANNERS = ("vllm-ascend", "reference")

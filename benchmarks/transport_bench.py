@@ -43,13 +43,14 @@ def one(args: dict) -> dict:
     """One run in this process: ``{"wall_s", "steps", "maxrss_mb", "rank_cpu_s"}``;
     ``rank_cpu_s`` (thread transport only): the CPU time of each rank thread, i.e. the
     rank's own work — with the GIL the run cannot be faster than their sum."""
-    import emu.cluster
+    import emu.cluster.run
     from emu.cli.inputs import DEFAULT_ADDITIONAL_CONFIG
-    from emu.cluster import RunSpec, run_cluster
+    from emu.cluster.run import run_cluster
+    from emu.spec import RunSpec
     from emu.workload import load_trace
 
     cpu: dict[int, float] = {}
-    body = emu.cluster._rank_main
+    body = emu.cluster.run._rank_main
 
     def timed(ctx, rank_args):
         try:
@@ -58,7 +59,7 @@ def one(args: dict) -> dict:
             cpu[ctx.rank] = time.thread_time()
 
     if args["transport"] == "thread":  # rank processes need a picklable target
-        emu.cluster._rank_main = timed
+        emu.cluster.run._rank_main = timed
 
     trace = load_trace(args["workload"])
     spec = RunSpec(trace=trace, dp_size=args["dp"], out_dir=args["out"],

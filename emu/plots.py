@@ -259,10 +259,10 @@ MAX_SNAPSHOT_PLOTS = 200
 def write_replay_plots(report, directory: str | Path) -> list[Path]:
     """PNG plots of per-rank load before and after each plan: ``overview.png`` (all
     snapshots) and one bar chart per snapshot (the first ``MAX_SNAPSHOT_PLOTS`` plus
-    every mismatch) of a ``emu.replay.ReplayReport``. Returns the files written."""
+    every mismatch) of a ``emu.offline.replay.ReplayReport``. Returns the files written."""
     import matplotlib
 
-    from emu.replay import loads, loads_after, or_dash
+    from emu.offline.replay import loads, loads_after, or_dash
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -7,7 +7,7 @@ Every ``--grid KEY=V1,V2,...`` names a ``dyntra_lb_config`` key (``mode`` among 
 its values; the grid is their product, each point the base ``--additional-config`` with
 those keys set (and DyntraLB enabled). The baseline is the base config with DyntraLB
 off. All runs share the workload, engine settings and seed, and run on the thread
-transport (``emu.threads``), ``--jobs`` at a time, each in a process of its own. Then
+transport (``emu.cluster.threads``), ``--jobs`` at a time, each in a process of its own. Then
 ``DIR`` holds:
 
 - ``sweep.json``, ``sweep.csv``, ``summary.md``: one row per config with throughput, DP
@@ -148,9 +148,10 @@ def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
 def _run_point(job: dict) -> dict:
     """In a job process: one run of the sweep on the thread transport; writes the run's
     metrics.json and returns the metrics (or {"error": text} when the cluster failed)."""
-    from emu.cluster import RunSpec, run_cluster
-    from emu.launcher import ClusterError
+    from emu.cluster.launcher import ClusterError
+    from emu.cluster.run import run_cluster
     from emu.metrics import compute_metrics, load_run, write_metrics
+    from emu.spec import RunSpec
     from emu.workload import load_trace
 
     out_dir = Path(job["out_dir"])

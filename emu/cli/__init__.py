@@ -9,10 +9,10 @@ Commands:
 - ``validate``: check a config and a trace for a DP size, list every problem;
 - ``fit-cost``: a step-cost profile fitted to step times measured on a node;
 - ``sweep``: a grid of DyntraLB configs on the thread transport (emu/sweep.py);
-- ``replay`` / ``explain``: offline tools over diagnostics logs (emu/replay.py,
-  emu/explain.py);
+- ``replay`` / ``explain``: offline tools over diagnostics logs (emu/offline/replay.py,
+  emu/offline/explain.py);
 - ``diff``: kit against vllm-ascend (or two vllm-ascend trees, or two run directories)
-  step by step (emu/cli/diff.py, emu/diff.py).
+  step by step (emu/cli/diff.py, emu/offline/diff.py).
 
 Each command is a module with ``add_parser(subparsers)`` and its ``cmd_*`` function; the
 flags they share are made in ``emu.cli.flags``, mostly from RunSpec's fields.
@@ -29,7 +29,6 @@ import difflib
 import signal
 import sys
 
-from emu import explain, replay
 from emu.cli import ab, diff, fit_cost, run, sweep, validate
 from emu.cli.errors import (
     EXIT_FAILED,
@@ -43,6 +42,7 @@ from emu.cli.errors import (
 )
 from emu.cli.flags import Formatter, wrap
 from emu.cli.running import resolve_dp
+from emu.offline import explain, replay
 
 EPILOG = """\
 examples:

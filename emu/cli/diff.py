@@ -1,7 +1,7 @@
 """`dyntra-emu diff`: our DyntraLB against vllm-ascend's (or one vllm-ascend tree against
 another), step by step.
 
-Three ways in, one comparison (``emu.diff``):
+Three ways in, one comparison (``emu.offline.diff``):
 
 - ``diff [run flags]``: runs the trace twice with the same config, engine flags and
   seed, ``--impl kit`` (A) and ``--impl vllm-ascend`` (B; ``--planner reference``, or
@@ -33,8 +33,8 @@ from emu.cli.flags import DEFAULT_DP, Formatter, add_input_options, add_run_opti
 from emu.cli.inputs import config_sources, prepare
 from emu.cli.outdir import prepare_out_dir
 from emu.cli.running import run_one
-from emu.diff import DiffInputError, compare, format_report, plot_load, read_run
 from emu.knobs import Int
+from emu.offline.diff import DiffInputError, compare, format_report, plot_load, read_run
 
 EXIT_DIVERGENT = 1
 

@@ -22,9 +22,9 @@ from dyntra_lb.config import (
     unknown_keys,
 )
 from emu.cli.errors import PROG, UsageError
-from emu.costs import CostProfileError, load_profile
-from emu.device import DeviceError, select_device
-from emu.faults import FaultPlan, plan_problems
+from emu.cluster.device import DeviceError, select_device
+from emu.cluster.faults import FaultPlan, plan_problems
+from emu.engine.costs import CostProfileError, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
 from emu.spec import RunSpec, knobs, kv_fit_problem, validate
 from emu.workload import load_trace, validate_trace
@@ -250,7 +250,7 @@ def check_cost_model(args) -> list[str]:
 
 
 def check_faults(faults, dp: int, trace, cfg) -> list[str]:
-    """The --fault values against the run they would be injected into (emu.faults.
+    """The --fault values against the run they would be injected into (emu.cluster.faults.
     plan_problems: ranks, request ids, collective sites the config enters)."""
     lb = cfg.dyntra_lb
     problems = plan_problems(faults, dp_size=dp, trace=trace,

@@ -13,13 +13,13 @@ from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import Prepared, build_spec, describe_config
 from emu.cli.progress import Progress, note
-from emu.device import DeviceError
+from emu.cluster.device import DeviceError
 
 
 def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     """Run one cluster into out_dir with a progress bar and write its metrics.json;
     returns the metrics (None on the ranks other than 0 under torchrun)."""
-    from emu.launcher import ClusterError, Interrupted
+    from emu.cluster.launcher import ClusterError, Interrupted
     from emu.metrics import compute_metrics, load_run, write_metrics
 
     spec = build_spec(args, prepared, config, out_dir)
@@ -61,11 +61,11 @@ def _launch(spec, *, torchrun: bool) -> list:
     """Run the cluster; returns the rank summaries available here (all ranks when this
     process spawns them, its own under torchrun)."""
     if not torchrun:
-        from emu.cluster import run_cluster
+        from emu.cluster.run import run_cluster
 
         return run_cluster(spec).ranks
     # Under torchrun this process is one rank.
-    from emu.cluster import join_cluster
+    from emu.cluster.run import join_cluster
 
     try:
         summary = join_cluster(spec)

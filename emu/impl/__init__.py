@@ -6,7 +6,7 @@ An implementation is a module with two functions:
   process, before any rank starts: the decode node's startup checks and whatever else
   the implementation needs; raises ValueError naming what cannot run;
 - ``build(ctx, spec, config, out_dir)`` — in each rank process: the rank's engine, an
-  object whose ``run()`` returns the rank's ``emu.engine.RankSummary``.
+  object whose ``run()`` returns the rank's ``emu.engine.core.RankSummary``.
 
 ``kit`` is our DyntraLB (``dyntra_lb``) in our stub vLLM engine loop and scheduler;
 ``vllm-ascend`` is vllm-ascend's own DyntraLB on vLLM's engine loop and scheduler
@@ -44,6 +44,6 @@ def get(name: str) -> ModuleType:
 def check(name: str, config, *, dp_size: int, async_scheduling: bool = False,
           vllm_ascend=None, faults=None):
     """Run implementation ``name``'s checks (see the module docstring); ``faults`` is
-    the run's ``emu.faults.FaultPlan`` or None."""
+    the run's ``emu.cluster.faults.FaultPlan`` or None."""
     return get(name).check(config, dp_size=dp_size, async_scheduling=async_scheduling,
                            vllm_ascend=vllm_ascend, faults=faults)

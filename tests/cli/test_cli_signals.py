@@ -25,8 +25,8 @@ from emu.metrics import PartialRunError, compute_metrics, load_run
 
 pytestmark = pytest.mark.integration
 
-# `python -m emu` with spawned CPU ranks (emu.launcher._START_METHOD).
-SPAWN = ["-c", "import sys, emu.launcher as l; l._START_METHOD['cpu'] = 'spawn'; "
+# `python -m emu` with spawned CPU ranks (emu.cluster.launcher._START_METHOD).
+SPAWN = ["-c", "import sys, emu.cluster.launcher as l; l._START_METHOD['cpu'] = 'spawn'; "
                "from emu.cli import main; sys.exit(main())"]
 
 
@@ -84,7 +84,7 @@ def _launch_files(tmp: Path, launcher_pid: int) -> list[Path]:
 
 def _importing_torch(process: psutil.Process) -> bool:
     """The rank has mapped torch's libraries: it is inside `import torch`, which takes
-    seconds, and (new code) past emu.rank_boot."""
+    seconds, and (new code) past emu.cluster.rank_boot."""
     try:
         return "/torch/lib/" in Path(f"/proc/{process.pid}/maps").read_text()
     except OSError:
@@ -122,7 +122,7 @@ def test_sigterm_mid_run_stops_every_rank_reports_and_cleans_up(tmp_path, clikit
     assert report.startswith("interrupted by SIGTERM: every rank was stopped")
     for rank in (0, 1):  # where each rank was: its last collective and its stack
         assert f"--- rank {rank} ---" in report
-    assert "last entered collective" in report and "engine.py" in report
+    assert "last entered collective" in report and "emu/engine/core.py" in report
     assert _launch_files(tmp, proc.pid) == []
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     with pytest.raises(PartialRunError, match="interrupted"):

@@ -16,8 +16,9 @@ import pathlib
 import psutil
 import pytest
 
-from emu.cluster import RunResult, RunSpec, run_cluster
-from emu.engine import RankSummary
+from emu.cluster.run import RunResult, run_cluster
+from emu.engine.core import RankSummary
+from emu.spec import RunSpec
 from emu.workload import TraceRequest
 
 BLOCK_SIZE = 16

@@ -13,9 +13,10 @@ from collections import Counter
 import pytest
 
 from emu.cli.inputs import WORKLOADS_DIR
-from emu.cluster import RunSpec, run_cluster
-from emu.costs import StepCostModel
+from emu.cluster.run import run_cluster
+from emu.engine.costs import StepCostModel
 from emu.sites import LOCKSTEP_SITE
+from emu.spec import RunSpec
 from emu.workload import TraceRequest, load_trace
 
 pytestmark = pytest.mark.integration

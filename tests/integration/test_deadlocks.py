@@ -19,9 +19,10 @@ import random
 
 import pytest
 
-from emu.cluster import RunSpec, make_engine, run_cluster, validate
-from emu.engine import EngineCore
-from emu.launcher import ClusterError, launch
+from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.run import make_engine, run_cluster
+from emu.engine.core import EngineCore
+from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from emu import replay
-from emu.cluster import RunSpec, make_engine, run_cluster, validate
-from emu.launcher import ClusterError, launch
+from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.run import make_engine, run_cluster
+from emu.offline import replay
+from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest
 
 pytestmark = pytest.mark.integration
@@ -95,10 +96,10 @@ def _run_sabotaged(spec, broken_rank, kind, request_id=None) -> ClusterError:
                run_timeout_s=spec.run_timeout_s)
     err = info.value
     assert err.rank == broken_rank
-    assert err.message.startswith(f"emu.guard.InvariantError: strict invariant violated on rank "
-                                  f"{broken_rank} at iteration ")
+    assert err.message.startswith(f"emu.cluster.guard.InvariantError: strict invariant "
+                                  f"violated on rank {broken_rank} at iteration ")
     # the report also has every rank's collectives, and the failing rank's traceback
-    assert "emu/invariants.py" in err.details[broken_rank]  # raised by the strict checks
+    assert "emu/engine/invariants.py" in err.details[broken_rank]  # raised by the strict checks
     assert all(d.startswith("last entered collective: seq ") for d in err.details.values())
     return err
 
@@ -133,12 +134,14 @@ def test_shared_workloads_run_clean_in_strict_mode(kit, tmp_path):
 
 def test_leaked_kv_blocks_are_named(tmp_path):
     err = _run_sabotaged(_spec(_small_trace(), tmp_path), 1, "leak", "victim")
-    # named at the very step victim finished (its step record is the last one written)
+    # named at the very step victim finished (its step record is the last one written;
+    # the failed rank's request records follow it)
     with open(tmp_path / "rank1.events.jsonl") as f:
-        last = json.loads(f.readlines()[-2])  # the step record, then victim's record
+        records = [json.loads(line) for line in f]
+    last = [r for r in records if r["kind"] == "step"][-1]
     assert last["finished"] == ["victim"]
     assert re.fullmatch(
-        rf"emu\.guard\.InvariantError: strict invariant violated on rank 1 at iteration "
+        rf"emu\.cluster\.guard\.InvariantError: strict invariant violated on rank 1 at iteration "
         rf"{last['iter']} \(wave 0, step_counter {last['step_counter']}\): KV blocks not "
         r"conserved: the pool has \d+ in use, the requests in flight hold \d+; blocks held "
         r"by requests no longer in flight: \['victim'\]",

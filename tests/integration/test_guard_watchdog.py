@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.guard import CollectiveRecorder
-from emu.launcher import ClusterError, launch
+from emu.cluster.guard import CollectiveRecorder
+from emu.cluster.launcher import ClusterError, launch
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.launcher import ClusterError, launch
+from emu.cluster.launcher import ClusterError, launch
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +236,7 @@ def test_ranks_die_when_the_launching_process_is_killed(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{ROOT!r}, {HERE!r}]
-        from emu.launcher import launch
+        from emu.cluster.launcher import launch
         from test_launcher import pid_file_target
         if __name__ == "__main__":
             launch(pid_file_target, None, dp_size=2, device="cpu", out_dir={str(tmp_path)!r})
@@ -297,7 +297,7 @@ def test_join_from_env_under_torchrun(tmp_path):
         sys.path.insert(0, {ROOT!r})
         import torch
         import torch.distributed as dist
-        from emu.launcher import join_from_env
+        from emu.cluster.launcher import join_from_env
 
         def target(ctx, args):
             x = torch.tensor([float(ctx.rank)])

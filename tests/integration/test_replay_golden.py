@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from emu import replay
-from emu.cluster import RunSpec, run_cluster
+from emu.cluster.run import run_cluster
+from emu.offline import replay
+from emu.spec import RunSpec
 from emu.workload import TraceRequest
 
 pytestmark = pytest.mark.integration

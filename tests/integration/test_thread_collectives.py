@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.guard import CollectiveRecorder
-from emu.launcher import ClusterError, launch
-from emu.threads import run_in_threads
+from emu.cluster.guard import CollectiveRecorder
+from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.threads import run_in_threads
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +89,6 @@ def test_a_peer_that_finishes_instead_is_named(tmp_path):
     err = info.value
     # No recorder: the watchdog sees nothing; rank 0's own timeout names it.
     assert err.rank == 0
-    assert err.message.startswith("emu.threads.CollectiveTimeout: rank 0 waited 1 s "
+    assert err.message.startswith("emu.cluster.threads.CollectiveTimeout: rank 0 waited 1 s "
                                   "(collective_timeout_s) in a collective on the dp group")
     assert err.details[1] == "finished"

@@ -14,10 +14,11 @@ import threading
 import pytest
 
 from emu.cli.inputs import WORKLOADS_DIR
-from emu.cluster import RunSpec, run_cluster
-from emu.faults import FaultPlan
-from emu.launcher import ClusterError
+from emu.cluster.faults import FaultPlan
+from emu.cluster.launcher import ClusterError
+from emu.cluster.run import run_cluster
 from emu.metrics import compute_metrics, load_run
+from emu.spec import RunSpec
 from emu.workload import TraceRequest, load_trace
 
 pytestmark = pytest.mark.integration
@@ -148,7 +149,8 @@ def test_rank_error_in_thread_mode_is_named(tmp_path):
             [f"kv_never:request={target},timeout_s=0.5"])))
     err = info.value
     assert err.rank == 1
-    assert err.message.startswith(f"emu.faults.KVTransferTimeout: request '{target}' on rank 1")
+    assert err.message.startswith(f"emu.cluster.faults.KVTransferTimeout: request '{target}' "
+                                  "on rank 1")
     assert not rank_threads()
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from emu import clock as clock_module
-from emu.clock import LockstepClock
-from emu.costs import StepCostModel
+from emu.engine.clock import LockstepClock
+from emu.engine.costs import StepCostModel
 
 
 def test_default_costs_in_microseconds():

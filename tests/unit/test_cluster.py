@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from emu import cluster
-from emu.cluster import RunSpec, run_cluster, validate
-from emu.costs import PROFILES
+from emu.cluster import run as cluster
+from emu.cluster.run import run_cluster
+from emu.engine.costs import PROFILES
+from emu.spec import RunSpec, validate
 from emu.workload import TraceError, TraceRequest
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10, rank=1)]

@@ -2,7 +2,7 @@
 
 import pickle
 
-from emu.launcher import ClusterError
+from emu.cluster.launcher import ClusterError
 
 
 def test_report_puts_the_failing_rank_first():

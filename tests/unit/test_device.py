@@ -6,9 +6,9 @@ import logging
 import psutil
 import pytest
 
-from emu import device
-from emu.device import DeviceError, bind_rank_device, select_device
-from emu.launcher import join_from_env, launch
+from emu.cluster import device
+from emu.cluster.device import DeviceError, bind_rank_device, select_device
+from emu.cluster.launcher import join_from_env, launch
 
 
 class FakeNpu:
@@ -89,7 +89,7 @@ def test_auto_falls_back_to_cpu_when_torch_npu_is_missing(monkeypatch, caplog):
 
 def test_auto_warns_when_torch_npu_is_installed_but_unusable(monkeypatch, caplog):
     use_npu(monkeypatch, FakeNpu(available=False))
-    with caplog.at_level(logging.WARNING, logger="emu.device"):
+    with caplog.at_level(logging.WARNING, logger="emu.cluster.device"):
         assert select_device("auto", local_ranks=2) == "cpu"
     assert "reports no available NPU" in caplog.text
 

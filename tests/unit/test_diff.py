@@ -1,4 +1,4 @@
-"""emu.diff on synthetic event logs: alignment per rank and iteration, what counts as a
+"""emu.offline.diff on synthetic event logs: alignment per rank and iteration, what counts as a
 divergence (and what is normalised away), which divergence is the first, its context,
 and the diagnostics-line comparison across the kit's and vllm-ascend's log prefixes."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from emu.diff import DiffInputError, compare, format_report, plot_load, read_run
+from emu.offline.diff import DiffInputError, compare, format_report, plot_load, read_run
 from emu.run_status import write_status
 
 
@@ -221,7 +221,7 @@ def _failed(directory, reason):
     return directory
 
 
-STALL = "rank 0 failed: emu.engine.StallError: rank 0 is stuck"
+STALL = "rank 0 failed: emu.engine.core.StallError: rank 0 is stuck"
 
 
 def test_a_failed_run_against_a_complete_one_diverges_in_its_outcome(tmp_path):
@@ -270,7 +270,7 @@ def test_a_failed_run_logs_only_the_kept_iterations_diagnostics(tmp_path):
 
 
 def test_a_long_differing_stretch_of_a_log_is_one_divergence(tmp_path, monkeypatch):
-    monkeypatch.setattr("emu.diff._MATCH_LIMIT", 3)
+    monkeypatch.setattr("emu.offline.diff._MATCH_LIMIT", 3)
     row = "(EngineCore_DP0) INFO  DP0 | Run(1): [ {}]\n"
     log_a = KIT_LOG + "".join(row.format(n) for n in range(10))
     log_b = KIT_LOG + "".join(row.format(n) for n in range(10, 20))

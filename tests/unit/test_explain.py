@@ -1,4 +1,4 @@
-"""`dyntra-emu explain` (emu/explain.py): the planner's decision trace for one snapshot,
+"""`dyntra-emu explain` (emu/offline/explain.py): the planner's decision trace for one snapshot,
 checked on the worked examples of docs/planner.md."""
 
 import argparse
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import dyntra_lb.planner
 import dyntra_lb.planners
-from emu import explain
+from emu.offline import explain
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 

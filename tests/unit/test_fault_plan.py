@@ -1,4 +1,4 @@
-"""emu/faults.py without rank processes: the --fault syntax, plan validation, what each
+"""emu/cluster/faults.py without rank processes: the --fault syntax, plan validation, what each
 fault does to one rank's scheduler, connector, cost model and collective hook, and the
 wave-boundary trace helpers."""
 
@@ -10,11 +10,9 @@ import signal
 
 import pytest
 
-from emu import fault_injection
-from emu.cluster import RunSpec, validate
-from emu.costs import StepCostModel
-from emu.fault_injection import FaultInjector, injector_for
-from emu.faults import (
+from emu.cluster import fault_injection
+from emu.cluster.fault_injection import FaultInjector, injector_for
+from emu.cluster.faults import (
     DelayCollective,
     FaultPlan,
     KillRank,
@@ -27,7 +25,9 @@ from emu.faults import (
     parse_fault,
     plan_problems,
 )
-from emu.scheduler import Request, RequestStatus, Scheduler
+from emu.engine.costs import StepCostModel
+from emu.impl.kit.scheduler import Request, RequestStatus, Scheduler
+from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10)]

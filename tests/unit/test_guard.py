@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from emu.guard import CollectiveRecorder, GuardSlot, Watchdog
+from emu.cluster.guard import CollectiveRecorder, GuardSlot, Watchdog
 
 
 def test_records_then_runs_and_numbers_across_takes():

@@ -1,11 +1,11 @@
-"""Unit tests of emu.kv: block pool, KV cache manager, remote-KV connector."""
+"""Unit tests of emu.impl.kit.kv: block pool, KV cache manager, remote-KV connector."""
 
 import math
 
 import pytest
 
-from emu.kv import BlockPool, KVCacheManager, RemoteKVConnector
-from emu.scheduler import Request
+from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
+from emu.impl.kit.scheduler import Request
 
 
 def make_manager(num_blocks=10, block_size=4):

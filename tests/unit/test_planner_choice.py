@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from emu.cluster import RunSpec, validate
 from emu.impl import planner_name
+from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest
 
 TRACE = [TraceRequest("r0", 0.0, 32, 4)]

@@ -9,8 +9,8 @@ import pytest
 
 from dyntra_lb.planner import Plan
 from dyntra_lb.policy import DyntraLBPolicy, RequestStatus
-from emu.kv import RemoteKVConnector
-from emu.scheduler import Request, Scheduler
+from emu.impl.kit.kv import RemoteKVConnector
+from emu.impl.kit.scheduler import Request, Scheduler
 
 BS = 4
 

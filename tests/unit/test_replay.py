@@ -1,4 +1,4 @@
-"""`dyntra-emu replay` (emu/replay.py): reading diagnostics logs in vLLM's prefix styles,
+"""`dyntra-emu replay` (emu/offline/replay.py): reading diagnostics logs in vLLM's prefix styles,
 rebuilding snapshots, re-planning, and reporting mismatches, cut-off tables and garbage.
 
 The fixtures under tests/data/logs/ were written from the worked examples of
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from dyntra_lb import diagnostics
 from dyntra_lb.planner import balance_load
-from emu import replay
-from emu.logscan import clean_line, read_log, scan_lines
+from emu.offline import replay
+from emu.offline.logscan import clean_line, read_log, scan_lines
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 

@@ -1,4 +1,4 @@
-"""Unit tests of emu.scheduler: vLLM 0.27.1 request lifecycle of the stub scheduler."""
+"""Unit tests of emu.impl.kit.scheduler: vLLM 0.27.1 request lifecycle of the stub scheduler."""
 
 import logging
 import random
@@ -7,8 +7,8 @@ import pytest
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.planner import Plan
-from emu.kv import RemoteKVConnector
-from emu.scheduler import Request, RequestStatus, Scheduler
+from emu.impl.kit.kv import RemoteKVConnector
+from emu.impl.kit.scheduler import Request, RequestStatus, Scheduler
 
 BS = 4
 

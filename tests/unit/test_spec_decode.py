@@ -1,5 +1,6 @@
-"""Speculative decoding (MTP): the profile fields (emu/costs.py), the acceptance rule
-(emu/spec_decode.py) and the kit scheduler's draft tokens (emu/scheduler.py)."""
+"""Speculative decoding (MTP): the profile fields (emu/engine/costs.py), the acceptance rule
+(emu/impl/kit/spec_decode.py) and the kit scheduler's draft tokens
+(emu/impl/kit/scheduler.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from emu.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
-from emu.scheduler import Request, RequestStatus, Scheduler
-from emu.spec_decode import DraftAcceptance
+from emu.engine.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
+from emu.impl.kit.scheduler import Request, RequestStatus, Scheduler
+from emu.impl.kit.spec_decode import DraftAcceptance
 
 BS = 4
 MTP = StepCostModel(name="mtp", num_speculative_tokens=3, draft_acceptance_rate=0.6,
@@ -218,7 +219,7 @@ def test_preemption_drops_the_drafts():
 
 
 def test_vllm_ascend_refuses_a_profile_with_drafts(tmp_path):
-    from emu.cluster import RunSpec, validate
+    from emu.spec import RunSpec, validate
     from emu.workload import TraceRequest
 
     trace = [TraceRequest("a", 0.0, 100, 10)]

@@ -15,8 +15,8 @@ import pathlib
 
 import pytest
 
-from emu.cluster import RunSpec
 from emu.impl.vllm_ascend.tree import ENV_VAR, SUPPORTED_VLLM, installed_vllm
+from emu.spec import RunSpec
 from tests.integration.conftest import (  # noqa: F401 - fixtures shared with this tier
     STATIC_CONFIG,
     kit,

@@ -49,7 +49,7 @@ def _variant(config, dp_size: int, async_scheduling: bool) -> str:
 def build(ctx, spec, config, out_dir):
     """This rank's engine, ready to ``run()``."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    from emu.fault_injection import injector_for
+    from emu.cluster.fault_injection import injector_for
     from emu.impl.vllm_ascend.engine import EmulatedRank, route_logs
     from emu.impl.vllm_ascend.tree import import_tree
     from emu.impl.vllm_ascend.vllm_config import (

@@ -4,7 +4,7 @@ vLLM's scheduler talks to a ``kv_consumer`` connector through ``KVConnectorBase_
 ``get_num_new_matched_tokens`` for a new request (every prompt token is on the prefill
 node and loads asynchronously), ``update_state_after_alloc`` once blocks are allocated
 (the transfer starts), ``build_connector_meta`` every step. Transfers complete in
-virtual time with the kit's arrival model (``emu.kv.RemoteKVConnector``: a fixed latency
+virtual time with the kit's arrival model (``emu.impl.kit.kv.RemoteKVConnector``: a fixed latency
 plus a per-block one, and its fault hooks); the emulated executor reports completions
 to the scheduler as the worker would, in ``KVConnectorOutput.finished_recving``, and a
 ``kv_fail`` load's blocks in ``invalid_block_ids`` (vLLM's scheduler then recomputes
@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
 )
 
-from emu.kv import RemoteKVConnector
+from emu.impl.kit.kv import RemoteKVConnector
 
 CONNECTOR_NAME = "DyntraEmuRemoteKV"
 
@@ -48,7 +48,8 @@ class EmulatedRemoteKVConnector(KVConnectorBase_V1):
 
     def bind(self, clock, faults=None) -> None:
         """``clock.clock_us`` is read whenever a transfer may start; ``faults`` (the
-        rank's ``emu.fault_injection.FaultInjector``) installs the not-ready and never-completes
+        rank's ``emu.cluster.fault_injection.FaultInjector``) installs the not-ready and
+        never-completes
         faults into the arrival model, as in the kit."""
         self._clock = clock
         if faults is not None:

@@ -8,7 +8,7 @@ class production selects, on a real gloo DP group. Emulated are only the parts a
 model:
 
 - the model executor (``executor.EmulatedExecutor``): each forward is priced by the
-  kit's cost model and joins the lockstep collective (``emu.clock``), in virtual time;
+  kit's cost model and joins the lockstep collective (``emu.engine.clock``), in virtual time;
 - the input queue (``TraceInputQueue``): the trace, released as the virtual clock
   passes each arrival, plus the coordinator's ``START_DP_WAVE`` to ranks that are idle
   when a request arrives elsewhere;
@@ -38,15 +38,15 @@ from vllm.v1.request import Request
 
 from dyntra_lb import planners
 from dyntra_lb.blocks import block_counts
-from emu.clock import LockstepClock
-from emu.engine import RankSummary, StallError, describe_stall
-from emu.eventlog import EventLog, StepRecord, WallLog
-from emu.guard import CollectiveRecorder
+from emu.cluster.guard import CollectiveRecorder
+from emu.engine.clock import LockstepClock
+from emu.engine.core import RankSummary, StallError, describe_stall
+from emu.engine.eventlog import EventLog, StepRecord, WallLog
+from emu.engine.intake import Arrivals
 from emu.impl import planner_name
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
-from emu.intake import Arrivals
 from emu.sites import ALLGATHER_SITE
 
 # The token every emulated forward samples (any id below the model's vocab size).
@@ -360,7 +360,7 @@ class EmulatedRank:
         """Join the lockstep collective with this rank's cost and counts and advance the
         clock by the DP step time. ``num_finished``: this rank's finishes up to the
         step's start, which a concurrency limit turns into the next sends
-        (``emu.intake``)."""
+        (``emu.engine.intake``)."""
         self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
                                            len(self.scheduler.running), num_finished)
         self.arrivals.finished(self.lockstep.finished_total, self.clock_us)

@@ -11,18 +11,18 @@ iteration (after DyntraLB's hook, which may start KV loads).
   until it resumes;
 - while a plan is present, only its admission set is admitted.
 
-A violation raises ``emu.guard.InvariantError`` naming the rank, the iteration and the
+A violation raises ``emu.cluster.guard.InvariantError`` naming the rank, the iteration and the
 request. That every rank reaches each collective with the same descriptor,
 ``step_counter`` and ``current_wave`` is checked across ranks by the launcher's
-watchdog (``emu.guard``).
+watchdog (``emu.cluster.guard``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from emu.guard import InvariantError
-from emu.scheduler import RequestStatus
+from emu.cluster.guard import InvariantError
+from emu.impl.kit.scheduler import RequestStatus
 
 
 class PausedBlocks:
@@ -63,7 +63,7 @@ def violation(rank: int, iteration: int, wave: int, step_counter: int,
 
 
 class StrictChecker:
-    """The checks of one kit rank (``engine`` is its ``emu.engine.EngineCore``)."""
+    """The checks of one kit rank (``engine`` is its ``emu.engine.core.EngineCore``)."""
 
     def __init__(self, engine: Any):
         self.engine = engine

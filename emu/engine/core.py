@@ -6,7 +6,7 @@ own (``docs/protocol.md`` describes the step).
 
 - ``_process_input_queue``: when this rank has nothing to do and no wave runs, "block
   on the input queue" — jump the virtual clock to the next arrival; then take every
-  request that has arrived (``emu.intake``). A request while all ranks are idle starts
+  request that has arrived (``emu.engine.intake``). A request while all ranks are idle starts
   a new wave on every rank (in vLLM the DP coordinator wakes the idle ranks);
 - ``_process_engine_step``: ``schedule()`` (which applies the plan made after the
   previous iteration), price the batch, join the lockstep clock collective,
@@ -19,8 +19,8 @@ own (``docs/protocol.md`` describes the step).
 
 Each non-idle iteration appends one step record to the rank's event log (and the
 records of the requests it finished); wall-clock measurements go to the wall log. In
-strict mode the iteration then checks the invariants (``emu.invariants``). Every
-collective goes through the rank's ``emu.guard.CollectiveRecorder``.
+strict mode the iteration then checks the invariants (``emu.engine.invariants``). Every
+collective goes through the rank's ``emu.cluster.guard.CollectiveRecorder``.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
-from emu.clock import LockstepClock
-from emu.eventlog import EventLog, StepRecord, WallLog
-from emu.fault_injection import injector_for
-from emu.guard import CollectiveRecorder
+from emu.cluster.fault_injection import injector_for
+from emu.cluster.guard import CollectiveRecorder
+from emu.engine.clock import LockstepClock
+from emu.engine.eventlog import EventLog, StepRecord, WallLog
+from emu.engine.intake import Arrivals
+from emu.engine.invariants import StrictChecker
 from emu.impl import planner_name
-from emu.intake import Arrivals
-from emu.invariants import StrictChecker
-from emu.kv import RemoteKVConnector
-from emu.scheduler import Request, Scheduler, SchedulerOutput
+from emu.impl.kit.kv import RemoteKVConnector
+from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.impl.kit.spec_decode import DraftAcceptance
 from emu.sites import DP_SYNC_SITE
-from emu.spec_decode import DraftAcceptance
 
 logger = logging.getLogger("dyntra_lb")
 
@@ -114,7 +114,7 @@ class _Step:
 class EngineCore:
     """One rank's engine: scheduler, remote-KV connector, lockstep clock and (when
     DyntraLB is enabled) the coordinator, over the validated ``spec``
-    (``emu.cluster.RunSpec``) and its parsed ``config``. ``ctx`` is the launcher's
+    (``emu.spec.RunSpec``) and its parsed ``config``. ``ctx`` is the launcher's
     ``RankContext``; the logs go into ``out_dir`` (None: not written).
 
     A rank that holds unfinished requests but has scheduled no token for
@@ -315,7 +315,7 @@ class EngineCore:
         """Join the lockstep collective with this rank's cost and counts; returns the DP
         step time. ``num_finished``: this rank's finishes up to the step's start (those
         of an executed step come after its forward), which a concurrency limit turns
-        into the next sends (``emu.intake``)."""
+        into the next sends (``emu.engine.intake``)."""
         step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
                                   len(self.scheduler.running), num_finished)
         self.arrivals.finished(self.clock.finished_total, step.clock_us)

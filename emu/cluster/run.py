@@ -5,7 +5,7 @@ The single entry point the CLI, the pytest plugin, the tests and the benchmarks 
 The spec (``emu.spec``) is validated here, in the calling process, before any rank
 starts: a bad config or trace is one ``ValueError`` naming the field and what was
 expected. Then the launcher starts ``dp_size`` rank processes (or, with
-``transport="thread"``, ``emu.threads`` starts ``dp_size`` rank threads), each runs an
+``transport="thread"``, ``emu.cluster.threads`` starts ``dp_size`` rank threads), each runs an
 ``EngineCore`` over the whole trace, and the result lists every rank's summary and the
 paths of the files it wrote into ``out_dir``:
 
@@ -31,11 +31,11 @@ import numpy as np
 from dyntra_lb import planner
 from dyntra_lb.config import AdditionalConfig
 from emu import impl
-from emu.engine import RankSummary
-from emu.launcher import join_from_env, launch
+from emu.cluster.launcher import join_from_env, launch
+from emu.cluster.threads import run_in_threads
+from emu.engine.core import RankSummary
 from emu.run_status import write_status
 from emu.spec import RunSpec, validate
-from emu.threads import run_in_threads
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class RunResult:
 
 def run_cluster(spec: RunSpec) -> RunResult:
     """Validate ``spec``, run the cluster to completion and return its result. Raises
-    ValueError before anything starts, ``emu.launcher.ClusterError`` when a rank fails
-    (every rank is stopped), ``emu.device.DeviceError`` for an unusable device."""
+    ValueError before anything starts, ``emu.cluster.launcher.ClusterError`` when a rank fails
+    (every rank is stopped), ``emu.cluster.device.DeviceError`` for an unusable device."""
     config = validate(spec)
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

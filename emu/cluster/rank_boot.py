@@ -1,14 +1,14 @@
 """First code of a rank process, before the rank imports or runs anything heavy.
 
-`emu.launcher.launch` starts each rank with this module's `main` as the target, in one
-of two ways (`emu.launcher._rank_context`): a CPU rank is a fork of the launcher's fork
-server, which has imported torch and the engine already (`emu.rank_preload`), so the
+`emu.cluster.launcher.launch` starts each rank with this module's `main` as the target, in one
+of two ways (`emu.cluster.launcher._rank_context`): a CPU rank is a fork of the launcher's fork
+server, which has imported torch and the engine already (`emu.cluster.rank_preload`), so the
 rank starts in milliseconds; an NPU rank is spawned (a fresh interpreter, which then
 imports torch, 3-7 s). Spawn unpickles the target and its arguments before calling it,
 so this module and `RankSpec` import only the standard library: either way a rank is
 tied to its parent (Linux PR_SET_PDEATHSIG) and deaf to Ctrl-C within a few
 milliseconds of existing, before it imports or runs anything else. Only then does it
-import the launcher (and torch, unless preloaded) and run `emu.launcher._rank_main`.
+import the launcher (and torch, unless preloaded) and run `emu.cluster.launcher._rank_main`.
 
 The death chain: a spawned rank's parent is the launcher. A forked rank's parent is the
 fork server, which exits as soon as the launcher is gone (it watches a pipe that only
@@ -77,7 +77,7 @@ def _leave_fork_server(environ: dict[str, str]) -> None:
     (their parent-death signal waits for the server). CPython keeps the descriptor in a
     private attribute, the only place to find it. Then undo what the rank inherited
     from the server rather than from the launcher: SIGTERM, which the server ignores
-    (`emu.rank_preload`) and the launcher stops a rank with, and the environment, which
+    (`emu.cluster.rank_preload`) and the launcher stops a rank with, and the environment, which
     is the launcher's as of the server's start, not as of this launch."""
     server = sys.modules["multiprocessing.forkserver"]._forkserver
     if server._forkserver_alive_fd is not None:
@@ -89,11 +89,11 @@ def _leave_fork_server(environ: dict[str, str]) -> None:
 
 
 def main(spec: RankSpec, payload: bytes, conn) -> None:
-    """The start target of every rank launched by `emu.launcher.launch`."""
+    """The start target of every rank launched by `emu.cluster.launcher.launch`."""
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _forked_by_fork_server():
         _leave_fork_server(spec.environ)
-    from emu.launcher import _rank_main
+    from emu.cluster.launcher import _rank_main
 
     _rank_main(spec, payload, conn)

@@ -8,7 +8,7 @@ requests run is kept: running requests first, preemption of the last running req
 on KV exhaustion, the waiting loop with blocked-status promotion, remote KV loads
 through the connector, the token budget and ``max_num_seqs``.
 
-With speculative decoding (``spec_decode``, an ``emu.spec_decode.DraftAcceptance``) a
+With speculative decoding (``spec_decode``, an ``emu.impl.kit.spec_decode.DraftAcceptance``) a
 decoding request holds k draft tokens after each step, as vLLM's after
 ``update_draft_token_ids``; the next ``schedule()`` schedules them with its one real
 token, and ``update_from_output`` rolls back the rejected ones and emits the accepted
@@ -32,7 +32,7 @@ from typing import Any
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
-from emu.kv import BlockPool, KVCacheManager, RemoteKVConnector
+from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
 
 __all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
 
@@ -195,7 +195,7 @@ class Scheduler:
     ``DyntraLBPolicy`` reads it through the same surface as a real one.
 
     ``policy`` is "fcfs" (default) or "priority"; ``spec_decode`` (an
-    ``emu.spec_decode.DraftAcceptance``, or None for plain decode) turns on speculative
+    ``emu.impl.kit.spec_decode.DraftAcceptance``, or None for plain decode) turns on speculative
     decoding.
     """
 

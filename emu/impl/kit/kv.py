@@ -204,7 +204,7 @@ class RemoteKVConnector:
     def take_failed(self) -> dict[str, list[int]]:
         """Loads reported by ``finished_recving`` whose every block arrived invalid, since
         the last call: request id -> its block ids. None fail here; ``kv_fail`` faults
-        (``emu.fault_injection.FaultyKVConnector``) make some fail."""
+        (``emu.cluster.fault_injection.FaultyKVConnector``) make some fail."""
         return {}
 
     def request_finished(self, request: Any) -> None:

@@ -1,4 +1,4 @@
-"""``--impl kit``: our DyntraLB (``dyntra_lb``) in the stub vLLM engine of ``emu.engine``."""
+"""``--impl kit``: our DyntraLB (``dyntra_lb``) in the stub vLLM engine of ``emu.engine.core``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def check(config, *, dp_size: int, async_scheduling: bool, vllm_ascend=None,
 
 def build(ctx, spec, config, out_dir):
     """This rank's kit engine; its ``dyntra_lb`` log goes to ``rank<r>.log``."""
-    from emu.engine import EngineCore
+    from emu.engine.core import EngineCore
 
     _setup_rank_logging(out_dir, ctx.rank, spec.transport)
     return EngineCore(ctx, spec, config, out_dir)
@@ -37,7 +37,7 @@ def _setup_rank_logging(out_dir, rank: int, transport: str) -> None:
     handler = logging.FileHandler(out_dir / f"rank{rank}.log", mode="w")
     handler.setFormatter(logging.Formatter(f"(EngineCore_DP{rank}) %(levelname)s %(message)s"))
     if transport == "thread":
-        from emu.threads import route_rank_log
+        from emu.cluster.threads import route_rank_log
 
         route_rank_log(handler)
         return

@@ -23,8 +23,8 @@ from collections import Counter
 from dyntra_lb import planners
 from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
 from emu.knobs import is_int
-from emu.logscan import read_log
-from emu.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int
+from emu.offline.logscan import read_log
+from emu.offline.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int
 from emu.run_status import unfinished_note
 
 
@@ -436,7 +436,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emu.explain",
+    parser = argparse.ArgumentParser(prog="python -m emu.offline.explain",
                                      description=__doc__.split("\n\n")[0])
     configure_parser(parser)
     return run(parser.parse_args(argv))

@@ -34,7 +34,7 @@ Three parts:
   Python stack through faulthandler) and the report shows, for every rank, its last
   entered and last completed collective with where it was called.
 
-``InvariantError`` is what strict mode raises inside a rank (see ``emu.engine``).
+``InvariantError`` is what strict mode raises inside a rank (see ``emu.engine.core``).
 """
 
 from __future__ import annotations

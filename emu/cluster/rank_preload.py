@@ -1,5 +1,5 @@
 """Imported once by the launcher's fork server, before it forks any CPU rank
-(`emu.launcher._rank_context` names this module in the server's preload list); never
+(`emu.cluster.launcher._rank_context` names this module in the server's preload list); never
 by a rank or the launcher itself.
 
 It imports what every rank would otherwise import during its own start-up: torch and
@@ -7,7 +7,7 @@ torch.distributed, the launcher's rank side, the cluster's rank target with the 
 and the kit implementation; and it loads the compiled planner from numba's disk cache
 (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules that each rank of a DyntraLB
 run would load again). Each rank, a fork of the server, then has all of it in memory
-from its first instruction (`emu.rank_boot`). Without a disk cache (a fresh install
+from its first instruction (`emu.cluster.rank_boot`). Without a disk cache (a fresh install
 whose first run has DyntraLB off) the warm-up compiles the planner here, once; `launch`
 users with DyntraLB on compile it before the first launch anyway (`run_cluster`).
 
@@ -19,9 +19,9 @@ parent-death signal without a word. A rank sets SIGTERM back to the default at o
 
 import signal
 
-import emu.cluster  # noqa: F401  torch, torch.distributed, emu.launcher, the engine
-import emu.impl.kit  # noqa: F401  what emu.cluster imports only when a rank builds it
-import emu.rank_boot  # noqa: F401  the rank's start target
+import emu.cluster.rank_boot  # noqa: F401  the rank's start target
+import emu.cluster.run  # noqa: F401  torch, torch.distributed, emu.cluster.launcher, the engine
+import emu.impl.kit  # noqa: F401  what emu.cluster.run imports only when a rank builds it
 from dyntra_lb import planner
 
 planner.warm_up()

@@ -10,7 +10,7 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
   never collide), and it turns any rank failure into one `ClusterError`: a rank that
   raises sends its traceback, a rank that dies is seen through its process sentinel, a
   run that exceeds `run_timeout_s` is stopped, and the collective watchdog
-  (`emu.guard`) reads what every rank publishes about its collectives and stops a run
+  (`emu.cluster.guard`) reads what every rank publishes about its collectives and stops a run
   that hangs or whose ranks disagree on a collective. The first failure is reported,
   except that an error raised inside a torch.distributed call (how a rank sees a peer
   die or a collective time out) gives way to another rank's own failure or a watchdog
@@ -21,7 +21,7 @@ Two ways in, one per-rank setup (`RankContext`), the same target signature
   exits with it). SIGINT and SIGTERM to this process do the same (raised as
   `Interrupted`, a KeyboardInterrupt, once every rank is stopped and the temporary
   directory is removed). Ranks also die with SIGKILL if this process dies (Linux
-  PR_SET_PDEATHSIG, set by `emu.rank_boot` in the rank's first moments) and ignore
+  PR_SET_PDEATHSIG, set by `emu.cluster.rank_boot` in the rank's first moments) and ignore
   SIGINT (Ctrl-C reaches the whole process group; the launcher stops them).
 * `join_from_env(target, args)` — one rank under `torchrun` (or any launcher that sets
   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), e.g. several NPU machines or
@@ -45,11 +45,8 @@ import pathlib
 import pickle
 import signal
 import sys
-import tempfile
-import threading
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import forkserver, resource_tracker
@@ -59,11 +56,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from emu import rank_boot
-from emu.device import bind_rank_device, select_device
-from emu.guard import GuardSlot, Watchdog
+from emu.cluster import rank_boot
+from emu.cluster.device import bind_rank_device, select_device
+from emu.cluster.guard import GuardSlot, Watchdog
+from emu.cluster.launch_scope import LaunchFiles, Signalled, StopSignals
+from emu.cluster.rank_boot import RankSpec
 from emu.knobs import is_int
-from emu.rank_boot import RankSpec
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
 _STOP_GRACE_S = 3.0
@@ -96,7 +94,7 @@ class ClusterError(RuntimeError):
     completed collective when it recorded any, then its traceback, exit status, or the
     Python stack it had when stopped) and `failed_ranks` every rank that failed before
     the launcher stopped it, `rank` first. `collectives` holds, per rank that recorded
-    any, `emu.guard.Watchdog.records` (last entered / completed collective)."""
+    any, `emu.cluster.guard.Watchdog.records` (last entered / completed collective)."""
 
     def __init__(self, rank: int | None, message: str, details: dict[int, str],
                  failed_ranks: list[int] | None = None,
@@ -169,7 +167,7 @@ def _in_torch_distributed(exc: BaseException) -> bool:
 
 
 def _rank_main(spec: RankSpec, payload: bytes, conn) -> None:
-    """Called by `emu.rank_boot.main` in a new rank (already tied to its parent):
+    """Called by `emu.cluster.rank_boot.main` in a new rank (already tied to its parent):
     set up, run the target, report to the parent, then wait for the parent's go-ahead
     (every rank finished) before tearing the groups down."""
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
@@ -274,7 +272,7 @@ class _Rank:
         except OSError:
             return ""
         bootstrap = ("multiprocessing/process.py", "multiprocessing/spawn.py",
-                     "multiprocessing/forkserver.py", '"<string>"', "emu/rank_boot.py")
+                     "multiprocessing/forkserver.py", '"<string>"', "emu/cluster/rank_boot.py")
         return "\n".join(ln for ln in lines if not any(b in ln for b in bootstrap)).strip()
 
     def detail(self) -> str:
@@ -335,8 +333,8 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ranks: list[_Rank] = []
-    resource_tracker.ensure_running()  # see _StopSignals.deferred and _LaunchFiles
-    with _StopSignals() as signals, _LaunchFiles() as files:
+    resource_tracker.ensure_running()  # see StopSignals.deferred and LaunchFiles
+    with StopSignals() as signals, LaunchFiles() as files:
         guard_path = files.path("guard")
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         try:
@@ -362,7 +360,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         except _Failure as failure:
             _stop(ranks)
             raise _cluster_error(ranks, failure, watchdog) from None
-        except _Signalled as signalled:
+        except Signalled as signalled:
             _stop(ranks)
             raise _interrupted(ranks, signalled.signum, watchdog) from None
         finally:
@@ -381,7 +379,7 @@ def _rank_context(device_kind: str):
     """The multiprocessing context the ranks of a launch start from, and the pid of
     their parent. CPU ranks are forks of multiprocessing's fork server, started by the
     first launch of this process and reused by every later one, which has imported
-    torch and the engine and loaded the compiled planner (`emu.rank_preload`): a rank
+    torch and the engine and loaded the compiled planner (`emu.cluster.rank_preload`): a rank
     starts in milliseconds instead of importing for seconds, and a machine with fewer
     cores than ranks no longer imports torch dp_size times at once. NPU ranks are
     spawned, each a fresh interpreter that imports torch_npu itself: whether torch_npu
@@ -393,139 +391,12 @@ def _rank_context(device_kind: str):
     context = multiprocessing.get_context("forkserver")
     # "__main__" as in multiprocessing's default: a rank need not import the launching
     # script (e.g. the dyntra-emu console script) again. No effect once the server runs.
-    context.set_forkserver_preload(["__main__", "emu.rank_preload"])
+    context.set_forkserver_preload(["__main__", "emu.cluster.rank_preload"])
     try:
         forkserver.ensure_running()
     except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if that is long
         return spawn
     return context, forkserver._forkserver._forkserver_pid  # no public accessor
-
-
-class _LaunchFiles:
-    """The launcher's scratch files (the guard's shared record, each rank's stack dump),
-    removed when the launch ends. On Linux they live in /dev/shm and are registered with
-    multiprocessing's resource tracker as shared memory: should this process die
-    without cleaning up (SIGKILL), the tracker, which outlives it, unlinks them once the
-    ranks are gone too. Elsewhere: a temporary directory."""
-
-    _SHM = "/dev/shm"
-
-    def __init__(self):
-        self._names: list[str] = []
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self._prefix = ""
-
-    def __enter__(self) -> _LaunchFiles:
-        if os.path.isdir(self._SHM) and os.access(self._SHM, os.W_OK):
-            self._prefix = f"dyntra-emu-launch-{os.getpid()}-{os.urandom(4).hex()}-"
-        else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="dyntra-emu-launch-")
-        return self
-
-    def path(self, name: str) -> str:
-        """Create the empty file `name` (so that the tracker always finds what it was
-        told about) and return its path."""
-        if self._tmp is not None:
-            path = os.path.join(self._tmp.name, name)
-        else:
-            shm_name = self._prefix + name
-            resource_tracker.register(f"/{shm_name}", "shared_memory")
-            self._names.append(shm_name)
-            path = os.path.join(self._SHM, shm_name)
-        open(path, "ab").close()
-        return path
-
-    def __exit__(self, *exc) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
-        for name in self._names:
-            try:
-                os.unlink(os.path.join(self._SHM, name))
-            except FileNotFoundError:
-                pass
-            resource_tracker.unregister(f"/{name}", "shared_memory")
-
-
-class _Signalled(Exception):
-    """Internal: SIGINT or SIGTERM arrived; turned into Interrupted once every rank is
-    stopped."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-
-
-class _StopSignals:
-    """While `launch` runs (in the main thread) SIGINT and SIGTERM are caught, so that a
-    terminated launcher stops its ranks, reports and removes its temporary directory
-    exactly as after Ctrl-C. Inside `armed()` (starting and supervising the ranks) the
-    first signal raises _Signalled, except inside `deferred()` (a rank being started:
-    it must land in the rank list first), where the raise waits until the block ends.
-    Only the first signal counts, so a second Ctrl-C cannot cut the cleanup short. A
-    signal that arrived outside `armed()` (during cleanup) is delivered again once the
-    previous handlers are back."""
-
-    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.received: int | None = None
-        self._raised = False
-        self._armed = False
-        self._defer = False
-        self._previous: dict = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self._SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        if self.received is not None and not self._raised:
-            signal.raise_signal(self.received)
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None:
-            return
-        self.received = signum
-        if self._armed and not self._defer:
-            self._raise()
-
-    def _raise(self) -> None:
-        self._raised = True
-        raise _Signalled(self.received)
-
-    @contextmanager
-    def armed(self):
-        self._armed = True
-        if self.received is not None:  # arrived while the launch was being set up
-            self._raise()
-        try:
-            yield
-        finally:
-            self._armed = False
-
-    @contextmanager
-    def deferred(self):
-        """Around starting a rank. SIGINT is also ignored meanwhile, which the new
-        process inherits through exec (Python then installs no KeyboardInterrupt
-        handler): a Ctrl-C in its first moments cannot interrupt it. Here SIGINT is
-        blocked too, so one arriving meanwhile stays pending (Linux never discards a
-        blocked signal) and reaches the handler once the block is lifted. The caller
-        has started multiprocessing's resource tracker already: starting it unblocks
-        SIGINT."""
-        self._defer = True
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if self._previous else None
-        try:
-            yield
-        finally:
-            if handler is not None:
-                signal.signal(signal.SIGINT, handler)
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            self._defer = False
-        if self.received is not None and self._armed:
-            self._raise()
 
 
 def _interrupted(ranks: list[_Rank], signum: int, watchdog: Watchdog) -> Interrupted:

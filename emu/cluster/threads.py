@@ -1,8 +1,8 @@
 """The thread transport: every rank of a run in this process, each in its own thread.
 
 ``run_cluster`` picks it with ``RunSpec(transport="thread")``; ``run_in_threads`` is the
-counterpart of ``emu.launcher.launch``: same target signature (``target(ctx, args)``,
-``ctx`` an ``emu.launcher.RankContext``), same results, same ``ClusterError`` on a
+counterpart of ``emu.cluster.launcher.launch``: same target signature (``target(ctx, args)``,
+``ctx`` an ``emu.cluster.launcher.RankContext``), same results, same ``ClusterError`` on a
 failure. Rank processes spend their time in gloo collectives, and with more ranks than
 cores each collective costs several context switches per rank; a thread waits on a
 lock instead, woken in microseconds.
@@ -23,7 +23,7 @@ The guard is the process transport's: every rank's ``CollectiveRecorder`` publis
 its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
 launching thread, so a hang or a disagreement is reported naming the ranks exactly as
 with processes. The launching thread supervises: the first rank that raises (a
-``kill`` fault raises ``emu.faults.RankKilled`` in its thread), a watchdog finding or
+``kill`` fault raises ``emu.cluster.faults.RankKilled`` in its thread), a watchdog finding or
 the run timeout fails the run. Then every rank thread's Python stack is taken, the
 collectives are aborted so that every rank unwinds, and the threads are joined (they
 are daemon threads: one stuck outside a collective cannot block the interpreter's exit,
@@ -54,12 +54,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from emu.faults import RankKilled
-from emu.guard import SLOT_BYTES, GuardSlot, Watchdog
-from emu.launcher import ClusterError, RankContext
+from emu.cluster.faults import RankKilled
+from emu.cluster.guard import SLOT_BYTES, GuardSlot, Watchdog
+from emu.cluster.launcher import ClusterError, RankContext
 
 # A rank error that is only the echo of the run failing elsewhere yields to a root cause
-# or a watchdog finding arriving within this long (as in emu.launcher).
+# or a watchdog finding arriving within this long (as in emu.cluster.launcher).
 _ECHO_GRACE_S = 2.0
 # How long rank threads get to unwind after the collectives were aborted.
 _STOP_GRACE_S = 5.0

@@ -14,7 +14,7 @@ resumed, admitted, preempted, finished, tokens, dummy step), the snapshot (runni
 waiting counts and block sums), ``step_counter`` and the wave, the collective sequence
 (site, op, shape, dtype), the KV pool and virtual time; then every request record; then
 the diagnostics lines of ``rank<r>.log`` with the prefixes removed
-(``emu.logscan.clean_line``).
+(``emu.offline.logscan.clean_line``).
 
 A run that failed (run.json "failed": a rank stalled, broke a strict invariant, or was
 killed by a fault) is compared too, as far as every rank of it logged: a failure is
@@ -37,8 +37,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emu.logscan import clean_line
 from emu.metrics import RunError, load_run
+from emu.offline.logscan import clean_line
 from emu.run_status import read_status
 
 # Step-record field -> divergence kind. A field not listed is compared as kind "other".

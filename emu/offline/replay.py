@@ -7,7 +7,8 @@ node. Rank 0 prints, for every all-gather, the gathered snapshot (docs/diagnosti
 This module rebuilds each snapshot, runs ``dyntra_lb.planner.balance_load`` on it with
 the logged config, and reports which plans this checkout's planner reproduces exactly.
 
-The log is read by ``emu.logscan``; the plots of ``--plot`` are ``emu.plots.write_replay_plots``.
+The log is read by ``emu.offline.logscan``; the plots of ``--plot`` are
+``emu.plots.write_replay_plots``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from dyntra_lb import planners
 from dyntra_lb.config import DyntraLBConfig
 from emu.knobs import Int
-from emu.logscan import LogScan, LogWarning, Snapshot, read_log
+from emu.offline.logscan import LogScan, LogWarning, Snapshot, read_log
 from emu.run_status import unfinished_note
 
 DEFAULT_THRESHOLD = DyntraLBConfig.bubble_threshold
@@ -357,7 +358,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emu.replay",
+    parser = argparse.ArgumentParser(prog="python -m emu.offline.replay",
                                      description=__doc__.split("\n\n")[0])
     configure_parser(parser)
     return run(parser.parse_args(argv))
