@@ -136,6 +136,13 @@ class DyntraLBCoordinator:
 
         self._step = _NO_BALANCE
 
+        # Every rank plans the same gathered snapshot. A DP group whose ranks share one
+        # address space (the emulator's thread transport) may offer ``plan_memo``:
+        # ``plan_memo(key, compute)`` returns the plans of the first rank that planned
+        # ``key`` (calling ``compute`` only when none has), so one rank runs the planner
+        # per step instead of every rank. See ``_plan`` for the key.
+        self._plan_memo = getattr(dp_group, "plan_memo", None)
+
         # The compiled planner compiles (or loads numba's disk cache) here, at rank
         # start-up, instead of inside the first planned decode step.
         warm_up()
@@ -247,12 +254,7 @@ class DyntraLBCoordinator:
         requests_by_rank, has_new_long = unpack(self._recv_arrays)
 
         start = time.perf_counter()
-        plans = self._balance_load(
-            requests_by_rank,
-            self.dp_size,
-            max_num_seqs=self.max_num_seqs,
-            threshold=self.bubble_threshold,
-        )
+        plans = self._plan(requests_by_rank)
         planner_s = time.perf_counter() - start
         if self._log_rank0:
             logger.info(diagnostics.requests_table(requests_by_rank))
@@ -262,6 +264,22 @@ class DyntraLBCoordinator:
         self.policy.set_plan(plan)
         self._step = BalanceStep(plan, planner_s, self._step.collectives_s)
         return has_new_long
+
+    def _plan(self, requests_by_rank: list) -> list[Plan]:
+        """The planner on the gathered snapshot. With a ``plan_memo`` the key is
+        everything the planner's result depends on (it is a pure function): the planner,
+        its arguments and the gathered bytes; the plans are only read afterwards (each
+        rank keeps its own row, rank 0 logs them), never changed."""
+        def compute() -> list[Plan]:
+            return self._balance_load(requests_by_rank, self.dp_size,
+                                      max_num_seqs=self.max_num_seqs,
+                                      threshold=self.bubble_threshold)
+
+        if self._plan_memo is None:
+            return compute()
+        key = (self._balance_load, self.dp_size, self.max_num_seqs, self.bubble_threshold,
+               b"".join([array.tobytes() for array in self._recv_arrays]))
+        return self._plan_memo(key, compute)
 
     # ------------------------------------------------------------------ collectives
 

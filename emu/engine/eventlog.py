@@ -16,6 +16,42 @@ from dataclasses import dataclass
 
 # One encoder for every record: json.dumps with options would build a new one per call.
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+# What _dumps writes for a string and a float (json's own functions).
+_string = json.encoder.encode_basestring_ascii
+_float = float.__repr__
+_PLAN_KEYS = frozenset(("freeze", "in_blk", "out_blk"))
+_COLLECTIVE_KEYS = frozenset(("dtype", "op", "seq", "shape", "site"))
+
+
+def _ints(values: list) -> str:
+    """A list of Python ints (a shape, a plan's block sizes) as _dumps writes it."""
+    if not values:
+        return "[]"
+    if all(type(v) is int for v in values):
+        return "[" + ",".join(map(str, values)) + "]"
+    return _dumps(values)
+
+
+def _plan(plan: dict | None) -> str:
+    if plan is None:
+        return "null"
+    freeze = plan.get("freeze")
+    if plan.keys() != _PLAN_KEYS or type(freeze) is not bool:
+        return _dumps(plan)
+    return (f'{{"freeze":{"true" if freeze else "false"},"in_blk":{_ints(plan["in_blk"])},'
+            f'"out_blk":{_ints(plan["out_blk"])}}}')
+
+
+def _collectives(records: list[dict]) -> str:
+    parts = []
+    for c in records:
+        seq = c.get("seq")
+        if c.keys() != _COLLECTIVE_KEYS or type(seq) is not int:
+            parts.append(_dumps(c))
+            continue
+        parts.append(f'{{"dtype":{_string(c["dtype"])},"op":{_string(c["op"])},"seq":{seq},'
+                     f'"shape":{_ints(c["shape"])},"site":{_string(c["site"])}}}')
+    return "[" + ",".join(parts) + "]"
 
 
 @dataclass(slots=True)
@@ -64,6 +100,35 @@ class StepRecord:
             "paused_kv_blocks": self.paused_kv_blocks, "collectives": self.collectives,
         }
 
+    def line(self, rank: int) -> str:
+        """The event-log line of this record: byte for byte ``_dumps`` of ``to_dict()``
+        plus ``kind`` and ``rank`` (keys sorted), written field by field in key order.
+        It runs on every step of every rank, and the generic encoder (sorting every
+        dict's keys, a call per nested value) costs several times more. Nested values
+        of another shape than the engines write go through ``_dumps``."""
+        d = _dumps
+        return (
+            f'{{"admitted":{d(self.admitted) if self.admitted else "[]"},'
+            f'"clock_s":{_float(self.clock_us / 1e6)},'
+            f'"collectives":{_collectives(self.collectives)},'
+            f'"dummy":{"true" if self.dummy else "false"},'
+            f'"finished":{d(self.finished) if self.finished else "[]"},'
+            f'"iter":{self.iter},"kind":"step",'
+            f'"kv_free_blocks":{self.kv_free_blocks},"kv_held_blocks":{self.kv_held_blocks},'
+            f'"lb_active":{"false" if self.plan_generated is None else "true"},'
+            f'"num_running":{self.num_running},"num_waiting":{self.num_waiting},'
+            f'"own_cost_s":{_float(self.own_cost_us / 1e6)},'
+            f'"paused":{d(self.paused) if self.paused else "[]"},'
+            f'"paused_kv_blocks":{d(self.paused_kv_blocks) if self.paused_kv_blocks else "{}"},'
+            f'"plan_applied":{_plan(self.plan_applied)},'
+            f'"plan_generated":{_plan(self.plan_generated)},'
+            f'"preempted":{d(self.preempted) if self.preempted else "[]"},"rank":{rank},'
+            f'"resumed":{d(self.resumed) if self.resumed else "[]"},'
+            f'"running_blocks":{self.running_blocks},'
+            f'"scheduled_tokens":{self.scheduled_tokens},"step_counter":{self.step_counter},'
+            f'"step_time_s":{_float(self.step_us / 1e6)},'
+            f'"waiting_blocks":{self.waiting_blocks},"wave":{self.wave}}}')
+
 
 class EventLog:
     """``rank<r>.events.jsonl``; ``path`` None writes nothing."""
@@ -77,10 +142,7 @@ class EventLog:
         Flushed when a request finished: the progress display counts request records."""
         if self._file is None:
             return
-        record = step.to_dict()
-        record["kind"] = "step"
-        record["rank"] = self.rank
-        lines = [_dumps(record)]
+        lines = [step.line(self.rank)]
         lines.extend(self._request_line(r) for r in finished)
         self._file.write("\n".join(lines) + "\n")
         if finished:

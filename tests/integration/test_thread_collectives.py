@@ -28,12 +28,33 @@ def collectives_target(ctx, _):
                 t = (torch.arange(5, dtype=dtype) * (ctx.rank + 1) - 2 * ctx.rank + 1)
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
                 results.append((op, str(t.dtype), t.tolist()))
+    # A tensor reduced again after its storage was replaced (the thread transport keeps
+    # a numpy view per tensor: it must follow the new storage and shape).
+    t = torch.full((3,), ctx.rank, dtype=torch.int64)
+    dist.all_reduce(t, group=ctx.dp_group)
+    for shape in (3, 5):
+        t.set_(torch.full((shape,), ctx.rank + shape, dtype=torch.int64))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+        results.append(("new storage", t.tolist()))
+    # Calls the thread transport leaves to torch's own functions: a complex tensor, an
+    # all-gather with mixed dtypes (torch refuses it before any collective).
+    c = torch.tensor([1 + 2j * ctx.rank, -ctx.rank], dtype=torch.complex64)
+    dist.all_reduce(c, group=ctx.dp_group)
+    results.append(("complex", c.tolist()))
+    try:
+        dist.all_gather([torch.zeros(2, dtype=torch.int64) for _ in range(ctx.dp_size)],
+                        torch.zeros(2, dtype=torch.int32), group=ctx.dp_group)
+    except ValueError as exc:
+        results.append(("mixed dtypes", str(exc)))
     send = torch.tensor([ctx.rank, 10 * ctx.rank, -ctx.rank], dtype=torch.int32)
     outs = [torch.full((3,), -99, dtype=torch.int32) for _ in range(ctx.dp_size)]
     dist.all_gather(outs, send, group=ctx.dp_group)
     send.fill_(1234)  # the sender reusing its buffer changes nothing gathered
     results.append(("all_gather", [o.tolist() for o in outs]))
     return results
+
+
+torch_functions = {"all_reduce": dist.all_reduce, "all_gather": dist.all_gather}
 
 
 @pytest.mark.parametrize("dp_size", [2, 4])
@@ -44,6 +65,10 @@ def test_in_memory_collectives_match_gloo(tmp_path, dp_size):
                              out_dir=tmp_path / "threads", collective_timeout_s=60.0,
                              run_timeout_s=120.0)
     assert threads == gloo
+    assert any(r[0] == "mixed dtypes" and "different dtypes" in r[1] for r in gloo[0])
+    # The thread transport's dist.all_reduce / all_gather are torch's again afterwards.
+    assert (dist.all_reduce, dist.all_gather) == (torch_functions["all_reduce"],
+                                                  torch_functions["all_gather"])
     assert threads[0][-1] == ("all_gather", [[r, 10 * r, -r] for r in range(dp_size)])
     assert all(result == threads[0] for result in threads)
 

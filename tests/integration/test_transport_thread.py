@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from dyntra_lb import planners
 from emu.cli.inputs import WORKLOADS_DIR
 from emu.cluster.faults import FaultPlan
 from emu.cluster.launcher import ClusterError
@@ -100,6 +101,27 @@ def test_thread_transport_is_byte_identical_to_processes(tmp_path, name, dp_size
         assert min(s["own_cost_s"] for s in steps if s["rank"] == 1) >= 0.027
     if name == "kv_fail":  # the failed request's prompt is recomputed on its rank
         assert max(s["scheduled_tokens"] for s in steps) >= spec.trace[1].prompt_tokens
+
+
+def test_each_gathered_snapshot_is_planned_by_one_rank_thread(tmp_path, monkeypatch):
+    """The DP group's plan memo: every rank gathers the same snapshot, one runs the
+    planner and the others take its plans (byte identity is the test above)."""
+    calls = []
+    reference = planners.PLANNERS[planners.REFERENCE]
+
+    def counted(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        return reference(*args, **kwargs)
+
+    monkeypatch.setitem(planners.PLANNERS, planners.REFERENCE, counted)
+    spec = dataclasses.replace(case_spec("static", 4, tmp_path), transport="thread")
+    run = run_cluster(spec)
+    planned = [sum(1 for e in run.events(r) if e["kind"] == "step" and e["lb_active"])
+               for r in range(4)]
+    assert planned[0] > 0 and planned == planned[:1] * 4
+    # At most one planner run per gathered snapshot (fewer when consecutive steps
+    # gather identical snapshots), not one per rank and step.
+    assert 0 < len(calls) <= planned[0]
 
 
 def _thread_spec(tmp_path, trace, **fields) -> RunSpec:
