@@ -12,12 +12,14 @@ every other key at its default, as in the PR). Both runs of a pair use the same 
 and seed; each (profile, seed) pair runs one after the other, on the thread transport
 (``--transport process`` for rank processes: the same numbers, several times slower).
 
-Differences from the PR that the emulator cannot close yet: no MTP (one token per
-request per step, the PR used 3 draft tokens); synchronous scheduling (the PR used async
-scheduling).
+MTP: the ``kv-token-mtp3`` profile runs the PR's 3 speculative tokens (each accepted
+with an assumed probability of 0.7 given the earlier ones, docs/cost-models.md); the
+other profiles emit one token per request per step. A difference from the PR that the
+emulator cannot close yet: synchronous scheduling (the PR used async scheduling).
 
     .venv/bin/python benchmarks/pr12292.py                          # 1,000 requests, seed 0
     .venv/bin/python benchmarks/pr12292.py --n 300 --seeds 0 1 --profiles kv-token
+    .venv/bin/python benchmarks/pr12292.py --profiles kv-token kv-token-mtp3   # MTP row
     .venv/bin/python benchmarks/pr12292.py --n 100 --check-transports   # thread == process
 
 ``--check-transports`` also runs the first seed's pairs on rank processes and checks
@@ -42,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from emu.cluster.launcher import ClusterError  # noqa: E402
 from emu.cluster.run import run_cluster  # noqa: E402
-from emu.engine.costs import PROFILES  # noqa: E402
+from emu.engine.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
 from emu.metrics import compute_metrics, load_run  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
@@ -101,13 +103,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="workload seeds (default: 0)")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES),
-                        choices=list(PROFILES), help="cost profiles (default: all bundled)")
+                        metavar="NAME|FILE.json",
+                        help="cost profiles, bundled names or profile files (default: all "
+                             "bundled)")
     parser.add_argument("--transport", choices=("thread", "process"), default="thread",
                         help="how the ranks run (default thread)")
     parser.add_argument("--check-transports", action="store_true",
                         help="run the first seed on rank processes too and compare")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
+    try:
+        profiles = {name: load_profile(name) for name in args.profiles}
+    except CostProfileError as exc:
+        parser.error(f"--profiles: {exc}")
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}; dp={DP}, block size {BLOCK_SIZE}, "
@@ -120,9 +128,9 @@ def main(argv=None) -> int:
             for name in args.profiles:
                 pair = {}
                 for label, config in (("A", None), ("B", CONFIG_B)):
-                    out = pathlib.Path(tmp) / f"{seed}-{name}-{label}"
+                    out = pathlib.Path(tmp) / f"{seed}-{profiles[name].name}-{label}"
                     try:
-                        pair[label] = run_one(requests, config, PROFILES[name], seed, out,
+                        pair[label] = run_one(requests, config, profiles[name], seed, out,
                                               args.transport)
                     except ClusterError as exc:  # e.g. the watchdog on an overloaded host
                         print(f"  seed {seed} {name} {label}: FAILED: "
@@ -132,10 +140,11 @@ def main(argv=None) -> int:
                           f"virtual, {pair[label]['wall_s']:.0f} s wall", flush=True)
                 if len(pair) < 2:
                     continue
-                results.append({"seed": seed, "profile": name, **pair})
+                results.append({"seed": seed, "profile": profiles[name].name, **pair})
                 print(f"  {_row(results[-1])}", flush=True)
                 if args.check_transports and seed == args.seeds[0]:
-                    check_transports(requests, name, seed, pair, pathlib.Path(tmp), args)
+                    check_transports(requests, profiles[name], seed, pair, pathlib.Path(tmp),
+                                     args)
                 if args.json:  # after every pair, so an interrupted run keeps its numbers
                     args.json.write_text(json.dumps(
                         {"args": vars(args) | {"json": str(args.json)},
@@ -155,19 +164,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_transports(requests, name, seed, pair, tmp, args) -> None:
+def check_transports(requests, profile, seed, pair, tmp, args) -> None:
     """Run the pair again on the other transport; print whether every rank's event log
     is byte-identical and the table's numbers equal (wall time aside)."""
     other = "process" if args.transport == "thread" else "thread"
     for label, config in (("A", None), ("B", CONFIG_B)):
-        again = run_one(requests, config, PROFILES[name], seed,
-                        tmp / f"{seed}-{name}-{label}-{other}", other)
+        again = run_one(requests, config, profile, seed,
+                        tmp / f"{seed}-{profile.name}-{label}-{other}", other)
         same_logs = all(pathlib.Path(a).read_bytes() == pathlib.Path(b).read_bytes()
                         for a, b in zip(pair[label]["event_logs"], again["event_logs"],
                                         strict=True))
         keys = [k for k in again if k not in ("wall_s", "event_logs")]
         same_numbers = all(again[k] == pair[label][k] for k in keys)
-        print(f"  seed {seed} {name} {label}: {other} transport {again['wall_s']:.0f} s wall "
+        print(f"  seed {seed} {profile.name} {label}: {other} transport "
+              f"{again['wall_s']:.0f} s wall "
               f"({args.transport} {pair[label]['wall_s']:.0f} s); event logs "
               f"{'identical' if same_logs else 'DIFFERENT'}, numbers "
               f"{'equal' if same_numbers else 'DIFFERENT'}", flush=True)

@@ -165,8 +165,11 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
             for r in run.requests if r["token_times_s"]]
     queue = [(r["first_scheduled_s"] - r["arrival_s"]) * 1e3
              for r in run.requests if r.get("first_scheduled_s") is not None]
+    # With speculative decoding a step emits several tokens at once; vLLM's serving
+    # benchmark receives them as one streamed chunk and counts one ITL per chunk, so a
+    # zero gap (same step) is no inter-token latency. Without it every gap is > 0.
     itl = [(b - a) * 1e3 for r in run.requests
-           for a, b in pairwise(r["token_times_s"])]
+           for a, b in pairwise(r["token_times_s"]) if b != a]
     e2e = [(r["finish_s"] - r["arrival_s"]) * 1e3 for r in finished]
 
     per_rank = []

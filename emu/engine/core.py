@@ -47,6 +47,7 @@ from emu.engine.invariants import StrictChecker
 from emu.impl import planner_name
 from emu.impl.kit.kv import RemoteKVConnector
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.impl.kit.spec_decode import DraftAcceptance
 from emu.sites import DP_SYNC_SITE
 
 logger = logging.getLogger("dyntra_lb")
@@ -151,6 +152,7 @@ class EngineCore:
             dyntra_lb=lb_config.enabled,
             enable_diagnostics=lb_config.enabled and lb_config.enable_diagnostics,
             policy=spec.scheduling_policy,
+            spec_decode=DraftAcceptance.for_profile(spec.cost_model, spec.seed),
         )
         self.clock = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
                                    device=ctx.device, observe=self.recorder,

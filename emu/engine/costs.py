@@ -19,7 +19,20 @@ sets the DP step time. A profile is a named, documented set of linear coefficien
 Profiles are picked by name (``PROFILES``) or read from a JSON file
 (``load_profile``); ``fit`` estimates one from step times measured on a real node, and
 ``python -m emu.engine.costs fit CSV`` (also ``dyntra-emu fit-cost``) does that from a CSV file.
-Speculative decoding (MTP) is not modelled: a step emits one token per running request.
+Speculative decoding (MTP) is three more fields, all 0 by default (plain decode, one
+token per running request per step):
+
+- ``num_speculative_tokens``: k, the draft tokens verified per decode step (vLLM's
+  ``speculative_config.num_speculative_tokens``); the scheduler then schedules 1 + k
+  tokens per decoding request (priced by ``per_scheduled_token_s``);
+- ``draft_acceptance_rate``: the chance that a draft token is accepted given that the
+  drafts before it were; a step emits the accepted prefix plus one token
+  (``emu.impl.kit.spec_decode``);
+- ``draft_step_s``: one forward of the draft model (the MTP layer); the drafter runs k of
+  them in every step that runs tokens.
+
+A profile with k = 0 writes no MTP keys (``to_dict``), so its metrics and files are
+those of a profile without them.
 """
 
 from __future__ import annotations
@@ -40,7 +53,11 @@ from emu.knobs import is_number
 TERMS = ("fixed_s", "per_kv_token_s", "per_scheduled_token_s", "per_running_request_s",
          "per_kv_block_s")
 # The columns a measured CSV must have (one row per step), and the term each one prices.
+# vLLM accepts more, but past this a draft chain is not a decode-node setting.
+MAX_SPEC_TOKENS = 16
 FIT_COLUMNS = ("running_requests", "kv_tokens", "scheduled_tokens", "step_ms")
+# The speculative-decoding fields (all 0: plain decode), after the coefficients.
+MTP_FIELDS = ("num_speculative_tokens", "draft_acceptance_rate", "draft_step_s")
 FIT_TERMS = {"fixed_s": None, "per_kv_token_s": "kv_tokens",
              "per_scheduled_token_s": "scheduled_tokens",
              "per_running_request_s": "running_requests"}
@@ -53,6 +70,8 @@ class StepCostModel:
     ``fixed_s + per_kv_token_s * kv_tokens + per_scheduled_token_s * scheduled_tokens
     + per_running_request_s * running_requests + per_kv_block_s * running_blocks``;
 
+    plus ``num_speculative_tokens * draft_step_s`` with speculative decoding (the drafter's
+    forwards; the 1 + k tokens per decoding request are in ``scheduled_tokens``);
     a dummy step (no real tokens) costs ``fixed_s`` only. The default is the ``kv-token``
     profile. ``name`` and ``description`` say what it is in metrics and summaries.
     """
@@ -64,6 +83,9 @@ class StepCostModel:
     per_running_request_s: float = 0.0
     per_kv_block_s: float = 0.0
     description: str = ""
+    num_speculative_tokens: int = 0
+    draft_acceptance_rate: float = 0.0
+    draft_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -79,6 +101,24 @@ class StepCostModel:
         if round(self.fixed_s * 1e6) < 1:
             raise ValueError(
                 f"cost model fixed_s must be at least 1 microsecond, got {self.fixed_s!r}")
+        self._check_mtp()
+
+    def _check_mtp(self) -> None:
+        k, rate, draft = (self.num_speculative_tokens, self.draft_acceptance_rate,
+                          self.draft_step_s)
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SPEC_TOKENS:
+            raise ValueError(f"cost model num_speculative_tokens must be an integer from 0 "
+                             f"to {MAX_SPEC_TOKENS} (draft tokens per step), got {k!r}")
+        if not is_number(rate) or not 0 <= rate <= 1:
+            raise ValueError(f"cost model draft_acceptance_rate must be a number from 0 to 1 "
+                             f"(the chance a draft token is accepted), got {rate!r}")
+        if not is_number(draft) or not draft >= 0 or draft == float("inf"):
+            raise ValueError(f"cost model draft_step_s must be a finite number >= 0 "
+                             f"(seconds per draft forward), got {draft!r}")
+        if k == 0 and (rate or draft):
+            which = "draft_acceptance_rate" if rate else "draft_step_s"
+            raise ValueError(f"cost model {which} is set but num_speculative_tokens is 0 "
+                             "(no drafts); set num_speculative_tokens or remove it")
 
     def cost(self, running_blocks: int, kv_tokens: int, running_requests: int,
              scheduled_tokens: int, dummy: bool) -> int:
@@ -86,14 +126,21 @@ class StepCostModel:
         called by the engine once per step, right before the lockstep collective."""
         if dummy:
             return round(self.fixed_s * 1e6)
-        return round((self.fixed_s + self.per_kv_token_s * kv_tokens
+        return round((self.fixed_s + self.num_speculative_tokens * self.draft_step_s
+                      + self.per_kv_token_s * kv_tokens
                       + self.per_scheduled_token_s * scheduled_tokens
                       + self.per_running_request_s * running_requests
                       + self.per_kv_block_s * running_blocks) * 1e6)
 
     def to_dict(self) -> dict:
-        """The profile as the JSON object ``profile_from_dict`` reads back."""
-        return asdict(self)
+        """The profile as the JSON object ``profile_from_dict`` reads back; without
+        speculative decoding (k = 0) the MTP keys are left out, so metrics.json and
+        profile files stay as they were before the keys existed."""
+        data = asdict(self)
+        if not self.num_speculative_tokens:
+            for key in MTP_FIELDS:
+                del data[key]
+        return data
 
     def formula(self) -> str:
         """The non-zero terms in microseconds, for summaries and --help."""
@@ -105,6 +152,10 @@ class StepCostModel:
             value = getattr(self, name)
             if value:
                 parts.append(f"{value * 1e6:.4g} us/{unit}")
+        k = self.num_speculative_tokens
+        if k:
+            parts.append(f"{k} x {self.draft_step_s * 1e6:g} us/draft forward "
+                         f"(MTP: {k} draft tokens, acceptance {self.draft_acceptance_rate:g})")
         return " + ".join(parts)
 
 
@@ -124,6 +175,13 @@ PROFILES = {
         description="fitted to published decode ITL of Qwen3-30B-A3B on Ascend at 1, 4 "
                     "and 6 concurrent ~14.9k-token requests (vllm-ascend issue #3773); "
                     "see docs/cost-models.md"),
+    "kv-token-mtp3": StepCostModel(
+        name="kv-token-mtp3", num_speculative_tokens=3, draft_acceptance_rate=0.7,
+        draft_step_s=0.002,
+        description="kv-token with MTP as in PR #12292: 3 draft tokens per step, each "
+                    "accepted with probability 0.7 given the ones before it (about 2.5 "
+                    "tokens per step), 2 ms per draft forward; the rate and the draft cost "
+                    "are assumptions from published MTP figures, see docs/cost-models.md"),
 }
 DEFAULT_PROFILE = "kv-token"
 

@@ -8,6 +8,12 @@ requests run is kept: running requests first, preemption of the last running req
 on KV exhaustion, the waiting loop with blocked-status promotion, remote KV loads
 through the connector, the token budget and ``max_num_seqs``.
 
+With speculative decoding (``spec_decode``, an ``emu.impl.kit.spec_decode.DraftAcceptance``) a
+decoding request holds k draft tokens after each step, as vLLM's after
+``update_draft_token_ids``; the next ``schedule()`` schedules them with its one real
+token, and ``update_from_output`` rolls back the rejected ones and emits the accepted
+ones plus one, never past the request's output length.
+
 With ``dyntra_lb=True`` a ``DyntraLBPolicy`` is attached as ``lb`` and hooked in where
 the DyntraLB scheduler hooks vLLM's: ``apply_plan()`` first in ``schedule()``, the
 admission gate in the waiting loop, and the paused-id hooks. With it off there is no
@@ -43,7 +49,7 @@ class Request:
     __slots__ = ("request_id", "prompt_tokens", "output_tokens", "arrival_time",
                  "priority", "num_tokens", "num_computed_tokens", "num_output_tokens", "status",
                  "num_preemptions", "first_scheduled_s", "token_times_s", "finish_s",
-                 "pauses")
+                 "pauses", "num_spec_tokens")
 
     def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int,
                  arrival_time: float = 0.0, priority: int = 0):
@@ -67,6 +73,8 @@ class Request:
         self.token_times_s: list[float] = []
         self.finish_s: float | None = None
         self.pauses: list[list[float | None]] = []
+        # Draft tokens proposed for the next step (vLLM's len(spec_token_ids)).
+        self.num_spec_tokens = 0
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED
@@ -169,7 +177,9 @@ class CacheConfig:
 class SchedulerOutput:
     """What one ``schedule()`` decided. Id lists are in scheduling order; ``paused``
     are the requests DyntraLB paused at the start of this step, ``preempted`` those the
-    running loop preempted for KV."""
+    running loop preempted for KV; ``scheduled_spec_decode_tokens`` counts the draft
+    tokens scheduled per request (vLLM keeps their ids), included in its
+    ``num_scheduled_tokens``."""
 
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
@@ -177,19 +187,22 @@ class SchedulerOutput:
     resumed_req_ids: list[str] = field(default_factory=list)
     paused_req_ids: list[str] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
+    scheduled_spec_decode_tokens: dict[str, int] = field(default_factory=dict)
 
 
 class Scheduler:
     """The stub scheduler; attribute names follow vLLM's ``Scheduler`` so that
     ``DyntraLBPolicy`` reads it through the same surface as a real one.
 
-    ``policy`` is "fcfs" (default) or "priority".
+    ``policy`` is "fcfs" (default) or "priority"; ``spec_decode`` (an
+    ``emu.impl.kit.spec_decode.DraftAcceptance``, or None for plain decode) turns on speculative
+    decoding.
     """
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_gpu_blocks: int, connector: RemoteKVConnector | None = None,
                  dyntra_lb: bool = False, enable_diagnostics: bool = False,
-                 policy: str = "fcfs"):
+                 policy: str = "fcfs", spec_decode=None):
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, "
                              f"got {policy!r}")
@@ -203,6 +216,7 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(BlockPool(num_gpu_blocks), block_size)
         self.connector = connector
         self.policy = policy
+        self.spec_decode = spec_decode
         self.scheduler_reserve_full_isl = False
         queue_cls = PriorityRequestQueue if policy == "priority" else FCFSRequestQueue
         self.waiting = queue_cls()
@@ -267,13 +281,15 @@ class Scheduler:
         running = self.running
         token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
+        scheduled_spec: dict[str, int] = {}
         preempted: list[Request] = []
 
         # Running requests first, in list order.
         req_index = 0
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
-            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            num_new_tokens = (request.num_tokens + request.num_spec_tokens
+                              - request.num_computed_tokens)
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             elif num_new_tokens <= 0:
@@ -287,6 +303,7 @@ class Scheduler:
                     victim = max(running, key=lambda r: (r.priority, r.arrival_time))
                     running.remove(victim)
                     undo = num_scheduled_tokens.pop(victim.request_id, None)
+                    scheduled_spec.pop(victim.request_id, None)
                     if undo is not None:
                         token_budget += undo
                         req_index -= 1
@@ -301,6 +318,12 @@ class Scheduler:
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             req_index += 1
+            if request.num_spec_tokens:
+                # The drafts that fit the budget are scheduled; all are used up.
+                num_drafts = request.num_computed_tokens + num_new_tokens - request.num_tokens
+                if num_drafts > 0:
+                    scheduled_spec[request.request_id] = num_drafts
+                request.num_spec_tokens = 0
 
         new_req_ids: list[str] = []
         resumed_req_ids: list[str] = []
@@ -322,6 +345,7 @@ class Scheduler:
             resumed_req_ids=resumed_req_ids,
             paused_req_ids=[r.request_id for r in paused],
             preempted_req_ids=[r.request_id for r in preempted],
+            scheduled_spec_decode_tokens=scheduled_spec,
         )
 
     def _update_after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
@@ -452,6 +476,7 @@ class Scheduler:
         self._inflight_prefills.discard(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_spec_tokens = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
 
@@ -470,8 +495,10 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput, now_s: float) -> list[Request]:
         """The step's forward finished at virtual time ``now_s``: collect finished
         remote transfers, advance computed tokens, sample a token for every request
-        that reached its length, finish requests at their output length. Returns the
-        finished requests in scheduling order."""
+        that reached its length (with speculative decoding: roll back the rejected
+        drafts, emit the accepted ones and one more, and propose the next drafts),
+        finish requests at their output length. Returns the finished requests in
+        scheduling order."""
         self._now_s = now_s
         connector = self.connector
         if connector is not None:
@@ -483,20 +510,37 @@ class Scheduler:
         requests = self.requests
         inflight = self._inflight_prefills
         finished: list[Request] = []
+        acceptance = self.spec_decode
+        scheduled_spec = output.scheduled_spec_decode_tokens
         for req_id in output.num_scheduled_tokens:
             request = requests[req_id]
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk
             if inflight:
                 inflight.discard(request)
-            request.num_output_tokens += 1
-            request.num_tokens += 1
-            request.token_times_s.append(now_s)
+            num_new = 1
+            if acceptance is not None:
+                num_drafts = scheduled_spec.get(req_id, 0)
+                if num_drafts:
+                    accepted = acceptance.num_accepted(req_id, request.num_output_tokens,
+                                                       num_drafts)
+                    request.num_computed_tokens -= num_drafts - accepted
+                    num_new += accepted
+                # The stop check of every new token: nothing past the output length.
+                num_new = min(num_new, request.output_tokens - request.num_output_tokens)
+            request.num_output_tokens += num_new
+            request.num_tokens += num_new
+            if num_new == 1:
+                request.token_times_s.append(now_s)
+            else:
+                request.token_times_s.extend([now_s] * num_new)
             if request.num_output_tokens >= request.output_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                 request.finish_s = now_s
                 self._free_request(request)
                 finished.append(request)
+            elif acceptance is not None:
+                request.num_spec_tokens = acceptance.num_speculative_tokens
         if finished:
             self.running[:] = [r for r in self.running if r.status == RequestStatus.RUNNING]
             self._finished_unreported = True
@@ -508,4 +552,6 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         if self.connector is not None:
             self.connector.request_finished(request)
+        if self.spec_decode is not None:
+            self.spec_decode.forget(request.request_id)
         del self.requests[request.request_id]
