@@ -478,8 +478,13 @@ def plot_load(a: RunLogs, b: RunLogs, report: DiffReport, path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("iteration")
-    verdict = ("identical" if report.identical else
-               f"first divergence: rank {first.rank}, iteration {first.iter} ({first.kind})")
+    if report.identical:
+        verdict = "identical" + (", both failed the same way"
+                                 if report.failures[0] is not None else "")
+    elif first.rank is None:
+        verdict = f"the outcome differs ({first.what})"
+    else:
+        verdict = f"first divergence: rank {first.rank}, iteration {first.iter} ({first.kind})"
     fig.suptitle(f"{a.label} vs {b.label}: {verdict}")
     path = Path(path)
     fig.savefig(path, dpi=100)

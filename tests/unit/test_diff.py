@@ -252,9 +252,12 @@ def test_two_runs_that_failed_differently_diverge_in_their_outcome(tmp_path):
     a = read_run(_failed(write_run(tmp_path / "a", _steps()), STALL), "kit")
     b = read_run(_failed(write_run(tmp_path / "b", _steps()), "rank 1 failed: RankKilled"),
                  "vllm-ascend")
-    [d] = compare(a, b).divergences
+    report = compare(a, b)
+    [d] = report.divergences
     assert (d.kind, d.rank, d.what) == ("outcome", None, "both runs failed, for different "
                                         "reasons")
+    path = plot_load(a, b, report, tmp_path / "load_diff.png")  # titled by the outcome
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_failed_run_logs_only_the_kept_iterations_diagnostics(tmp_path):
