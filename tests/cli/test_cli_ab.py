@@ -15,7 +15,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_ab_off_against_default_config(cli, tiny_trace, tmp_path, clikit):
     out = tmp_path / "ab"
 
-    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--seed", "3", "--out", out)
+    # The console script in its own process, as the README's main job runs it.
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--seed", "3", "--out", out,
+               process=True)
 
     assert proc.returncode == 0, proc.stderr
     assert "A (DyntraLB off): 2 ranks" in proc.stderr
