@@ -83,8 +83,11 @@ def test_ab_over_workload_seeds(cli, tmp_path):
     """--seeds N with a generated workload: N A/B pairs on N different traces, each delta
     per seed and as a mean with its confidence interval."""
     out = tmp_path / "seeds"
+    # The recipe's long request decodes 4,096 tokens: four runs of it on rank threads
+    # (byte-identical to rank processes, tests/integration/test_transport_thread.py).
     proc = cli("ab", "--workload", "recipe:pr12292,n=6,rate=20", "--seeds", "2", "--seed", "3",
                "--dp", "2", "--block-size", "2048", "--device", "cpu", "--quiet",
+               "--transport", "thread",
                "--out", out, "--config-a", "{}", "--config-b",
                '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static",'
                ' "start_step": 0}}}')
