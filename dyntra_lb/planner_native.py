@@ -1,5 +1,5 @@
 """The planner of docs/planner.md compiled with numba: the same plans as the Python planner
-in ``dyntra_lb/planner.py``, for the calls that need no observer. Docstrings of the
+in ``dyntra_lb/planner_python.py``, for the calls that need no observer. Docstrings of the
 planner's steps start with the docs/planner.md heading that describes the step.
 
 ``dyntra_lb.planner`` imports this module once, at its own import, when numba is
