@@ -7,11 +7,12 @@ compiled loops:
   each card gets its sorted distinct sizes once; per size it counts its running and
   waiting items and it tracks its smallest and largest running and waiting size.
 * Every item a list removes is the first of its (size, newly_added) class in that list
-  (the argument above; the fill takes the head of the waiting list, which is the first
-  of its class too). So each list is kept as one FIFO queue per (size, newly_added),
-  with a sequence number stamped on every append: the list order is the order of the
-  sequence numbers, "the first item of these sizes in the list" is the queue head with
-  the smallest number, and a move costs O(1).
+  (the ``list.remove`` argument of ``planner_native.py``'s docstring; the fill takes
+  the head of the waiting list, which is the first of its class too). So each list is
+  kept as one FIFO queue per (size, newly_added), with a sequence number stamped on
+  every append: the list order is the order of the sequence numbers, "the first item of
+  these sizes in the list" is the queue head with the smallest number, and a move costs
+  O(1).
 * The nearest achievable difference at or below ``a`` (or at or above ``b``) is one
   two-pointer pass over the card's distinct sizes. Far from balance (nearly every
   swap) the extreme difference of the mode wins at no cost: ``max W - min R`` is always
