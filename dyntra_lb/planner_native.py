@@ -1,5 +1,5 @@
 """The planner of docs/planner.md compiled with numba: the same plans as the Python planner
-in ``dyntra_lb/planner.py``, for the calls that need no observer. Docstrings of the
+in ``dyntra_lb/planner_python.py``, for the calls that need no observer. Docstrings of the
 planner's steps start with the docs/planner.md heading that describes the step.
 
 ``dyntra_lb.planner`` imports this module once, at its own import, when numba is
@@ -12,147 +12,78 @@ best swap difference ``d`` is the achievable difference nearest to the vertex ``
 from below or from above, evaluated with the reference's own float expression; the tie
 rule takes the first newly added running item that reaches the best distance, else the
 first one; the reference's ``list.remove`` by value removes the first item with the
-chosen (size, newly_added) pair. What differs is the index, built for compiled loops:
-
-* A card's items never leave it (they move between its running and waiting lists), so
-  each card gets its sorted distinct sizes once; per size it counts its running and
-  waiting items and it tracks its smallest and largest running and waiting size.
-* Every item a list removes is the first of its (size, newly_added) class in that list
-  (the argument above; the fill takes the head of the waiting list, which is the first
-  of its class too). So each list is kept as one FIFO queue per (size, newly_added),
-  with a sequence number stamped on every append: the list order is the order of the
-  sequence numbers, "the first item of these sizes in the list" is the queue head with
-  the smallest number, and a move costs O(1).
-* The nearest achievable difference at or below ``a`` (or at or above ``b``) is one
-  two-pointer pass over the card's distinct sizes. Far from balance (nearly every
-  swap) the extreme difference of the mode wins at no cost: ``max W - min R`` is always
-  achievable and only ``min R`` reaches it (``min W - max R``: only ``max R``).
-
-State lives in flat int64 arrays: a table ``cs`` with one row per card, arrays over all
-cards' distinct sizes (``g`` = a global size index) and over all items. Swaps, drops and
-fills append global size indices to an out log and an in log; cancellation runs on those logs.
+chosen (size, newly_added) pair.
+What differs is the index, built for compiled loops (``dyntra_lb/planner_native_card.py``
+describes it, with the helpers on it; the swap search, the throughput drop and the fill
+are in ``dyntra_lb/planner_native_steps.py``). This module holds the Python side
+(:func:`plan`: the rows flattened into arrays, the result split back into lists) and the
+one kernel it calls, ``_balance``: parsing, the fill, the main loop and cancellation.
 """
 
 from __future__ import annotations
 
 import operator
+import os
 
 import numpy as np
 from numba import njit
 
-# Columns of the per-card table ``cs``. Size indices are global (into ``dv``).
-_TOT = 0      # tot_blk
-_NRUN = 1     # running items
-_NWAIT = 2    # waiting items
-_NNEW = 3     # newly added items in running
-_MINR = 4     # smallest running size index (DOM + NDOM when running is empty)
-_MAXR = 5     # largest running size index (DOM - 1 when empty)
-_MINW = 6     # the same for waiting
-_MAXW = 7
-_DOM = 8      # first size index of the card
-_NDOM = 9     # number of distinct sizes of the card
-_ITEMS = 10   # first item id of the card (its items are the row's sizes, in row order)
-_FIELDS = 11
+from dyntra_lb import planner_native_card, planner_native_steps
+from dyntra_lb.planner_native_card import (
+    _DOM,
+    _FIELDS,
+    _ITEMS,
+    _MAXR,
+    _MAXW,
+    _MINR,
+    _MINW,
+    _NDOM,
+    _NIN,
+    _NONE,
+    _NOUT,
+    _NRUN,
+    _NUM_RUN,
+    _NWAIT,
+    _RUN_OLD,
+    _SEQ,
+    _TOT,
+    _TOTAL,
+    _WAIT_OLD,
+    _inline,
+    _jit,
+)
+from dyntra_lb.planner_native_steps import _drop, _fill, _swap
 
-# Columns of the global state ``gs``.
-_TOTAL = 0    # sum of all tot_blk
-_NUM_RUN = 1  # running items over all cards
-_SEQ = 2      # next sequence number
-_NOUT = 3     # entries in the out log
-_NIN = 4      # entries in the in log
-
-# Queue of size g for (list, newly_added): head[4 * g + queue], same for tail.
-_RUN_OLD, _RUN_NEW, _WAIT_OLD, _WAIT_NEW = 0, 1, 2, 3
-_NONE = -1
-
-# The kernels pass these arrays around: cs, gs (above); per size index g: dv (its value),
-# rc / wc (running / waiting items of that size), head / tail (4 per size: queue ends,
-# item ids or _NONE); per item: nxt (next item in its queue), seq (sequence number of
-# its last append), ig (size index), flag (newly_added); out_log / in_log (size indices
-# in the order of the reference's appends to out_blk / in_blk).
+# The files whose code ``_balance`` compiles in.
+_KERNEL_FILES = (__file__, planner_native_card.__file__, planner_native_steps.__file__)
 
 
-_jit = njit
-# The helpers on the path of every swap, inlined into their callers by numba: a call
-# between compiled functions costs more than these bodies.
-_inline = njit(inline="always")
-
-
-def _cached_jit(fn):
+def _cached_jit(fn, files=_KERNEL_FILES):
     """The kernel entry point: compiled on first call (its callees with it) and cached
     on disk where numba finds a writable place (``NUMBA_CACHE_DIR``, the package's
     ``__pycache__``, else the user's cache directory); without one (read-only install
-    and home) every process compiles it again."""
+    and home) every process compiles it again.
+
+    numba reuses a cached kernel while the file defining it is unchanged, without
+    looking at the files of the callees it compiled in (a limit its caching notes
+    state). So the cache index is stamped with ``files`` as well (by default the kernel
+    modules): an edit to any of them compiles anew instead of loading a kernel built
+    from the old code."""
     try:
-        return njit(cache=True)(fn)
+        kernel = njit(cache=True)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
         return njit(fn)
+    index = getattr(kernel._cache, "_cache_file", None)
+    if not hasattr(index, "_source_stamp"):
+        return njit(fn)  # a numba laid out otherwise: no disk cache rather than a stale one
+    index._source_stamp = (index._source_stamp, *map(_stamp, files))
+    return kernel
 
 
-@_inline
-def _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, item, waiting):
-    """Append ``item`` to the running (``waiting`` False) or waiting list of card c."""
-    g = ig[item]
-    q = 4 * g + 2 * waiting + flag[item]
-    seq[item] = gs[_SEQ]
-    gs[_SEQ] += 1
-    nxt[item] = _NONE
-    if tail[q] == _NONE:
-        head[q] = item
-    else:
-        nxt[tail[q]] = item
-    tail[q] = item
-    if waiting:
-        wc[g] += 1
-        cs[c, _NWAIT] += 1
-        cs[c, _MINW] = min(cs[c, _MINW], g)
-        cs[c, _MAXW] = max(cs[c, _MAXW], g)
-    else:
-        rc[g] += 1
-        cs[c, _NRUN] += 1
-        cs[c, _NNEW] += flag[item]
-        cs[c, _MINR] = min(cs[c, _MINR], g)
-        cs[c, _MAXR] = max(cs[c, _MAXR], g)
-
-
-@_inline
-def _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, item, waiting):
-    """Remove ``item``, the head of its queue, from its list of card c."""
-    g = ig[item]
-    q = 4 * g + 2 * waiting + flag[item]
-    head[q] = nxt[item]
-    if head[q] == _NONE:
-        tail[q] = _NONE
-    cnt = wc if waiting else rc
-    fmin, fmax = (_MINW, _MAXW) if waiting else (_MINR, _MAXR)
-    cnt[g] -= 1
-    if waiting:
-        cs[c, _NWAIT] -= 1
-    else:
-        cs[c, _NRUN] -= 1
-        cs[c, _NNEW] -= flag[item]
-    if cnt[g] == 0:
-        end = cs[c, _DOM] + cs[c, _NDOM]
-        if cs[c, fmin] == g:
-            j = g + 1
-            while j < end and cnt[j] == 0:
-                j += 1
-            cs[c, fmin] = j
-        if cs[c, fmax] == g:
-            j = g - 1
-            while j >= cs[c, _DOM] and cnt[j] == 0:
-                j -= 1
-            cs[c, fmax] = j
-
-
-@_inline
-def _earlier(seq, a, b):
-    """Of two items (either may be _NONE) the one appended first to its list."""
-    if a == _NONE:
-        return b
-    if b == _NONE or seq[a] < seq[b]:
-        return a
-    return b
+def _stamp(path: str) -> tuple[float, int]:
+    """What numba stamps a source file with: its modification time and size."""
+    status = os.stat(path)
+    return status.st_mtime, status.st_size
 
 
 @_inline
@@ -178,270 +109,6 @@ def _sort_cards(order, cs):
             order[j + 1] = order[j]
             j -= 1
         order[j + 1] = c
-
-
-@_jit
-def _largest_at_most(cs, dv, rc, wc, c, a, lo):
-    """Largest achievable difference ``w - r`` in ``[lo, a]``, or ``lo - 1`` if none:
-    for each running size ascending, the largest waiting size ``<= r + a``."""
-    best = lo - 1
-    maxw = cs[c, _MAXW]
-    j = cs[c, _MINW] - 1          # last size index with dv <= r + a (or before MINW)
-    last = _NONE                  # last such index holding a waiting item
-    for g in range(cs[c, _MINR], cs[c, _MAXR] + 1):
-        if rc[g] == 0:
-            continue
-        r = dv[g]
-        while j < maxw and dv[j + 1] <= r + a:
-            j += 1
-            if wc[j] > 0:
-                last = j
-        if last != _NONE and dv[last] - r > best:
-            best = dv[last] - r
-            if best == a:
-                break
-    return best
-
-
-@_jit
-def _smallest_at_least(cs, dv, rc, wc, c, b, hi):
-    """Smallest achievable difference ``w - r`` in ``[b, hi]``, or ``hi + 1`` if none."""
-    best = hi + 1
-    maxw = cs[c, _MAXW]
-    k = cs[c, _MINW]              # first size index with dv >= r + b holding a waiting item
-    for g in range(cs[c, _MINR], cs[c, _MAXR] + 1):
-        if rc[g] == 0:
-            continue
-        r = dv[g]
-        while k <= maxw and (dv[k] < r + b or wc[k] == 0):
-            k += 1
-        if k > maxw:
-            break
-        if dv[k] - r < best:
-            best = dv[k] - r
-            if best == b:
-                break
-    return best
-
-
-@_jit
-def _size_index(cs, dv, c, v):
-    """Size index of value ``v`` in card c, or _NONE when no item of the card has it."""
-    dom, m = cs[c, _DOM], cs[c, _NDOM]
-    k = np.searchsorted(dv[dom:dom + m], v)
-    return dom + k if k < m and dv[dom + k] == v else _NONE
-
-
-@_jit
-def _first_reaching(cs, dv, rc, wc, head, seq, c, d, first_new, first_any):
-    """Fold into (first newly added, first any) the running queue heads of every size
-    ``r`` that has a waiting size ``r + d``."""
-    maxw = cs[c, _MAXW]
-    k = cs[c, _MINW]
-    for g in range(cs[c, _MINR], cs[c, _MAXR] + 1):
-        if rc[g] == 0:
-            continue
-        want = dv[g] + d
-        while k <= maxw and dv[k] < want:
-            k += 1
-        if k > maxw:
-            break
-        if dv[k] == want and wc[k] > 0:
-            first_new = _earlier(seq, first_new, head[4 * g + _RUN_NEW])
-            first_any = _earlier(seq, first_any, head[4 * g + _RUN_OLD])
-    return first_new, _earlier(seq, first_any, first_new)
-
-
-@_inline
-def _first_waiting(head, seq, g, first):
-    """Fold the waiting queue heads of size index g (none if _NONE) into ``first``."""
-    if g == _NONE:
-        return first
-    first = _earlier(seq, first, head[4 * g + _WAIT_OLD])
-    return _earlier(seq, first, head[4 * g + _WAIT_NEW])
-
-
-@_inline
-def _perform_swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
-                  r_item, w_item):
-    """Swap search, performing a swap on card c: log, update the totals, exchange the
-    two items."""
-    _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, r_item, False)
-    _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, w_item, True)
-    out_log[gs[_NOUT]] = ig[r_item]
-    gs[_NOUT] += 1
-    in_log[gs[_NIN]] = ig[w_item]
-    gs[_NIN] += 1
-    delta = dv[ig[w_item]] - dv[ig[r_item]]
-    cs[c, _TOT] += delta
-    gs[_TOTAL] += delta
-    _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, w_item, False)
-    _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, r_item, True)
-
-
-@_jit
-def _swap_one_rank(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
-                   increase):
-    """Swap search with one rank: every distance is 0.0, so only the tie rule picks: the first
-    newly added running item with a waiting item on the mode's side, and the first such
-    waiting item."""
-    if cs[c, _NNEW] == 0:
-        return False
-    min_w, max_w = dv[cs[c, _MINW]], dv[cs[c, _MAXW]]
-    r_item = _NONE
-    for g in range(cs[c, _MINR], cs[c, _MAXR] + 1):
-        if (max_w > dv[g]) if increase else (min_w < dv[g]):
-            r_item = _earlier(seq, r_item, head[4 * g + _RUN_NEW])
-    if r_item == _NONE:
-        return False
-    v = dv[ig[r_item]]
-    w_item = _NONE
-    for g in range(cs[c, _MINW], cs[c, _MAXW] + 1):
-        if (dv[g] > v) if increase else (dv[g] < v):
-            w_item = _first_waiting(head, seq, g, w_item)
-    _perform_swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
-                  r_item, w_item)
-    return True
-
-
-@_jit
-def _swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, n, c,
-          increase):
-    """Swap search: find and perform the best swap on card c; True if one was made."""
-    if cs[c, _NRUN] == 0 or cs[c, _NWAIT] == 0:
-        return False
-    if n == 1:
-        return _swap_one_rank(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log,
-                              in_log, c, increase)
-    tot = cs[c, _TOT]
-    total = gs[_TOTAL]
-    target = total / n
-    base = abs(tot - target)
-    min_r, max_r = dv[cs[c, _MINR]], dv[cs[c, _MAXR]]
-    min_w, max_w = dv[cs[c, _MINW]], dv[cs[c, _MAXW]]
-    top, bottom = max_w - min_r, min_w - max_r    # the extreme achievable differences
-    if increase:
-        lo, hi = max(bottom, 1), top
-    else:
-        lo, hi = bottom, min(top, -1)
-    if lo > hi:
-        return False
-    t0 = (total - n * tot) // (n - 1)             # floor of the vertex x*
-    a = min(t0, hi)
-    below = lo - 1                                # "none below"
-    if a >= lo:
-        below = a if a == top else _largest_at_most(cs, dv, rc, wc, c, a, lo)
-    b = max(t0 + 1, lo)
-    above = hi + 1                                # "none above"
-    if b <= hi:
-        above = b if b == bottom else _smallest_at_least(cs, dv, rc, wc, c, b, hi)
-    # The reference's distance expression on the candidates (at least one exists: the
-    # extreme difference of the mode is achievable and in [lo, hi]).
-    both = False
-    if below < lo:
-        d = above
-        best = abs((tot + above) - (target + above / n))
-    else:
-        d = below
-        best = abs((tot + below) - (target + below / n))
-        if above <= hi:
-            dist = abs((tot + above) - (target + above / n))
-            if dist < best:
-                best, d = dist, above
-            elif dist == best:
-                both = True
-    if best > base:
-        return False
-    if not both and (d == top or d == bottom):
-        # Only min R reaches max W - min R, only max R reaches min W - max R.
-        g = cs[c, _MINR] if d == top else cs[c, _MAXR]
-        first_new = head[4 * g + _RUN_NEW]
-        first_any = _earlier(seq, head[4 * g + _RUN_OLD], first_new)
-    else:
-        first_new, first_any = _first_reaching(cs, dv, rc, wc, head, seq, c, d, _NONE,
-                                               _NONE)
-        if both:
-            first_new, first_any = _first_reaching(cs, dv, rc, wc, head, seq, c, above,
-                                                   first_new, first_any)
-    if best == base:
-        # Zero gain: only the tie rule (newly added item) can accept it.
-        if first_new == _NONE:
-            return False
-        r_item = first_new
-    elif first_new != _NONE:
-        r_item = first_new
-    else:
-        r_item = first_any
-    rv = dv[ig[r_item]]
-    if not both and d == top:
-        w_item = _first_waiting(head, seq, cs[c, _MAXW], _NONE)
-    elif not both and d == bottom:
-        w_item = _first_waiting(head, seq, cs[c, _MINW], _NONE)
-    else:
-        w_item = _first_waiting(head, seq, _size_index(cs, dv, c, rv + d), _NONE)
-        if both:
-            w_item = _first_waiting(head, seq, _size_index(cs, dv, c, rv + above), w_item)
-    _perform_swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, c,
-                  r_item, w_item)
-    return True
-
-
-@_jit
-def _drop(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, order, n, tp_fixed,
-          tp_per_block):
-    """Throughput-drop heuristic on the most loaded card (``order[0]``; ``order`` is sorted
-    whenever this runs, so ``order[1]`` holds the largest other total)."""
-    num = gs[_NUM_RUN]
-    c = order[0]
-    if num <= 1 or cs[c, _NRUN] == 0:
-        return False
-    m = cs[c, _TOT]
-    s = max(cs[order[1], _TOT], 0) if n > 1 else 0
-    tp = num / (tp_fixed + tp_per_block * m)
-    # tp' falls strictly as M' = max(M - R, S) grows: the largest R gives the best M',
-    # reached by the sizes R with M - R == M', or M - R <= S when M' == S.
-    m_best = max(m - dv[cs[c, _MAXR]], s)
-    tp_best = (num - 1) / (tp_fixed + tp_per_block * m_best)
-    if tp_best < tp:
-        return False
-    first_new = first_any = _NONE
-    g = cs[c, _MAXR]
-    while g >= cs[c, _MINR] and max(m - dv[g], s) == m_best:
-        first_new = _earlier(seq, first_new, head[4 * g + _RUN_NEW])
-        first_any = _earlier(seq, first_any, head[4 * g + _RUN_OLD])
-        g -= 1
-    if first_new != _NONE:
-        item = first_new
-    elif tp_best == tp:
-        return False              # equal throughput: only a newly added item qualifies
-    else:
-        item = first_any
-    _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, item, False)
-    out_log[gs[_NOUT]] = ig[item]
-    gs[_NOUT] += 1
-    v = dv[ig[item]]
-    cs[c, _TOT] -= v
-    gs[_TOTAL] -= v
-    gs[_NUM_RUN] -= 1
-    _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, item, True)
-    return True
-
-
-@_jit
-def _fill(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, in_log, n, max_num_seqs):
-    """Fill step: admit the head of each rank's waiting list into its free slots (before any
-    move, so the waiting list is still the row after the split)."""
-    for c in range(n):
-        first = cs[c, _ITEMS] + cs[c, _NRUN]
-        for item in range(first, first + min(max_num_seqs - cs[c, _NRUN], cs[c, _NWAIT])):
-            _pop(cs, rc, wc, head, tail, nxt, ig, flag, c, item, True)
-            flag[item] = 1
-            _push(cs, gs, rc, wc, head, tail, nxt, seq, ig, flag, c, item, False)
-            in_log[gs[_NIN]] = ig[item]
-            gs[_NIN] += 1
-            cs[c, _TOT] += dv[ig[item]]
-            gs[_TOTAL] += dv[ig[item]]
-            gs[_NUM_RUN] += 1
 
 
 @_jit

@@ -26,7 +26,8 @@ from emu.cluster.faults import (
     plan_problems,
 )
 from emu.engine.costs import StepCostModel
-from emu.impl.kit.scheduler import Request, RequestStatus, Scheduler
+from emu.impl.kit.request import Request, RequestStatus
+from emu.impl.kit.scheduler import Scheduler
 from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
 

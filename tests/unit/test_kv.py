@@ -5,7 +5,7 @@ import math
 import pytest
 
 from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
-from emu.impl.kit.scheduler import Request
+from emu.impl.kit.request import Request
 
 
 def make_manager(num_blocks=10, block_size=4):

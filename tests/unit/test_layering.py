@@ -10,7 +10,8 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "dyntra_lb"
 PURE_MODULES = ["blocks", "config", "diagnostics", "payload", "planner", "planner_native",
-                "planners", "policy"]
+                "planner_native_card", "planner_native_steps", "planner_python",
+                "planner_python_card", "planners", "policy"]
 
 
 def _imported_roots(path: pathlib.Path) -> set[str]:

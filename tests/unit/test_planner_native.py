@@ -148,3 +148,33 @@ def test_the_kernel_is_cached_on_disk_in_a_writable_checkout():
 def test_warm_up_compiles_the_kernel():
     planner.warm_up()
     assert planner_native._balance.signatures
+
+
+def test_an_edit_to_a_callee_in_another_file_compiles_the_kernel_anew(tmp_path):
+    # numba alone would load the cached kernel (its own file is unchanged) and run the
+    # callee's old code; the kernel modules are split across files, so this must not.
+    (tmp_path / "callee.py").write_text(
+        "from numba import njit\n\n@njit(inline='always')\ndef f(x):\n    return x + 1\n")
+    (tmp_path / "kernel.py").write_text(textwrap.dedent("""
+        import callee
+        from dyntra_lb.planner_native import _cached_jit
+
+        def g(x):
+            return callee.f(x)
+
+        g = _cached_jit(g, (__file__, callee.__file__))
+    """))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    code = ("import kernel; print(kernel.g(1), "
+            "sum(kernel.g.stats.cache_hits.values()), sum(kernel.g.stats.cache_misses.values()))")
+
+    def run():
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, timeout=120, cwd=tmp_path, env=env).stdout.strip()
+
+    assert run() == "2 0 1"           # compiled
+    assert run() == "2 1 0"           # loaded from the disk cache
+    (tmp_path / "callee.py").write_text(
+        "from numba import njit\n\n@njit(inline='always')\ndef f(x):\n    return x + 100\n")
+    assert run() == "101 0 1"         # compiled anew from the edited callee

@@ -10,7 +10,8 @@ import pytest
 from dyntra_lb.planner import Plan
 from dyntra_lb.policy import DyntraLBPolicy, RequestStatus
 from emu.impl.kit.kv import RemoteKVConnector
-from emu.impl.kit.scheduler import Request, Scheduler
+from emu.impl.kit.request import Request
+from emu.impl.kit.scheduler import Scheduler
 
 BS = 4
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from emu.engine.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
-from emu.impl.kit.scheduler import Request, RequestStatus, Scheduler
+from emu.impl.kit.request import Request, RequestStatus
+from emu.impl.kit.scheduler import Scheduler
 from emu.impl.kit.spec_decode import DraftAcceptance
 
 BS = 4

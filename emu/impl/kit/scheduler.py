@@ -22,150 +22,24 @@ policy object and the scheduler behaves like plain vLLM.
 
 from __future__ import annotations
 
-import heapq
 import logging
-from collections import deque
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
 from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
+from emu.impl.kit.request import Request
+from emu.impl.kit.request_queue import (
+    SCHEDULING_POLICIES,
+    FCFSRequestQueue,
+    PriorityRequestQueue,
+    create_request_queue,
+)
 
 __all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
 
 logger = logging.getLogger("dyntra_lb")
-
-SCHEDULING_POLICIES = ("fcfs", "priority")
-
-
-class Request:
-    """One request on this rank: token counts, lifecycle status, and the few times the
-    event log records (``first_scheduled_s``, ``token_times_s``, ``finish_s``,
-    ``pauses`` as ``[start_s, end_s or None]`` pairs)."""
-
-    __slots__ = ("request_id", "prompt_tokens", "output_tokens", "arrival_time",
-                 "priority", "num_tokens", "num_computed_tokens", "num_output_tokens", "status",
-                 "num_preemptions", "first_scheduled_s", "token_times_s", "finish_s",
-                 "pauses", "num_spec_tokens")
-
-    def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int,
-                 arrival_time: float = 0.0, priority: int = 0):
-        if prompt_tokens < 1 or output_tokens < 1:
-            raise ValueError(
-                f"request {request_id}: prompt_tokens and output_tokens must be >= 1")
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens  # max tokens; the request finishes there
-        self.arrival_time = arrival_time
-        self.priority = priority
-        # num_tokens = prompt + generated (vLLM's len(all_token_ids)); a plain attribute
-        # kept in step with num_output_tokens by the scheduler, as it is read for every
-        # request in every step.
-        self.num_tokens = prompt_tokens
-        self.num_computed_tokens = 0
-        self.num_output_tokens = 0
-        self.status = RequestStatus.WAITING
-        self.num_preemptions = 0
-        self.first_scheduled_s: float | None = None
-        self.token_times_s: list[float] = []
-        self.finish_s: float | None = None
-        self.pauses: list[list[float | None]] = []
-        # Draft tokens proposed for the next step (vLLM's len(spec_token_ids)).
-        self.num_spec_tokens = 0
-
-    def is_finished(self) -> bool:
-        return self.status > RequestStatus.PREEMPTED
-
-    def __lt__(self, other: Request) -> bool:
-        """PRIORITY-policy order, as vLLM: priority, then arrival time, then id."""
-        if self.priority != other.priority:
-            return self.priority < other.priority
-        if self.arrival_time != other.arrival_time:
-            return self.arrival_time < other.arrival_time
-        return self.request_id < other.request_id
-
-    def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, {self.status.name}, "
-                f"tokens={self.num_tokens}, computed={self.num_computed_tokens})")
-
-    def record(self) -> dict[str, Any]:
-        """The per-request fields of the event log (the engine adds ``kind``, ``rank``)."""
-        return {
-            "request_id": self.request_id,
-            "arrival_s": self.arrival_time,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "first_scheduled_s": self.first_scheduled_s,
-            "token_times_s": list(self.token_times_s),
-            "finish_s": self.finish_s,
-            "pauses": [list(p) for p in self.pauses],
-        }
-
-
-class FCFSRequestQueue(deque):
-    """vLLM's FCFS waiting queue: a deque, iterated front to back."""
-
-    def add_request(self, request: Request) -> None:
-        self.append(request)
-
-    def pop_request(self) -> Request:
-        return self.popleft()
-
-    def peek_request(self) -> Request:
-        return self[0]
-
-    def prepend_request(self, request: Request) -> None:
-        self.appendleft(request)
-
-    def prepend_requests(self, requests: list[Request]) -> None:
-        """Put ``requests`` at the front, keeping their order."""
-        self.extendleft(reversed(requests))
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        drop = {id(r) for r in requests}
-        kept = [r for r in self if id(r) not in drop]
-        self.clear()
-        self.extend(kept)
-
-
-class PriorityRequestQueue:
-    """vLLM's PRIORITY waiting queue: a heap ordered by ``Request.__lt__``; iteration
-    yields requests in that order. "Prepending" is just adding."""
-
-    def __init__(self) -> None:
-        self._heap: list[Request] = []
-
-    def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, request)
-
-    def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)
-
-    def peek_request(self) -> Request:
-        return self._heap[0]
-
-    prepend_request = add_request
-
-    def prepend_requests(self, requests: list[Request]) -> None:
-        for request in requests:
-            heapq.heappush(self._heap, request)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        drop = {id(r) for r in requests}
-        self._heap = [r for r in self._heap if id(r) not in drop]
-        heapq.heapify(self._heap)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(sorted(self._heap))
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
 
 
 @dataclass
@@ -218,9 +92,8 @@ class Scheduler:
         self.policy = policy
         self.spec_decode = spec_decode
         self.scheduler_reserve_full_isl = False
-        queue_cls = PriorityRequestQueue if policy == "priority" else FCFSRequestQueue
-        self.waiting = queue_cls()
-        self.skipped_waiting = queue_cls()
+        self.waiting = create_request_queue(policy)
+        self.skipped_waiting = create_request_queue(policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_recving_kv_req_ids: set[str] = set()

@@ -1,8 +1,9 @@
 """``--impl vllm-ascend``: vllm-ascend's own DyntraLB, unmodified, in every rank.
 
 ``check`` runs in the launching process before any rank starts (tree, vLLM version,
-torch_npu, scheduler variant); ``build`` runs in each rank: it imports the tree, builds
-the rank's ``VllmConfig`` and the engine (``engine.EmulatedRank``).
+torch_npu, scheduler variant); ``build`` runs in each rank: it routes the rank's log lines,
+imports the tree, builds the rank's ``VllmConfig`` and the engine
+(``engine.EmulatedRank``).
 
 Where vllm-ascend's code gets help to run off an NPU (each one leaves its DyntraLB code
 as it is):
@@ -24,6 +25,7 @@ as it is):
 
 from __future__ import annotations
 
+import logging
 import os
 
 from dyntra_lb.config import check_deployment
@@ -50,7 +52,7 @@ def build(ctx, spec, config, out_dir):
     """This rank's engine, ready to ``run()``."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     from emu.cluster.fault_injection import injector_for
-    from emu.impl.vllm_ascend.engine import EmulatedRank, route_logs
+    from emu.impl.vllm_ascend.engine import EmulatedRank
     from emu.impl.vllm_ascend.tree import import_tree
     from emu.impl.vllm_ascend.vllm_config import (
         build_vllm_config,
@@ -59,7 +61,7 @@ def build(ctx, spec, config, out_dir):
         preset_ascend_config,
     )
 
-    route_logs(out_dir, ctx.rank, spec)
+    _route_logs(out_dir, ctx.rank, spec)
     core = import_tree(resolve(spec.vllm_ascend))
     if config.dyntra_lb.enabled:
         # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
@@ -77,4 +79,32 @@ def build(ctx, spec, config, out_dir):
             event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
             wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
             faults=injector_for(spec.faults, ctx.rank))
+
+
+def _route_logs(out_dir, rank: int, spec) -> None:
+    """vLLM's and vllm-ascend's log lines of this rank: the DyntraLB lines (from
+    vllm-ascend's DyntraLB modules) into ``rank<r>.log`` with vLLM's prefix minus pid
+    and time, as ``dyntra-emu replay`` reads them (after a first line with the engine
+    settings the planner needs, which vLLM does not log); everything else at WARNING
+    and above into ``rank<r>.vllm.log``."""
+    dyntra_files = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",
+                    "recompute_scheduler.py")
+    path = out_dir / f"rank{rank}.log"
+    path.write_text(f"(EngineCore_DP{rank}) INFO emulated engine: max_num_seqs="
+                    f"{spec.max_num_seqs} block_size={spec.block_size}\n")
+    lines = logging.FileHandler(path, mode="a")
+    lines.addFilter(lambda record: record.filename in dyntra_files)
+    lines.setFormatter(logging.Formatter(
+        f"(EngineCore_DP{rank}) %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    other = logging.FileHandler(out_dir / f"rank{rank}.vllm.log", mode="w")
+    other.setLevel(logging.WARNING)
+    other.addFilter(lambda record: record.filename not in dyntra_files)
+    other.setFormatter(logging.Formatter("%(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    log = logging.getLogger("vllm")
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    log.addHandler(lines)
+    log.addHandler(other)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 

@@ -25,7 +25,6 @@ The rank observes the loop at two points — the executor's forward and the end 
 
 from __future__ import annotations
 
-import logging
 import queue
 import time
 from collections import deque
@@ -475,32 +474,4 @@ def _plan_dict(plan) -> dict | None:
         return None
     return {"out_blk": list(plan["out_blk"]), "in_blk": list(plan["in_blk"]),
             "freeze": bool(plan["freeze"])}
-
-
-def route_logs(out_dir, rank: int, spec) -> None:
-    """vLLM's and vllm-ascend's log lines of this rank: the DyntraLB lines (from
-    vllm-ascend's DyntraLB modules) into ``rank<r>.log`` with vLLM's prefix minus pid
-    and time, as ``dyntra-emu replay`` reads them (after a first line with the engine
-    settings the planner needs, which vLLM does not log); everything else at WARNING
-    and above into ``rank<r>.vllm.log``."""
-    dyntra_files = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",
-                    "recompute_scheduler.py")
-    path = out_dir / f"rank{rank}.log"
-    path.write_text(f"(EngineCore_DP{rank}) INFO emulated engine: max_num_seqs="
-                    f"{spec.max_num_seqs} block_size={spec.block_size}\n")
-    lines = logging.FileHandler(path, mode="a")
-    lines.addFilter(lambda record: record.filename in dyntra_files)
-    lines.setFormatter(logging.Formatter(
-        f"(EngineCore_DP{rank}) %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
-    other = logging.FileHandler(out_dir / f"rank{rank}.vllm.log", mode="w")
-    other.setLevel(logging.WARNING)
-    other.addFilter(lambda record: record.filename not in dyntra_files)
-    other.setFormatter(logging.Formatter("%(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
-    log = logging.getLogger("vllm")
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
-    log.addHandler(lines)
-    log.addHandler(other)
-    log.setLevel(logging.INFO)
-    log.propagate = False
 
