@@ -13,7 +13,9 @@ a wake-up lock per rank). ``dist.all_reduce(t, op=..., group=g)`` and
 ``dist.all_gather(list, t, group=g)`` dispatch to a group's own methods, so the engine,
 the lockstep clock and the DyntraLB coordinator run unchanged, on the same tensors and
 dtypes (SUM, PRODUCT, MIN and MAX, as gloo offers them; the hub reduces and copies
-through numpy views of the CPU tensors, a fraction of a torch op's cost). The groups
+through numpy views of the CPU tensors, a fraction of a torch op's cost, and gathers
+into one array, copied with one call into output tensors that are the rows of one
+buffer, as the coordinator's are). The groups
 are made directly, not through ``init_process_group`` / ``Backend.register_backend``:
 those keep one default group per process, and here one process holds every rank. A
 collective whose peers do not all arrive within the collective timeout raises
@@ -101,6 +103,7 @@ _REDUCE = {dist.ReduceOp.SUM: np.add, dist.ReduceOp.PRODUCT: np.multiply,
 # A group keeps the numpy views of at most this many tensors (the engine's collective
 # buffers are a handful, allocated once; a caller with fresh tensors per call refills it).
 _MAX_VIEWS = 256
+_data_ptr = torch.Tensor.data_ptr
 
 
 class _Abort:
@@ -173,8 +176,11 @@ class _Hub:
         self._wait(rank, generation, woken)
         array[...] = self.results[generation & 1]
 
-    def all_gather(self, rank: int, outputs: list[np.ndarray], array: np.ndarray) -> None:
-        """``outputs`` / ``array``: numpy views of the rank's output and input tensors."""
+    def all_gather(self, rank: int, outputs: np.ndarray | list[np.ndarray],
+                   array: np.ndarray) -> None:
+        """``array``: the numpy view of the rank's input tensor; ``outputs``: views of its
+        output tensors, or one ``(size, ...)`` array over all of them (``ThreadGroup``
+        finds one when the outputs are consecutive in memory), filled with one copy."""
         if len(outputs) != self.size:
             raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
                              f"tensors, got {len(outputs)}")
@@ -184,12 +190,16 @@ class _Hub:
             generation = self._enter(rank, desc)
             if generation is not None:
                 if self.arrived == 0:
-                    self.acc = [None] * self.size
-                self.acc[rank] = array.copy()  # the sender may reuse its buffer at once
+                    self.acc = np.empty((self.size, *array.shape), array.dtype)
+                self.acc[rank] = array  # a copy: the sender may reuse its buffer at once
                 woken = self._arrive(rank)
         self._wait(rank, generation, woken)
-        for out, part in zip(outputs, self.results[generation & 1], strict=True):
-            out[...] = part
+        gathered = self.results[generation & 1]
+        if isinstance(outputs, np.ndarray):
+            outputs[...] = gathered
+        else:
+            for out, part in zip(outputs, gathered, strict=True):
+                out[...] = part
 
     def _enter(self, rank: int, desc: tuple) -> int | None:
         """Under the lock: this rank's generation, or None when it arrives with another
@@ -276,7 +286,8 @@ class ThreadGroup(dist.ProcessGroup):
         self._hub = hub
         self._rank = rank
         self.plan_memo = hub.plan_memo
-        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray]] = {}
+        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray, bool]] = {}
+        self._outputs: dict[int, tuple] = {}
 
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: one tensor, reduced in place over every rank."""
@@ -295,18 +306,67 @@ class ThreadGroup(dist.ProcessGroup):
     def _view(self, tensor: torch.Tensor) -> np.ndarray:
         """The numpy array over ``tensor``'s memory (a CPU tensor of a numpy dtype, as
         every tensor of the engine is). The hub works on these: a numpy copy or ufunc
-        costs a fraction of a torch op's dispatch. Kept per tensor, since ``.numpy()``
-        costs more than the copy; a tensor whose storage moved gets a new view."""
-        key = id(tensor)
-        entry = self._views.get(key)
-        address = tensor.data_ptr()
-        if entry is None or entry[0] is not tensor or entry[1] != address \
+        costs a fraction of a torch op's dispatch."""
+        return self._entry(tensor)[2]
+
+    def _plain_view(self, tensor: torch.Tensor) -> np.ndarray | None:
+        """``_view`` of a tensor torch's wrappers pass on unchanged (not complex), else
+        None: our ``dist`` functions then leave the call to torch's."""
+        entry = self._entry(tensor)
+        return entry[2] if entry[3] else None
+
+    def _entry(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int, np.ndarray, bool]:
+        """``(tensor, address, view, plain)``, kept per tensor since ``.numpy()`` costs
+        more than the copy; a tensor whose storage moved or whose shape changed gets a
+        new one."""
+        entry = self._views.get(id(tensor))
+        if entry is None or entry[0] is not tensor or entry[1] != tensor.data_ptr() \
                 or entry[2].shape != tensor.shape:
             if len(self._views) >= _MAX_VIEWS:
                 self._views.clear()
-            entry = (tensor, address, tensor.numpy())
-            self._views[key] = entry
-        return entry[2]
+            entry = (tensor, tensor.data_ptr(), tensor.numpy(), not tensor.is_complex())
+            self._views[id(tensor)] = entry
+        return entry
+
+    def _gather_outputs(self, tensors: list) -> np.ndarray | list[np.ndarray] | None:
+        """What the hub fills for ``dist.all_gather``'s output list ``tensors``: one
+        ``(size, ...)`` array when the tensors are consecutive rows of one buffer (the
+        coordinator's are), else their views; None when they are not plain tensors of
+        one dtype (the call is then torch's). Kept per list and checked on every call
+        against the list's tensors and their addresses (the engine's lists never
+        change; 8 ``_view`` look-ups would cost more than the copy)."""
+        ids = list(map(id, tensors))
+        try:
+            addresses = list(map(_data_ptr, tensors))
+        except TypeError:  # not a tensor: torch's all_gather reports it
+            return None
+        entry = self._outputs.get(id(tensors))
+        if entry is not None and entry[0] is tensors and entry[1] == ids \
+                and entry[2] == addresses:
+            return entry[4]
+        if len(self._outputs) >= _MAX_VIEWS:
+            self._outputs.clear()
+        outputs = None
+        if all(type(t) is torch.Tensor for t in tensors):
+            views = [self._plain_view(t) for t in tensors]
+            if all(v is not None and v.dtype == views[0].dtype for v in views):
+                outputs = _as_rows(views)
+        # The entry holds the tensors, so that their ids are not reused while it exists.
+        self._outputs[id(tensors)] = (tensors, ids, addresses, list(tensors), outputs)
+        return outputs
+
+
+def _as_rows(views: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """One ``(len(views), ...)`` array over ``views`` (of one dtype) when they are
+    C-contiguous arrays of one shape laid out one right after the other, else ``views``."""
+    first = views[0] if views else None
+    if first is None or any(
+            v.shape != first.shape or not v.flags.c_contiguous
+            or v.ctypes.data != first.ctypes.data + i * first.nbytes
+            for i, v in enumerate(views)):
+        return views
+    return np.lib.stride_tricks.as_strided(first, (len(views), *first.shape),
+                                           (first.nbytes, *first.strides), writeable=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -343,22 +403,22 @@ _router: _RankLogRouter | None = None
 
 def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     """``dist.all_reduce`` while thread runs are under way (see the module docstring)."""
-    if (type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor
-            and op in _REDUCE and not tensor.is_complex()):
-        group._hub.all_reduce(group._rank, group._view(tensor), op)
-        return None
+    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor \
+            and op in _REDUCE:
+        view = group._plain_view(tensor)
+        if view is not None:
+            group._hub.all_reduce(group._rank, view, op)
+            return None
     return _saved["all_reduce"](tensor, op=op, group=group, async_op=async_op)
 
 
 def _all_gather(tensor_list, tensor, group=None, async_op=False):
     """``dist.all_gather`` while thread runs are under way (see the module docstring)."""
-    if (type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor
-            and not tensor.is_complex()):
-        dtype, view = tensor.dtype, group._view
-        outputs = [view(t) for t in tensor_list
-                   if type(t) is torch.Tensor and t.dtype == dtype]
-        if len(outputs) == len(tensor_list):
-            group._hub.all_gather(group._rank, outputs, view(tensor))
+    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor:
+        view = group._plain_view(tensor)
+        outputs = group._gather_outputs(tensor_list) if view is not None else None
+        if outputs is not None and (len(outputs) == 0 or outputs[0].dtype == view.dtype):
+            group._hub.all_gather(group._rank, outputs, view)
             return None
     return _saved["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
 
