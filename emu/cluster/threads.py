@@ -100,6 +100,19 @@ class CollectiveAborted(RuntimeError):
 # torch's results for these ops, integer wrap-around and NaN propagation included).
 _REDUCE = {dist.ReduceOp.SUM: np.add, dist.ReduceOp.PRODUCT: np.multiply,
            dist.ReduceOp.MIN: np.minimum, dist.ReduceOp.MAX: np.maximum}
+# The same by the id of torch's op objects (``dist.ReduceOp.MAX`` is one object): hashing
+# or comparing a ReduceOp costs about a microsecond, an int look-up a tenth of that.
+_REDUCE_BY_ID = {id(op): (op, ufunc) for op, ufunc in _REDUCE.items()}
+
+
+def _reduction(op) -> Any:
+    """The numpy ufunc of a torch ``ReduceOp``, or None when the hub does not have it."""
+    entry = _REDUCE_BY_ID.get(id(op))
+    if entry is not None and entry[0] is op:
+        return entry[1]
+    return _REDUCE.get(op)  # an equal op that is another object
+
+
 # A group keeps the numpy views of at most this many tensors (the engine's collective
 # buffers are a handful, allocated once; a caller with fresh tensors per call refills it).
 _MAX_VIEWS = 256
@@ -157,13 +170,10 @@ class _Hub:
             wake.acquire()  # held: a rank waits by acquiring its own
         abort.hubs.append(self)
 
-    def all_reduce(self, rank: int, array: np.ndarray, op) -> None:
-        """``array``: the numpy view of the rank's tensor, reduced in place."""
-        reduce = _REDUCE.get(op)
-        if reduce is None:
-            raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
-                             f"MIN and MAX, got {op}")
-        desc = ("all_reduce", op, array.dtype, array.shape)
+    def all_reduce(self, rank: int, array: np.ndarray, reduce) -> None:
+        """``array``: the numpy view of the rank's tensor, reduced in place with
+        ``reduce`` (the op's ufunc, ``_reduction``)."""
+        desc = ("all_reduce", reduce, array.dtype, array.shape)
         woken: list[threading.Lock] | None = None
         with self.lock:
             generation = self._enter(rank, desc)
@@ -292,8 +302,12 @@ class ThreadGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: one tensor, reduced in place over every rank."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp.op
+        reduce = _reduction(op)
+        if reduce is None:
+            raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
+                             f"MIN and MAX, got {op}")
         for tensor in tensors:
-            self._hub.all_reduce(self._rank, self._view(tensor), op)
+            self._hub.all_reduce(self._rank, self._view(tensor), reduce)
         return None  # completed synchronously; dist.all_reduce has nothing to wait for
 
     def allgather(self, output_lists, input_tensors, opts=None):
@@ -312,7 +326,10 @@ class ThreadGroup(dist.ProcessGroup):
     def _plain_view(self, tensor: torch.Tensor) -> np.ndarray | None:
         """``_view`` of a tensor torch's wrappers pass on unchanged (not complex), else
         None: our ``dist`` functions then leave the call to torch's."""
-        entry = self._entry(tensor)
+        entry = self._views.get(id(tensor))  # _entry's check, inline: every collective
+        if entry is None or entry[0] is not tensor or entry[1] != tensor.data_ptr() \
+                or entry[2].shape != tensor.shape:
+            entry = self._entry(tensor)
         return entry[2] if entry[3] else None
 
     def _entry(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int, np.ndarray, bool]:
@@ -403,11 +420,11 @@ _router: _RankLogRouter | None = None
 
 def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     """``dist.all_reduce`` while thread runs are under way (see the module docstring)."""
-    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor \
-            and op in _REDUCE:
-        view = group._plain_view(tensor)
+    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor:
+        reduce = _reduction(op)
+        view = group._plain_view(tensor) if reduce is not None else None
         if view is not None:
-            group._hub.all_reduce(group._rank, view, op)
+            group._hub.all_reduce(group._rank, view, reduce)
             return None
     return _saved["all_reduce"](tensor, op=op, group=group, async_op=async_op)
 
