@@ -159,11 +159,13 @@ class EventLog:
         Flushed when a request finished: the progress display counts request records."""
         if self._file is None:
             return
+        if not finished:  # most steps
+            self._file.write(step.line(self.rank) + "\n")
+            return
         lines = [step.line(self.rank)]
         lines.extend(self._request_line(r) for r in finished)
         self._file.write("\n".join(lines) + "\n")
-        if finished:
-            self._file.flush()
+        self._file.flush()
 
     def requests(self, records: list[dict]) -> None:
         """Records of requests still in flight when the run ended."""
