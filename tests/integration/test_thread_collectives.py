@@ -129,6 +129,7 @@ def test_a_peer_that_finishes_instead_is_named(tmp_path):
     err = info.value
     # No recorder: the watchdog sees nothing; rank 0's own timeout names it.
     assert err.rank == 0
-    assert err.message.startswith("emu.cluster.threads.CollectiveTimeout: rank 0 waited 1 s "
-                                  "(collective_timeout_s) in a collective on the dp group")
+    assert err.message.startswith(
+        "emu.cluster.thread_collectives.CollectiveTimeout: rank 0 waited 1 s "
+        "(collective_timeout_s) in a collective on the dp group")
     assert err.details[1] == "finished"
