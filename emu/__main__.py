@@ -2,7 +2,7 @@
 
 import sys
 
-from emu.cli import main
+from emu.cli.main import main
 
 if __name__ == "__main__":  # rank processes re-import this module under spawn
     sys.exit(main())

@@ -1,5 +1,5 @@
 """Hypothesis profiles, loaded before any test module builds its ``@settings``; the
-compiled planner's cache, built once per session.
+compiled planner's cache, built once per session; soak tests first.
 
 ``ci`` (the default): derandomized, so every run (CI or local) tests the same examples
 and a failure reproduces by rerunning; no example database, so earlier runs cannot
@@ -28,6 +28,13 @@ def pytest_configure(config):
         from dyntra_lb import planner
 
         planner.warm_up()
+
+
+def pytest_collection_modifyitems(items):
+    """Soak tests first: the 1,000-wave run takes as long as a quarter of the rest of the
+    suite, and xdist hands out tests in this order, so started last it would run on one
+    worker while the other sits idle."""
+    items.sort(key=lambda item: item.get_closest_marker("soak") is None)
 
 
 def pytest_terminal_summary(terminalreporter):

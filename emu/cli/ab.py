@@ -104,7 +104,6 @@ def _check_sides(sides, prepared) -> None:
 def cmd_ab(args) -> int:
     from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
-    from emu.plots import write_ab_plots
     from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
 
     _check_combinations(args)
@@ -122,6 +121,8 @@ def cmd_ab(args) -> int:
         metrics.append(run_one(side, prepared, config, out_dir / name,
                                f"{name.upper()} ({label})"))
     runs = [load_run(out_dir / name) for name in RUN_DIRS]
+    from emu.plots import write_ab_plots  # matplotlib: only once both runs are done
+
     plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
     write_ab_summary_md(out_dir / "summary.md", metrics[0], metrics[1], labels,
                         title=f"dyntra-emu ab: {prepared.workload_label}, dp={args.dp}",

@@ -1,6 +1,6 @@
 """What a command reports when it cannot do its job, and the exit codes that go with it.
 
-`emu.cli.main` turns each exception into one message on stderr and an exit code: a
+`emu.cli.main.main` turns each exception into one message on stderr and an exit code: a
 UsageError (bad input, found before anything started) exits 2, ClusterFailed 1, an
 interrupted run 130 (SIGINT) or 143 (SIGTERM).
 """

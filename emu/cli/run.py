@@ -30,10 +30,6 @@ Without --out it is runs/<date>-<time>-run under the current directory.
 
 
 def cmd_run(args) -> int:
-    from emu.metrics import load_run
-    from emu.plots import write_plots
-    from emu.report import summary_table, write_summary_md
-
     prepared = prepare(args, config_sources(args))
     warn_ignored_keys(args, prepared)
     if args.torchrun is not None and args.torchrun[0] != 0:
@@ -44,6 +40,11 @@ def cmd_run(args) -> int:
     metrics = run_one(args, prepared, prepared.configs[0], out_dir, "run")
     if metrics is None:
         return 0
+    # Imported only now: matplotlib costs a refused input or a failed run half a second.
+    from emu.metrics import load_run
+    from emu.plots import write_plots
+    from emu.report import summary_table, write_summary_md
+
     plots = write_plots(load_run(out_dir), out_dir)
     write_summary_md(out_dir / "summary.md", metrics,
                      title=f"dyntra-emu run: {prepared.workload_label}, dp={args.dp}",

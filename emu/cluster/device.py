@@ -11,6 +11,7 @@ auto-detection probes for it.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 
@@ -34,7 +35,13 @@ class NpuProbe:
 
 def _import_torch_npu():
     """Import torch_npu (which registers `torch.npu` and the "hccl" backend) and return
-    the `torch.npu` runtime module. Unit tests replace this function."""
+    the `torch.npu` runtime module. Unit tests replace this function.
+
+    Without torch_npu installed this returns before importing torch, so that a CPU-only
+    machine's CLI answers (bad input, a CPU run's launcher) without torch's 1-2 s import.
+    """
+    if importlib.util.find_spec("torch_npu") is None:
+        raise ModuleNotFoundError("No module named 'torch_npu'", name="torch_npu")
     import torch
     import torch_npu  # noqa: F401
 

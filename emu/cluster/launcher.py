@@ -56,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dyntra_lb import planner
 from emu.cluster import rank_boot
 from emu.cluster.device import bind_rank_device, select_device
 from emu.cluster.guard import GuardSlot, Watchdog
@@ -385,18 +386,20 @@ def _rank_context(device_kind: str):
     spawned, each a fresh interpreter that imports torch_npu itself: whether torch_npu
     survives a fork once imported cannot be checked without the hardware, and a device
     runtime does not once initialised (vLLM, too, spawns its workers when CUDA is)."""
-    spawn = multiprocessing.get_context("spawn"), os.getpid()
-    if _START_METHOD[device_kind] == "spawn":
-        return spawn
-    context = multiprocessing.get_context("forkserver")
-    # "__main__" as in multiprocessing's default: a rank need not import the launching
-    # script (e.g. the dyntra-emu console script) again. No effect once the server runs.
-    context.set_forkserver_preload(["__main__", "emu.cluster.rank_preload"])
-    try:
-        forkserver.ensure_running()
-    except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if that is long
-        return spawn
-    return context, forkserver._forkserver._forkserver_pid  # no public accessor
+    if _START_METHOD[device_kind] == "forkserver":
+        context = multiprocessing.get_context("forkserver")
+        # "__main__" as in multiprocessing's default: a rank need not import the launching
+        # script (e.g. the dyntra-emu console script) again. No effect once the server runs.
+        context.set_forkserver_preload(["__main__", "emu.cluster.rank_preload"])
+        try:
+            forkserver.ensure_running()
+            return context, forkserver._forkserver._forkserver_pid  # no public accessor
+        except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if long
+            pass
+    # A spawned rank loads the compiled planner from numba's disk cache: fill the cache
+    # here, once, rather than have every rank compile it while its peers wait.
+    planner.warm_up()
+    return multiprocessing.get_context("spawn"), os.getpid()
 
 
 def _interrupted(ranks: list[_Rank], signum: int, watchdog: Watchdog) -> Interrupted:

@@ -7,9 +7,8 @@ torch.distributed, the launcher's rank side, the cluster's rank target with the 
 and the kit implementation; and it loads the compiled planner from numba's disk cache
 (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules that each rank of a DyntraLB
 run would load again). Each rank, a fork of the server, then has all of it in memory
-from its first instruction (`emu.cluster.rank_boot`). Without a disk cache (a fresh install
-whose first run has DyntraLB off) the warm-up compiles the planner here, once; `launch`
-users with DyntraLB on compile it before the first launch anyway (`run_cluster`).
+from its first instruction (`emu.cluster.rank_boot`). Without a disk cache (the first run
+of a fresh install) the warm-up compiles the planner here, once.
 
 It also makes the server ignore SIGTERM. A SIGTERM sent to the whole process group (as
 some job runners do) must reach the launcher, which stops every rank and reports where

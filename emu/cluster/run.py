@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dyntra_lb import planner
 from dyntra_lb.config import AdditionalConfig
 from emu import impl
 from emu.cluster.launcher import join_from_env, launch
@@ -70,10 +69,6 @@ def run_cluster(spec: RunSpec) -> RunResult:
     config = validate(spec)
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if config.dyntra_lb.enabled:
-        # Compile the numba planner here, once, so that the ranks load numba's disk cache
-        # at start-up instead of each compiling it while the others wait in a collective.
-        planner.warm_up()
     with _status_recorded(out_dir, spec):
         if spec.transport == "thread":
             summaries = run_in_threads(

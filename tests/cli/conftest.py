@@ -1,12 +1,24 @@
-"""Helpers of the CLI tests: every test runs the real `dyntra-emu` in a subprocess (the
-console script installed next to this interpreter), in the test's tmp_path, with tiny
-traces written there so cluster runs stay short (dp=2, block size 16)."""
+"""Helpers of the CLI tests: each test runs the real `dyntra-emu` in the test's tmp_path,
+with tiny traces written there so cluster runs stay short (dp=2, block size 16).
+
+Two ways to run it. `cli(...)` calls the command's `main(argv)` in the test's own
+process: the same parser, checks, launcher and rank processes as the console script,
+without the 3-4 s a fresh interpreter and its fork server spend importing torch (most
+of a tiny run's cost). `cli(..., process=True)` runs the installed console script (or
+`python -m emu`) in a subprocess, for what only a process shows: its exit status after
+the interpreter's own handling, signals, what it leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
+import os
+import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -42,17 +54,65 @@ def tiny_trace(tmp_path) -> Path:
 
 @pytest.fixture
 def cli(tmp_path):
-    """`cli(*args, module=False, timeout=...) -> CompletedProcess` running dyntra-emu in
-    tmp_path (module=True: as `python -m emu`). Output is captured as text; stdin is
-    closed and stderr is not a terminal, so no progress bar is drawn."""
+    """`cli(*args, module=False, process=False, timeout=..., cwd=None) -> CompletedProcess`
+    running dyntra-emu in tmp_path, output captured as text. In the test's process by
+    default (see above); process=True (implied by module=True: `python -m emu`) in a
+    subprocess whose stdin is closed. stderr is never a terminal: no progress bar."""
 
-    def run(*args, module: bool = False, timeout: float = 240, cwd: Path | None = None):
+    def run(*args, module: bool = False, process: bool = False, timeout: float = 240,
+            cwd: Path | None = None):
+        argv = [*map(str, args)]
+        if not (process or module):
+            return run_in_process(argv, cwd or tmp_path)
         command = [sys.executable, "-m", "emu"] if module else [str(CONSOLE_SCRIPT)]
-        return subprocess.run([*command, *map(str, args)], cwd=cwd or tmp_path,
+        return subprocess.run([*command, *argv], cwd=cwd or tmp_path,
                               capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
     return run
+
+
+def run_in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`dyntra-emu argv` as the console script runs it, in this process: `main`'s return
+    value or SystemExit is the exit code, an escaping exception prints its traceback and
+    is exit code 1, and a warning logged without a handler reaches stderr as bare text
+    (Python's last-resort handler in a fresh interpreter; pytest's own capture handlers
+    would otherwise take it). The working directory and SIGTERM's handler are restored."""
+    from emu.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    warnings_to_stderr = logging.StreamHandler(stderr)
+    warnings_to_stderr.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    cwd_before = os.getcwd()
+    os.chdir(cwd)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    root.addHandler(warnings_to_stderr)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = _exit_code(exc, stderr)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        root.removeHandler(warnings_to_stderr)
+        signal.signal(signal.SIGTERM, sigterm)
+        os.chdir(cwd_before)
+    return subprocess.CompletedProcess(["dyntra-emu", *argv], code, stdout.getvalue(),
+                                       stderr.getvalue())
+
+
+def _exit_code(exc: SystemExit, stderr: io.StringIO) -> int:
+    """The status the interpreter exits with for SystemExit(exc.code)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=stderr)
+    return 1
 
 
 def assert_user_error(proc, *fragments: str, code: int = 2) -> None:

@@ -15,7 +15,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_ab_off_against_default_config(cli, tiny_trace, tmp_path, clikit):
     out = tmp_path / "ab"
 
-    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--seed", "3", "--out", out)
+    # The console script in its own process, as the README's main job runs it.
+    proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--seed", "3", "--out", out,
+               process=True)
 
     assert proc.returncode == 0, proc.stderr
     assert "A (DyntraLB off): 2 ranks" in proc.stderr
@@ -81,8 +83,11 @@ def test_ab_over_workload_seeds(cli, tmp_path):
     """--seeds N with a generated workload: N A/B pairs on N different traces, each delta
     per seed and as a mean with its confidence interval."""
     out = tmp_path / "seeds"
+    # The recipe's long request decodes 4,096 tokens: four runs of it on rank threads
+    # (byte-identical to rank processes, tests/integration/test_transport_thread.py).
     proc = cli("ab", "--workload", "recipe:pr12292,n=6,rate=20", "--seeds", "2", "--seed", "3",
                "--dp", "2", "--block-size", "2048", "--device", "cpu", "--quiet",
+               "--transport", "thread",
                "--out", out, "--config-a", "{}", "--config-b",
                '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static",'
                ' "start_step": 0}}}')

@@ -175,8 +175,9 @@ def test_no_command_prints_help(cli):
 @pytest.mark.integration
 def test_run_timeout_stops_the_cluster(cli, tmp_path, tiny_trace, clikit):
     out = tmp_path / "slow"
+    # In a process of its own, whose start-up (torch, the fork server) alone outlasts 0.2 s.
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--run-timeout", "0.2",
-               "--out", out)
+               "--out", out, process=True)
     assert proc.returncode == 1
     assert ("dyntra-emu run: error: the cluster failed: run exceeded run_timeout_s=0.2 "
             "and was stopped") in proc.stderr

@@ -22,8 +22,9 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     # metrics would mix a third rank into this dp=2 run.
     (out / "rank2.events.jsonl").write_text("stale\n")
 
+    # The console script in its own process: the one end-to-end run of `run` as typed.
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--seed", "7", "--out", out,
-               "--overwrite")
+               "--overwrite", process=True)
 
     assert proc.returncode == 0, proc.stderr
     # Not a terminal: no bar, but a start line and a finish line on stderr.

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 # `python -m emu` with spawned CPU ranks (emu.cluster.launcher._START_METHOD).
 SPAWN = ["-c", "import sys, emu.cluster.launcher as l; l._START_METHOD['cpu'] = 'spawn'; "
-               "from emu.cli import main; sys.exit(main())"]
+               "from emu.cli.main import main; sys.exit(main())"]
 
 
 def _long_trace(clikit, tmp_path: Path) -> Path:

@@ -8,8 +8,8 @@ import argparse
 
 import pytest
 
-from emu.cli import build_parser
 from emu.cli.inputs import spec_kwargs
+from emu.cli.main import build_parser
 from emu.knobs import Choice, Switch
 from emu.spec import RunSpec, knobs
 

@@ -2,6 +2,8 @@
 runtime is missing. torch_npu is never installed here: the import is replaced."""
 
 import logging
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -51,6 +53,17 @@ def test_this_machine_auto_picks_cpu_and_npu_is_refused():
     assert select_device("auto", local_ranks=2) == "cpu"
     with pytest.raises(DeviceError, match="torch_npu is not installed"):
         select_device("npu", local_ranks=2)
+
+
+def test_probing_a_machine_without_torch_npu_does_not_import_torch():
+    # A fresh interpreter: the CLI checks the device before anything imports torch, so
+    # that a refused input or a process-transport launcher answers without torch's import.
+    code = ("import sys; from emu.cluster.device import probe_npu; "
+            "print(probe_npu().problem); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0].startswith("torch_npu is not installed")
+    assert out[1] == "False"
 
 
 def test_launch_with_npu_fails_before_any_rank_starts():

@@ -39,3 +39,10 @@ def test_importing_the_pure_modules_loads_no_torch():
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_sweep_runner_imports_first_in_a_fresh_interpreter():
+    # A sweep job process unpickles its task, importing emu.sweep before anything of the
+    # CLI: emu.sweep imports emu.cli.errors, which must not load the commands (emu.cli.sweep
+    # imports emu.sweep back).
+    subprocess.run([sys.executable, "-c", "import emu.sweep"], check=True)

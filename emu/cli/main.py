@@ -1,0 +1,106 @@
+"""The `dyntra-emu` entry point: the parser of every command, and `main`, which runs one
+and turns its errors into a message and an exit code (see ``emu.cli.errors``)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import signal
+import sys
+
+from emu.cli import ab, diff, fit_cost, run, sweep, validate
+from emu.cli.errors import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    PROG,
+    ClusterFailed,
+    RunInterrupted,
+    Terminated,
+    UsageError,
+    raise_terminated,
+)
+from emu.cli.flags import Formatter, wrap
+from emu.cli.running import resolve_dp
+from emu.offline import explain, replay
+
+EPILOG = """\
+examples:
+  dyntra-emu run                                 # bundled default workload, dp=4, DyntraLB static
+  dyntra-emu run --workload longtail --out runs/lt
+  dyntra-emu ab --workload longtail              # DyntraLB off vs on, side by side
+  dyntra-emu validate --additional-config @decode.json --dp 8
+  dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
+  dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
+  dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
+  dyntra-emu <command> --help                    # options of one command
+
+Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
+Metrics are documented in docs/metrics.md.
+"""
+
+# The subcommands, in the order --help lists them.
+COMMANDS = (run, ab, validate, fit_cost, replay, explain, sweep, diff)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=Formatter, allow_abbrev=False, epilog=EPILOG,
+        description=wrap("Emulated vLLM data-parallel decode cluster with the DyntraLB load "
+                         "balancer: run a workload on N rank processes and measure what "
+                         "DyntraLB does to the DP bubble, balance and latency."))
+    sub = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+    for command in COMMANDS:
+        subparser = command.add_parser(sub)
+        subparser.set_defaults(parser=subparser)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(getattr(args, "parser", parser), extras)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    prog = f"{PROG} {args.command}"
+    # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message.
+    signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        if args.command in ("run", "ab", "validate"):
+            resolve_dp(args)
+        return args.func(args)
+    except UsageError as exc:
+        _print_problems(prog, exc.problems)
+        return EXIT_USAGE
+    except ClusterFailed as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except RunInterrupted as exc:
+        print(f"\n{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+        print(f"\n{prog}: interrupted by {name}; no cluster was running", file=sys.stderr)
+        return 143 if name == "SIGTERM" else 130
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> None:
+    """argparse's error for unknown arguments, from the subcommand's parser (its usage),
+    with the closest known flag suggested."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    flags = [f for action in parser._actions for f in action.option_strings]
+    unknown = next((e.split("=")[0] for e in extras if e.startswith("--")), None)
+    close = difflib.get_close_matches(unknown, flags, n=1) if unknown else []
+    if close:
+        message += f" (did you mean {close[0]}?)"
+    parser.error(message)
+
+
+def _print_problems(prog: str, problems: list[str]) -> None:
+    if len(problems) == 1:
+        print(f"{prog}: error: {problems[0]}", file=sys.stderr)
+        return
+    print(f"{prog}: error: {len(problems)} problems, nothing was started:", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
