@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from dyntra_lb import diagnostics, planners
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
-from dyntra_lb.payload import pack, payload_len, unpack
+from dyntra_lb.payload import block_slots, pack, payload_len, unpack_block
 from dyntra_lb.planner import Plan, warm_up
 from dyntra_lb.sites import ALLGATHER_SITE, FLAG_SITE
 
@@ -55,11 +55,12 @@ _NO_BALANCE = BalanceStep(None, 0.0, 0.0)
 
 
 class _SharedBuffer:
-    """An int32 numpy array and a CPU tensor over the same memory, plus (off CPU) a
-    device tensor of the same shape that the collective runs on. Allocated once."""
+    """An int32 numpy array (``array``, or a new one of ``length``) and a CPU tensor over
+    the same memory, plus (off CPU) a device tensor of the same shape that the collective
+    runs on. Allocated once."""
 
-    def __init__(self, length: int, device: torch.device):
-        self.array = np.zeros(length, dtype=np.int32)
+    def __init__(self, length: int, device: torch.device, array: np.ndarray | None = None):
+        self.array = np.zeros(length, dtype=np.int32) if array is None else array
         self.cpu = torch.from_numpy(self.array)
         self.tensor = self.cpu if device.type == "cpu" else torch.zeros_like(
             self.cpu, device=device
@@ -130,9 +131,13 @@ class DyntraLBCoordinator:
         self._flag = _SharedBuffer(2, device)
         length = payload_len(max_num_seqs)
         self._send = _SharedBuffer(length, device)
-        self._recv = [_SharedBuffer(length, device) for _ in range(dp_size)]
-        self._recv_arrays = [buf.array for buf in self._recv]
+        # The gathered buffers are the rows of one block: unpacked and keyed in one go,
+        # and a backend may fill them with one copy.
+        self._recv_block = np.zeros((dp_size, length), dtype=np.int32)
+        self._recv = [_SharedBuffer(length, device, row) for row in self._recv_block]
         self._recv_tensors = [buf.tensor for buf in self._recv]
+        self._recv_slots = block_slots(self._recv_block)
+        self._on_device = device.type != "cpu"
 
         self._step = _NO_BALANCE
 
@@ -251,7 +256,7 @@ class DyntraLBCoordinator:
         self.pending_long_req = False
         self.pending_long_req_blk = 0
         self._collective(ALLGATHER_SITE, "all_gather", self._send.tensor, self._all_gather)
-        requests_by_rank, has_new_long = unpack(self._recv_arrays)
+        requests_by_rank, has_new_long = unpack_block(self._recv_block, self._recv_slots)
 
         start = time.perf_counter()
         plans = self._plan(requests_by_rank)
@@ -278,7 +283,7 @@ class DyntraLBCoordinator:
         if self._plan_memo is None:
             return compute()
         key = (self._balance_load, self.dp_size, self.max_num_seqs, self.bubble_threshold,
-               b"".join([array.tobytes() for array in self._recv_arrays]))
+               self._recv_block.tobytes())
         return self._plan_memo(key, compute)
 
     # ------------------------------------------------------------------ collectives
@@ -301,5 +306,6 @@ class DyntraLBCoordinator:
     def _all_gather(self) -> None:
         self._send.to_device()
         dist.all_gather(self._recv_tensors, self._send.tensor, group=self.dp_group)
-        for buf in self._recv:
-            buf.from_device()
+        if self._on_device:
+            for buf in self._recv:
+                buf.from_device()

@@ -73,3 +73,19 @@ def unpack(buffers: Sequence[np.ndarray]) -> tuple[list[tuple[np.ndarray, int]],
         if buf[max_slots + 1]:
             has_new_long = True
     return requests_by_rank, has_new_long
+
+
+def block_slots(block: np.ndarray) -> list[np.ndarray]:
+    """The block-slot views of each row of ``block``, a 2-D array whose rows are the
+    gathered buffers: made once with the buffers, for ``unpack_block``."""
+    return list(block[:, : block.shape[1] - 2])
+
+
+def unpack_block(block: np.ndarray, slots: list[np.ndarray]) -> tuple[
+        list[tuple[np.ndarray, int]], bool]:
+    """``unpack`` of the rows of ``block`` (``slots``: its ``block_slots``): the same
+    ``requests_by_rank`` and ``has_new_long``, with the rows' views made once and the
+    splits and flags read in one numpy call, since the coordinator unpacks on every
+    active step."""
+    splits, flags = block[:, block.shape[1] - 2:].T.tolist()
+    return list(zip(slots, splits, strict=True)), any(flags)

@@ -163,6 +163,12 @@ class DyntraLBPolicy:
         order that are WAITING or PREEMPTED and were not reported "not ready" by the KV
         prefetch. LB-paused and normally preempted requests are included.
         """
+        scheduler = self.scheduler
+        if not scheduler.waiting and not scheduler.skipped_waiting:
+            # Nothing waits (most decode steps): no candidate, nothing to refresh or
+            # prefetch, as the steps below would find.
+            self.admission_candidates = []
+            return self.admission_candidates
         self._refresh_blocked_waiting_requests()
         not_ready = self._run_kv_prefetch()
         order = self._schedule_order()

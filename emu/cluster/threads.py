@@ -7,30 +7,9 @@ failure. Rank processes spend their time in gloo collectives, and with more rank
 cores each collective costs several context switches per rank; a thread waits on a
 lock instead, woken in microseconds.
 
-The collectives. ``ThreadGroup`` is a ``torch.distributed.ProcessGroup`` subclass whose
-``allreduce`` and ``allgather`` meet their peers in memory (``_Hub``: a lock per group,
-a wake-up lock per rank). ``dist.all_reduce(t, op=..., group=g)`` and
-``dist.all_gather(list, t, group=g)`` dispatch to a group's own methods, so the engine,
-the lockstep clock and the DyntraLB coordinator run unchanged, on the same tensors and
-dtypes (SUM, PRODUCT, MIN and MAX, as gloo offers them; the hub reduces and copies
-through numpy views of the CPU tensors, a fraction of a torch op's cost). The groups
-are made directly, not through ``init_process_group`` / ``Backend.register_backend``:
-those keep one default group per process, and here one process holds every rank. A
-collective whose peers do not all arrive within the collective timeout raises
-``CollectiveTimeout``; once the run has failed every waiting and later collective
-raises ``CollectiveAborted`` — how a rank thread sees a dead peer, as a gloo rank sees
-a closed connection.
-
-What the ranks share beyond the collectives: the plans. DyntraLB's planner is a pure
-function of the gathered snapshot and the config, and after an all-gather every rank
-holds the same snapshot, so each rank's ``DyntraLBCoordinator`` would compute the same
-plans (N planner runs per step, each over all N ranks' payloads). The DP group offers
-``plan_memo`` (``PlanMemo``, one per group): the first rank to plan a snapshot runs the
-planner, the others take its result, keyed on the planner, its arguments and the
-gathered bytes — an identical key is an identical input, so the plans are the ones the
-rank would have computed, and nothing a rank writes changes except the planner's wall
-time in its wall log. The plans are only read after planning (each rank applies its
-own row, rank 0 logs them), so sharing the objects is safe.
+The collectives, and the plans the ranks of a group share, are
+``emu.cluster.thread_collectives``: each rank gets a ``ThreadGroup`` of the run's DP and
+device groups; a failed run aborts them (``Abort``), so every rank unwinds.
 
 The guard is the process transport's: every rank's ``CollectiveRecorder`` publishes into
 its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
@@ -45,16 +24,11 @@ and the report says it did not stop).
 Process-wide state the ranks would each set in their own process is set once for the
 run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
 ``rank<r>.log`` of the thread that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
-holds while threads run and is restored afterwards. So do ``dist.all_reduce`` and
-``dist.all_gather`` of ours (``_all_reduce``, ``_all_gather``): called on a
-``ThreadGroup`` (the same call of the engine, clock and coordinator code), they go
-straight to its hub, since torch's wrappers check and dispatch at a cost larger than the
-in-memory collective itself (about 6 µs of ~17 per call); any other call, and any call
-those wrappers would treat specially (``async_op``, complex or subclassed tensors, an
-all-gather with mixed dtypes, an op the hub does not have), goes to torch's own
-function, unchanged. Python's and numpy's global RNGs are
-shared: every rank seeds them with the run's seed, and no engine code draws from them (a
-draw would make a result depend on how the threads interleave).
+holds while threads run and is restored afterwards, and so do the transport's own
+``dist.all_reduce`` and ``dist.all_gather`` (``emu.cluster.thread_collectives``).
+Python's and numpy's global RNGs are shared: every rank seeds them with the run's seed,
+and no engine code draws from them (a draw would make a result depend on how the
+threads interleave).
 """
 
 from __future__ import annotations
@@ -71,242 +45,26 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
 from emu.cluster.faults import RankKilled
 from emu.cluster.guard import SLOT_BYTES, GuardSlot, Watchdog
 from emu.cluster.launcher import ClusterError, RankContext
+from emu.cluster.thread_collectives import (
+    Abort,
+    CollectiveAborted,
+    CollectiveTimeout,
+    Hub,
+    ThreadGroup,
+    install_dist_functions,
+    restore_dist_functions,
+)
 
 # A rank error that is only the echo of the run failing elsewhere yields to a root cause
 # or a watchdog finding arriving within this long (as in emu.cluster.launcher).
 _ECHO_GRACE_S = 2.0
 # How long rank threads get to unwind after the collectives were aborted.
 _STOP_GRACE_S = 5.0
-
-
-class CollectiveTimeout(RuntimeError):
-    """A rank waited longer than the collective timeout for its peers."""
-
-
-class CollectiveAborted(RuntimeError):
-    """The run failed elsewhere; this rank's collective was cancelled."""
-
-
-# The reductions, on the numpy views of the tensors (numpy's elementwise ufuncs give
-# torch's results for these ops, integer wrap-around and NaN propagation included).
-_REDUCE = {dist.ReduceOp.SUM: np.add, dist.ReduceOp.PRODUCT: np.multiply,
-           dist.ReduceOp.MIN: np.minimum, dist.ReduceOp.MAX: np.maximum}
-# A group keeps the numpy views of at most this many tensors (the engine's collective
-# buffers are a handful, allocated once; a caller with fresh tensors per call refills it).
-_MAX_VIEWS = 256
-
-
-class _Abort:
-    """Shared by every group of a run: set once, when the run has failed."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.hubs: list[_Hub] = []
-
-    def set(self, reason: str) -> None:
-        self.reason = reason
-        for hub in self.hubs:
-            with hub.lock:
-                for wake in hub.waiters:
-                    _release(wake)
-
-
-def _release(wake: threading.Lock) -> None:
-    try:
-        wake.release()
-    except RuntimeError:  # already released (a rank that timed out and left)
-        pass
-
-
-class _Hub:
-    """Where the ranks of one group meet. A collective is one generation: each rank
-    adds its part under the lock; the last one to arrive publishes the result and wakes
-    each waiting rank through that rank's own lock (one wake-up per rank, no second
-    round on a shared lock). Results alternate between two slots: a generation's slot
-    is only reused two generations later, which needs every rank to have left it.
-
-    A rank that arrives with another collective than the one under way (kind, op,
-    shape, dtype) never joins it: both sides wait, as mismatched gloo ranks would, and
-    the watchdog reports the disagreement."""
-
-    def __init__(self, name: str, size: int, timeout_s: float, abort: _Abort):
-        self.name = name
-        self.size = size
-        self.timeout_s = timeout_s
-        self.abort = abort
-        self.lock = threading.Lock()
-        self.generation = 0
-        self.arrived = 0
-        self.desc: tuple | None = None
-        self.acc: Any = None
-        self.results: list[Any] = [None, None]
-        self.waiters: list[threading.Lock] = []
-        self.plan_memo = PlanMemo()
-        self.wakes = [threading.Lock() for _ in range(size)]
-        for wake in self.wakes:
-            wake.acquire()  # held: a rank waits by acquiring its own
-        abort.hubs.append(self)
-
-    def all_reduce(self, rank: int, array: np.ndarray, op) -> None:
-        """``array``: the numpy view of the rank's tensor, reduced in place."""
-        reduce = _REDUCE.get(op)
-        if reduce is None:
-            raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
-                             f"MIN and MAX, got {op}")
-        desc = ("all_reduce", op, array.dtype, array.shape)
-        woken: list[threading.Lock] | None = None
-        with self.lock:
-            generation = self._enter(rank, desc)
-            if generation is not None:
-                if self.arrived == 0:
-                    self.acc = array.copy()
-                else:
-                    reduce(self.acc, array, out=self.acc)
-                woken = self._arrive(rank)
-        self._wait(rank, generation, woken)
-        array[...] = self.results[generation & 1]
-
-    def all_gather(self, rank: int, outputs: list[np.ndarray], array: np.ndarray) -> None:
-        """``outputs`` / ``array``: numpy views of the rank's output and input tensors."""
-        if len(outputs) != self.size:
-            raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
-                             f"tensors, got {len(outputs)}")
-        desc = ("all_gather", array.dtype, array.shape)
-        woken: list[threading.Lock] | None = None
-        with self.lock:
-            generation = self._enter(rank, desc)
-            if generation is not None:
-                if self.arrived == 0:
-                    self.acc = [None] * self.size
-                self.acc[rank] = array.copy()  # the sender may reuse its buffer at once
-                woken = self._arrive(rank)
-        self._wait(rank, generation, woken)
-        for out, part in zip(outputs, self.results[generation & 1], strict=True):
-            out[...] = part
-
-    def _enter(self, rank: int, desc: tuple) -> int | None:
-        """Under the lock: this rank's generation, or None when it arrives with another
-        collective than the one under way (it then only waits)."""
-        if self.abort.reason is not None:
-            raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
-        if self.arrived and desc != self.desc:
-            self.waiters.append(self.wakes[rank])
-            return None
-        if not self.arrived:
-            self.desc = desc
-        return self.generation
-
-    def _arrive(self, rank: int) -> list[threading.Lock] | None:
-        """Under the lock, once this rank's part is in: complete the collective when it
-        is the last (returns the wake-ups of the ranks waiting in it), else queue this
-        rank's wake-up (None)."""
-        self.arrived += 1
-        if self.arrived < self.size:
-            self.waiters.append(self.wakes[rank])
-            return None
-        self.results[self.generation & 1] = self.acc
-        self.acc = None
-        self.arrived = 0
-        self.generation += 1
-        woken, self.waiters = self.waiters, []
-        return woken
-
-    def _wait(self, rank: int, generation: int | None,
-              woken: list[threading.Lock] | None) -> None:
-        """The last rank in wakes the others; every other rank waits until its
-        collective has completed (one that can never complete, ``generation`` None,
-        ends only with the abort or the timeout). The wake-ups happen outside the
-        group's lock: a woken thread may take the GIL from the waker at any release,
-        and must not then find the lock held for its next collective."""
-        if woken is not None:
-            for wake in woken:
-                wake.release()
-            return
-        wake = self.wakes[rank]
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            woken = remaining > 0 and wake.acquire(timeout=remaining)
-            if self.abort.reason is not None:
-                raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
-            if not woken:
-                raise CollectiveTimeout(
-                    f"rank {rank} waited {self.timeout_s:g} s (collective_timeout_s) in a "
-                    f"collective on the {self.name} group; "
-                    f"{self.size - self.arrived} peer(s) never arrived")
-            if generation is not None and self.generation != generation:
-                return
-
-
-class PlanMemo:
-    """The plans of the last snapshot planned on a group, shared by its rank threads
-    (the ``plan_memo`` a ``DyntraLBCoordinator`` looks for on its DP group). Called by
-    each rank right after its all-gather; the first rank with a new key computes while
-    the others wait on the lock, then each of them finds the key. One entry is enough:
-    no rank can plan the next snapshot before every rank has joined its all-gather, i.e.
-    finished planning this one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._key: Any = None
-        self._plans: Any = None
-
-    def __call__(self, key: Any, compute: Callable[[], Any]) -> Any:
-        with self._lock:
-            if self._key is None or key != self._key:
-                self._plans = compute()  # a planner error leaves the memo as it was
-                self._key = key
-            return self._plans
-
-
-class ThreadGroup(dist.ProcessGroup):
-    """One rank's handle on a group of the thread transport: the ``group=`` argument of
-    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``.
-    ``plan_memo`` is shared by every rank of the group (see the module docstring)."""
-
-    def __init__(self, hub: _Hub, rank: int):
-        super().__init__(rank, hub.size)
-        self._hub = hub
-        self._rank = rank
-        self.plan_memo = hub.plan_memo
-        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray]] = {}
-
-    def allreduce(self, tensors, opts=None):
-        """``dist.all_reduce``: one tensor, reduced in place over every rank."""
-        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp.op
-        for tensor in tensors:
-            self._hub.all_reduce(self._rank, self._view(tensor), op)
-        return None  # completed synchronously; dist.all_reduce has nothing to wait for
-
-    def allgather(self, output_lists, input_tensors, opts=None):
-        """``dist.all_gather``: every rank's tensor into every rank's output list."""
-        for outputs, tensor in zip(output_lists, input_tensors, strict=True):
-            self._hub.all_gather(self._rank, [self._view(out) for out in outputs],
-                                 self._view(tensor))
-        return None
-
-    def _view(self, tensor: torch.Tensor) -> np.ndarray:
-        """The numpy array over ``tensor``'s memory (a CPU tensor of a numpy dtype, as
-        every tensor of the engine is). The hub works on these: a numpy copy or ufunc
-        costs a fraction of a torch op's dispatch. Kept per tensor, since ``.numpy()``
-        costs more than the copy; a tensor whose storage moved gets a new view."""
-        key = id(tensor)
-        entry = self._views.get(key)
-        address = tensor.data_ptr()
-        if entry is None or entry[0] is not tensor or entry[1] != address \
-                or entry[2].shape != tensor.shape:
-            if len(self._views) >= _MAX_VIEWS:
-                self._views.clear()
-            entry = (tensor, address, tensor.numpy())
-            self._views[key] = entry
-        return entry[2]
 
 
 # ---------------------------------------------------------------------------------------
@@ -341,28 +99,6 @@ _saved: dict[str, Any] = {}
 _router: _RankLogRouter | None = None
 
 
-def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-    """``dist.all_reduce`` while thread runs are under way (see the module docstring)."""
-    if (type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor
-            and op in _REDUCE and not tensor.is_complex()):
-        group._hub.all_reduce(group._rank, group._view(tensor), op)
-        return None
-    return _saved["all_reduce"](tensor, op=op, group=group, async_op=async_op)
-
-
-def _all_gather(tensor_list, tensor, group=None, async_op=False):
-    """``dist.all_gather`` while thread runs are under way (see the module docstring)."""
-    if (type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor
-            and not tensor.is_complex()):
-        dtype, view = tensor.dtype, group._view
-        outputs = [view(t) for t in tensor_list
-                   if type(t) is torch.Tensor and t.dtype == dtype]
-        if len(outputs) == len(tensor_list):
-            group._hub.all_gather(group._rank, outputs, view(tensor))
-            return None
-    return _saved["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
-
-
 @contextlib.contextmanager
 def _process_state() -> Iterator[None]:
     """While any thread run is under way: one intra-op torch thread, the ``dyntra_lb``
@@ -373,9 +109,8 @@ def _process_state() -> Iterator[None]:
         if _state_users == 0:
             log = logging.getLogger("dyntra_lb")
             _saved.update(num_threads=torch.get_num_threads(), level=log.level,
-                          propagate=log.propagate, handlers=list(log.handlers),
-                          all_reduce=dist.all_reduce, all_gather=dist.all_gather)
-            dist.all_reduce, dist.all_gather = _all_reduce, _all_gather
+                          propagate=log.propagate, handlers=list(log.handlers))
+            install_dist_functions()
             _router = _RankLogRouter(log.getEffectiveLevel())
             torch.set_num_threads(1)
             log.handlers = [_router]
@@ -393,7 +128,7 @@ def _process_state() -> Iterator[None]:
                 log.setLevel(_saved["level"])
                 log.propagate = _saved["propagate"]
                 torch.set_num_threads(_saved["num_threads"])
-                dist.all_reduce, dist.all_gather = _saved["all_reduce"], _saved["all_gather"]
+                restore_dist_functions()
                 _router = None
 
 
@@ -453,9 +188,9 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     the watchdog finds a hang or a disagreement, or the run lasts longer than
     ``run_timeout_s``. Every rank thread has ended (or is reported as not stopping)
     when this returns or raises."""
-    abort = _Abort()
-    dp_hub = _Hub("dp", dp_size, collective_timeout_s, abort)
-    device_hub = _Hub("device", dp_size, collective_timeout_s, abort)
+    abort = Abort()
+    dp_hub = Hub("dp", dp_size, collective_timeout_s, abort)
+    device_hub = Hub("device", dp_size, collective_timeout_s, abort)
     ranks = [_RankThread(r) for r in range(dp_size)]
     changed = threading.Event()
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
@@ -552,7 +287,7 @@ def _take_stacks(ranks: list[_RankThread]) -> None:
             state.stack = "".join(traceback.format_stack(frames[thread.ident])).rstrip()
 
 
-def _stop(ranks: list[_RankThread], abort: _Abort, reason: str) -> None:
+def _stop(ranks: list[_RankThread], abort: Abort, reason: str) -> None:
     """Abort every collective and join the rank threads (each unwinds at its next
     collective)."""
     abort.set(reason)

@@ -58,8 +58,18 @@ class LockstepClock:
         self._tensor = self._cpu if device.type == "cpu" else torch.zeros_like(
             self._cpu, device=device
         )
-        self.counts: list[tuple[int, int]] = [(0, 0)] * dp_size
+        self._values = [0] * len(self._array)  # the last collective's result
+        self._counts: list[tuple[int, int]] | None = None
         self.finished_total = 0
+
+    @property
+    def counts(self) -> list[tuple[int, int]]:
+        """Every rank's ``(waiting, running)`` as reported to the last collective; made
+        when first read after it (the intake reads it only when a request arrives)."""
+        if self._counts is None:
+            values, width = self._values, self._width
+            self._counts = list(zip(values[1::width], values[2::width], strict=True))
+        return self._counts
 
     def step(self, own_cost_us: int, num_waiting: int, num_running: int,
              num_finished: int = 0) -> int:
@@ -81,8 +91,8 @@ class LockstepClock:
             self._all_reduce()
         else:
             self._observe(LOCKSTEP_SITE, "all_reduce_max", self._tensor, self._all_reduce)
-        values = buf.tolist()
-        self.counts = list(zip(values[1::width], values[2::width], strict=True))
+        self._values = values = buf.tolist()
+        self._counts = None
         if width == 3:
             self.finished_total = sum(values[3::3])
         return values[0]

@@ -255,7 +255,9 @@ class EngineCore:
             if self.arrivals.exhausted():
                 return False
             self.clock_us = max(self.clock_us, self.arrivals.next_arrival_us())
-        arrived = self.arrivals.take(self.clock_us, self.clock.counts)
+        arrivals = self.arrivals
+        arrived = (arrivals.take(self.clock_us, self.clock.counts)
+                   if arrivals.due(self.clock_us) else ())
         for trace_request, rank in arrived:
             if rank == self.dp_rank:
                 self.add_request(trace_request)
@@ -394,12 +396,13 @@ class EngineCore:
         paused_kv = ({rid: kv.num_blocks_of(scheduler.requests[rid])
                       for rid in lb.paused_req_ids if rid in scheduler.requests}
                      if lb is not None and lb.paused_req_ids else {})
+        num_waiting = self._num_waiting()
         return StepRecord(
             iter=self.iteration, wave=self.current_wave, step_counter=self.step_counter,
             clock_us=step.clock_us, own_cost_us=step.own_cost_us, step_us=step.step_us,
             dummy=not step.executed, num_running=len(scheduler.running),
-            num_waiting=self._num_waiting(), running_blocks=scheduler.running_blocks(),
-            waiting_blocks=scheduler.waiting_blocks(),
+            num_waiting=num_waiting, running_blocks=scheduler.running_blocks(),
+            waiting_blocks=scheduler.waiting_blocks() if num_waiting else 0,
             scheduled_tokens=output.total_num_scheduled_tokens if output is not None else 0,
             plan_applied=(step.plan_applied.to_dict() if step.plan_applied is not None
                           else None),

@@ -21,6 +21,10 @@ _string = json.encoder.encode_basestring_ascii
 _float = float.__repr__
 _PLAN_KEYS = frozenset(("freeze", "in_blk", "out_blk"))
 _COLLECTIVE_KEYS = frozenset(("dtype", "op", "seq", "shape", "site"))
+# A collective record's text before and after its seq, by (site, op, dtype, str(shape)):
+# a run has a handful of descriptors (the bound only keeps odd callers in check).
+_COLLECTIVE_TEXT: dict[tuple, tuple[str, str]] = {}
+_MAX_COLLECTIVE_TEXTS = 1024
 
 
 def _ints(values: list) -> str:
@@ -49,8 +53,21 @@ def _collectives(records: list[dict]) -> str:
         if c.keys() != _COLLECTIVE_KEYS or type(seq) is not int:
             parts.append(_dumps(c))
             continue
-        parts.append(f'{{"dtype":{_string(c["dtype"])},"op":{_string(c["op"])},"seq":{seq},'
-                     f'"shape":{_ints(c["shape"])},"site":{_string(c["site"])}}}')
+        site, op, dtype, shape = c["site"], c["op"], c["dtype"], c["shape"]
+        if type(site) is not str or type(op) is not str or type(dtype) is not str \
+                or type(shape) is not list:
+            parts.append(_dumps(c))
+            continue
+        # The text around ``seq`` is the same for every collective of a descriptor.
+        key = (site, op, dtype, str(shape))
+        around = _COLLECTIVE_TEXT.get(key)
+        if around is None:
+            if len(_COLLECTIVE_TEXT) >= _MAX_COLLECTIVE_TEXTS:
+                _COLLECTIVE_TEXT.clear()
+            around = (f'{{"dtype":{_string(dtype)},"op":{_string(op)},"seq":',
+                      f',"shape":{_ints(shape)},"site":{_string(site)}}}')
+            _COLLECTIVE_TEXT[key] = around
+        parts.append(f"{around[0]}{seq}{around[1]}")
     return "[" + ",".join(parts) + "]"
 
 
@@ -142,11 +159,13 @@ class EventLog:
         Flushed when a request finished: the progress display counts request records."""
         if self._file is None:
             return
+        if not finished:  # most steps
+            self._file.write(step.line(self.rank) + "\n")
+            return
         lines = [step.line(self.rank)]
         lines.extend(self._request_line(r) for r in finished)
         self._file.write("\n".join(lines) + "\n")
-        if finished:
-            self._file.flush()
+        self._file.flush()
 
     def requests(self, records: list[dict]) -> None:
         """Records of requests still in flight when the run ended."""

@@ -51,6 +51,20 @@ def collectives_target(ctx, _):
     dist.all_gather(outs, send, group=ctx.dp_group)
     send.fill_(1234)  # the sender reusing its buffer changes nothing gathered
     results.append(("all_gather", [o.tolist() for o in outs]))
+    # One output list gathered into again and again (the thread transport keeps what it
+    # fills per list): outputs that are the rows of one buffer (the coordinator's, filled
+    # with one copy), then that list with an element replaced and with an element's
+    # storage replaced; each time every output must hold the new gather.
+    block = torch.full((ctx.dp_size, 3), -99, dtype=torch.int32)
+    rows = list(block)
+    for i in range(3):
+        if i == 1:
+            rows[-1] = torch.full((3,), -98, dtype=torch.int32)
+        if i == 2:
+            rows[0].set_(torch.full((3,), -97, dtype=torch.int32))
+        send = torch.tensor([ctx.rank, i, -ctx.rank], dtype=torch.int32)
+        dist.all_gather(rows, send, group=ctx.dp_group)
+        results.append((f"rows {i}", [o.tolist() for o in rows], block.tolist()))
     return results
 
 
@@ -69,7 +83,8 @@ def test_in_memory_collectives_match_gloo(tmp_path, dp_size):
     # The thread transport's dist.all_reduce / all_gather are torch's again afterwards.
     assert (dist.all_reduce, dist.all_gather) == (torch_functions["all_reduce"],
                                                   torch_functions["all_gather"])
-    assert threads[0][-1] == ("all_gather", [[r, 10 * r, -r] for r in range(dp_size)])
+    assert threads[0][-4] == ("all_gather", [[r, 10 * r, -r] for r in range(dp_size)])
+    assert threads[0][-1][1] == [[r, 2, -r] for r in range(dp_size)]
     assert all(result == threads[0] for result in threads)
 
 
@@ -114,6 +129,7 @@ def test_a_peer_that_finishes_instead_is_named(tmp_path):
     err = info.value
     # No recorder: the watchdog sees nothing; rank 0's own timeout names it.
     assert err.rank == 0
-    assert err.message.startswith("emu.cluster.threads.CollectiveTimeout: rank 0 waited 1 s "
-                                  "(collective_timeout_s) in a collective on the dp group")
+    assert err.message.startswith(
+        "emu.cluster.thread_collectives.CollectiveTimeout: rank 0 waited 1 s "
+        "(collective_timeout_s) in a collective on the dp group")
     assert err.details[1] == "finished"

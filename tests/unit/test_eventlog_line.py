@@ -20,7 +20,9 @@ plans = st.none() | st.fixed_dictionaries(
      "freeze": st.booleans()}) | st.dictionaries(st.text(max_size=6), ints, max_size=3)
 collective = st.fixed_dictionaries(
     {"seq": ints, "site": st.text(max_size=20), "op": st.text(max_size=16),
-     "shape": st.lists(st.integers(0, 10**6), max_size=2), "dtype": st.text(max_size=8)})
+     "shape": st.lists(st.integers(0, 10**6) | st.booleans() | st.floats(allow_nan=False),
+                       max_size=2),
+     "dtype": st.text(max_size=8)})
 collectives = st.lists(collective | st.dictionaries(st.text(max_size=6), ints, max_size=2),
                        max_size=4)
 records = st.builds(
@@ -70,3 +72,26 @@ def test_records_of_another_shape_go_through_the_encoder():
                       "origin": "vllm"}, {"seq": True, "site": "s", "op": "o", "shape": [],
                                          "dtype": "d"}])
     assert record.line(0) == reference_line(record, 0)
+
+
+def test_collectives_that_look_alike_keep_their_own_text():
+    """The text around a collective's seq is kept per descriptor: equal-looking shapes
+    (1, True, 1.0) and a descriptor seen before with another seq each get their own."""
+    def record(collectives):
+        return StepRecord(
+            iter=1, wave=0, step_counter=1, clock_us=0, own_cost_us=1, step_us=1,
+            dummy=False, num_running=0, num_waiting=0, running_blocks=0, waiting_blocks=0,
+            scheduled_tokens=0, plan_applied=None, paused=[], resumed=[], admitted=[],
+            preempted=[], finished=[], plan_generated=None, kv_free_blocks=1,
+            kv_held_blocks=0, paused_kv_blocks={}, collectives=collectives)
+
+    shapes = [[1], [True], [1.0], [1], [2, 1], [1]]
+    first = record([{"seq": i, "site": "s", "op": "o", "shape": shape, "dtype": "d"}
+                    for i, shape in enumerate(shapes)])
+    again = record([{"seq": 10 + i, "site": "s", "op": "o", "shape": shape, "dtype": "d"}
+                    for i, shape in enumerate(reversed(shapes))])
+    for rec in (first, again):
+        line = rec.line(0)
+        assert line == reference_line(rec, 0)
+        assert [c["shape"] for c in json.loads(line)["collectives"]] == \
+            [c["shape"] for c in rec.collectives]

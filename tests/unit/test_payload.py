@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dyntra_lb.payload import pack, payload_len, unpack
+from dyntra_lb.payload import block_slots, pack, payload_len, unpack, unpack_block
 
 
 def _buffer(max_num_seqs, fill=0):
@@ -142,3 +142,28 @@ def test_round_trip_many_ranks(snapshots):
     for (blks, split), (running, waiting, _) in zip(requests_by_rank, snapshots, strict=True):
         assert split == len(running)
         assert blks == running + waiting + [0] * (16 - len(running) - len(waiting))
+
+
+@given(
+    snapshots=st.lists(
+        st.tuples(st.lists(blk, max_size=8), st.lists(blk, max_size=8), st.booleans()),
+        min_size=1,
+        max_size=16,
+    )
+)
+def test_unpack_block_is_unpack_of_its_rows(snapshots):
+    """The coordinator's gathered buffers are the rows of one block: ``unpack_block``
+    gives what ``unpack`` gives for those rows, views of the block included, also after
+    the block is gathered into again (the slots are made once)."""
+    block = np.full((len(snapshots), payload_len(8)), 3, dtype=np.int32)
+    slots = block_slots(block)
+    for turn in range(2):
+        for row, (running, waiting, long_flag) in zip(block, snapshots, strict=True):
+            pack(row, running[turn:], waiting, long_flag)
+        requests_by_rank, has_new_long = unpack_block(block, slots)
+        expected, expected_long = unpack(list(block))
+        assert has_new_long is expected_long
+        assert [(blks.tolist(), split) for blks, split in requests_by_rank] == \
+            [(blks.tolist(), split) for blks, split in expected]
+        assert all(type(split) is int and np.shares_memory(blks, block)
+                   for blks, split in requests_by_rank)

@@ -1,5 +1,6 @@
-"""``emu.cluster.threads.PlanMemo``, the plans the rank threads of a group share: computed once
-per key, recomputed for a new key, untouched by a planner that raises."""
+"""``emu.cluster.thread_collectives.PlanMemo``, the plans the rank threads of a group
+share: computed once per key, recomputed for a new key, untouched by a planner that
+raises."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from emu.cluster.threads import PlanMemo
+from emu.cluster.thread_collectives import PlanMemo
 
 
 def test_the_same_key_is_computed_once_and_returns_the_same_plans():

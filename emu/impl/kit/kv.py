@@ -110,7 +110,7 @@ class KVCacheManager:
     @property
     def num_held_blocks(self) -> int:
         """Blocks held by all requests together (equals the pool's used blocks)."""
-        return sum(len(b) for b in self._blocks.values())
+        return sum(map(len, self._blocks.values()))
 
     def holders(self) -> set[str]:
         """Ids of the requests holding blocks (strict mode's conservation check)."""

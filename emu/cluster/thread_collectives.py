@@ -1,0 +1,385 @@
+"""The thread transport's collectives: the in-memory groups every rank thread of a run
+(``emu.cluster.threads``) joins, and the plans they share.
+
+``ThreadGroup`` is a ``torch.distributed.ProcessGroup`` subclass whose ``allreduce`` and
+``allgather`` meet their peers in memory (``Hub``: a lock per group, a wake-up lock per
+rank). ``dist.all_reduce(t, op=..., group=g)`` and ``dist.all_gather(list, t, group=g)``
+dispatch to a group's own methods, so the engine, the lockstep clock and the DyntraLB
+coordinator run unchanged, on the same tensors and dtypes (SUM, PRODUCT, MIN and MAX, as
+gloo offers them; the hub reduces and copies through numpy views of the CPU tensors, a
+fraction of a torch op's cost, and gathers into one array, copied with one call into
+output tensors that are the rows of one buffer, as the coordinator's are). The groups
+are made directly, not through ``init_process_group`` / ``Backend.register_backend``:
+those keep one default group per process, and here one process holds every rank. A
+collective whose peers do not all arrive within the collective timeout raises
+``CollectiveTimeout``; once the run has failed (``Abort``) every waiting and later
+collective raises ``CollectiveAborted`` — how a rank thread sees a dead peer, as a gloo
+rank sees a closed connection.
+
+While thread runs are under way, ``dist.all_reduce`` and ``dist.all_gather`` are ours
+(``install_dist_functions``, ``restore_dist_functions``): called on a ``ThreadGroup``
+(the same call of the engine, clock and coordinator code), they go straight to its hub,
+since torch's wrappers check and dispatch at a cost larger than the in-memory
+collective itself (about 6 µs a call); any other call, and any call those wrappers
+would treat specially (``async_op``, complex or subclassed tensors, an all-gather with
+mixed dtypes, an op the hub does not have), goes to torch's own function, unchanged.
+
+What the ranks share beyond the collectives: the plans. DyntraLB's planner is a pure
+function of the gathered snapshot and the config, and after an all-gather every rank
+holds the same snapshot, so each rank's ``DyntraLBCoordinator`` would compute the same
+plans (N planner runs per step, each over all N ranks' payloads). The DP group offers
+``plan_memo`` (``PlanMemo``, one per group): the first rank to plan a snapshot runs the
+planner, the others take its result, keyed on the planner, its arguments and the
+gathered bytes — an identical key is an identical input, so the plans are the ones the
+rank would have computed, and nothing a rank writes changes except the planner's wall
+time in its wall log. The plans are only read after planning (each rank applies its
+own row, rank 0 logs them), so sharing the objects is safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class CollectiveTimeout(RuntimeError):
+    """A rank waited longer than the collective timeout for its peers."""
+
+
+class CollectiveAborted(RuntimeError):
+    """The run failed elsewhere; this rank's collective was cancelled."""
+
+
+# The reductions, on the numpy views of the tensors (numpy's elementwise ufuncs give
+# torch's results for these ops, integer wrap-around and NaN propagation included).
+_REDUCE = {dist.ReduceOp.SUM: np.add, dist.ReduceOp.PRODUCT: np.multiply,
+           dist.ReduceOp.MIN: np.minimum, dist.ReduceOp.MAX: np.maximum}
+# The same by the id of torch's op objects (``dist.ReduceOp.MAX`` is one object): hashing
+# or comparing a ReduceOp costs about a microsecond, an int look-up a tenth of that.
+_REDUCE_BY_ID = {id(op): (op, ufunc) for op, ufunc in _REDUCE.items()}
+
+
+def _reduction(op) -> Any:
+    """The numpy ufunc of a torch ``ReduceOp``, or None when the hub does not have it."""
+    entry = _REDUCE_BY_ID.get(id(op))
+    if entry is not None and entry[0] is op:
+        return entry[1]
+    return _REDUCE.get(op)  # an equal op that is another object
+
+
+# A group keeps the numpy views of at most this many tensors (the engine's collective
+# buffers are a handful, allocated once; a caller with fresh tensors per call refills it).
+_MAX_VIEWS = 256
+_data_ptr = torch.Tensor.data_ptr
+
+
+class Abort:
+    """Shared by every group of a run: set once, when the run has failed."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.hubs: list[Hub] = []
+
+    def set(self, reason: str) -> None:
+        self.reason = reason
+        for hub in self.hubs:
+            with hub.lock:
+                for wake in hub.waiters:
+                    _release(wake)
+
+
+def _release(wake: threading.Lock) -> None:
+    try:
+        wake.release()
+    except RuntimeError:  # already released (a rank that timed out and left)
+        pass
+
+
+class Hub:
+    """Where the ranks of one group meet. A collective is one generation: each rank
+    adds its part under the lock; the last one to arrive publishes the result and wakes
+    each waiting rank through that rank's own lock (one wake-up per rank, no second
+    round on a shared lock). Results alternate between two slots: a generation's slot
+    is only reused two generations later, which needs every rank to have left it.
+
+    A rank that arrives with another collective than the one under way (kind, op,
+    shape, dtype) never joins it: both sides wait, as mismatched gloo ranks would, and
+    the watchdog reports the disagreement."""
+
+    def __init__(self, name: str, size: int, timeout_s: float, abort: Abort):
+        self.name = name
+        self.size = size
+        self.timeout_s = timeout_s
+        self.abort = abort
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.arrived = 0
+        self.desc: tuple | None = None
+        self.acc: Any = None
+        self.results: list[Any] = [None, None]
+        self.waiters: list[threading.Lock] = []
+        self.plan_memo = PlanMemo()
+        self.wakes = [threading.Lock() for _ in range(size)]
+        for wake in self.wakes:
+            wake.acquire()  # held: a rank waits by acquiring its own
+        abort.hubs.append(self)
+
+    def all_reduce(self, rank: int, array: np.ndarray, reduce) -> None:
+        """``array``: the numpy view of the rank's tensor, reduced in place with
+        ``reduce`` (the op's ufunc, ``_reduction``)."""
+        desc = ("all_reduce", reduce, array.dtype, array.shape)
+        woken: list[threading.Lock] | None = None
+        with self.lock:
+            generation = self._enter(rank, desc)
+            if generation is not None:
+                if self.arrived == 0:
+                    self.acc = array.copy()
+                else:
+                    reduce(self.acc, array, out=self.acc)
+                woken = self._arrive(rank)
+        self._wait(rank, generation, woken)
+        array[...] = self.results[generation & 1]
+
+    def all_gather(self, rank: int, outputs: np.ndarray | list[np.ndarray],
+                   array: np.ndarray) -> None:
+        """``array``: the numpy view of the rank's input tensor; ``outputs``: views of its
+        output tensors, or one ``(size, ...)`` array over all of them (``ThreadGroup``
+        finds one when the outputs are consecutive in memory), filled with one copy."""
+        if len(outputs) != self.size:
+            raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
+                             f"tensors, got {len(outputs)}")
+        desc = ("all_gather", array.dtype, array.shape)
+        woken: list[threading.Lock] | None = None
+        with self.lock:
+            generation = self._enter(rank, desc)
+            if generation is not None:
+                if self.arrived == 0:
+                    self.acc = np.empty((self.size, *array.shape), array.dtype)
+                self.acc[rank] = array  # a copy: the sender may reuse its buffer at once
+                woken = self._arrive(rank)
+        self._wait(rank, generation, woken)
+        gathered = self.results[generation & 1]
+        if isinstance(outputs, np.ndarray):
+            outputs[...] = gathered
+        else:
+            for out, part in zip(outputs, gathered, strict=True):
+                out[...] = part
+
+    def _enter(self, rank: int, desc: tuple) -> int | None:
+        """Under the lock: this rank's generation, or None when it arrives with another
+        collective than the one under way (it then only waits)."""
+        if self.abort.reason is not None:
+            raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
+        if self.arrived and desc != self.desc:
+            self.waiters.append(self.wakes[rank])
+            return None
+        if not self.arrived:
+            self.desc = desc
+        return self.generation
+
+    def _arrive(self, rank: int) -> list[threading.Lock] | None:
+        """Under the lock, once this rank's part is in: complete the collective when it
+        is the last (returns the wake-ups of the ranks waiting in it), else queue this
+        rank's wake-up (None)."""
+        self.arrived += 1
+        if self.arrived < self.size:
+            self.waiters.append(self.wakes[rank])
+            return None
+        self.results[self.generation & 1] = self.acc
+        self.acc = None
+        self.arrived = 0
+        self.generation += 1
+        woken, self.waiters = self.waiters, []
+        return woken
+
+    def _wait(self, rank: int, generation: int | None,
+              woken: list[threading.Lock] | None) -> None:
+        """The last rank in wakes the others; every other rank waits until its
+        collective has completed (one that can never complete, ``generation`` None,
+        ends only with the abort or the timeout). The wake-ups happen outside the
+        group's lock: a woken thread may take the GIL from the waker at any release,
+        and must not then find the lock held for its next collective."""
+        if woken is not None:
+            for wake in woken:
+                wake.release()
+            return
+        wake = self.wakes[rank]
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            woken = remaining > 0 and wake.acquire(timeout=remaining)
+            if self.abort.reason is not None:
+                raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
+            if not woken:
+                raise CollectiveTimeout(
+                    f"rank {rank} waited {self.timeout_s:g} s (collective_timeout_s) in a "
+                    f"collective on the {self.name} group; "
+                    f"{self.size - self.arrived} peer(s) never arrived")
+            if generation is not None and self.generation != generation:
+                return
+
+
+class PlanMemo:
+    """The plans of the last snapshot planned on a group, shared by its rank threads
+    (the ``plan_memo`` a ``DyntraLBCoordinator`` looks for on its DP group). Called by
+    each rank right after its all-gather; the first rank with a new key computes while
+    the others wait on the lock, then each of them finds the key. One entry is enough:
+    no rank can plan the next snapshot before every rank has joined its all-gather, i.e.
+    finished planning this one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: Any = None
+        self._plans: Any = None
+
+    def __call__(self, key: Any, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._key is None or key != self._key:
+                self._plans = compute()  # a planner error leaves the memo as it was
+                self._key = key
+            return self._plans
+
+
+class ThreadGroup(dist.ProcessGroup):
+    """One rank's handle on a group of the thread transport: the ``group=`` argument of
+    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``.
+    ``plan_memo`` is shared by every rank of the group (see the module docstring)."""
+
+    def __init__(self, hub: Hub, rank: int):
+        super().__init__(rank, hub.size)
+        self._hub = hub
+        self._rank = rank
+        self.plan_memo = hub.plan_memo
+        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray, bool]] = {}
+        self._outputs: dict[int, tuple] = {}
+
+    def allreduce(self, tensors, opts=None):
+        """``dist.all_reduce``: one tensor, reduced in place over every rank."""
+        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp.op
+        reduce = _reduction(op)
+        if reduce is None:
+            raise ValueError(f"the thread transport's all_reduce supports SUM, PRODUCT, "
+                             f"MIN and MAX, got {op}")
+        for tensor in tensors:
+            self._hub.all_reduce(self._rank, self._view(tensor), reduce)
+        return None  # completed synchronously; dist.all_reduce has nothing to wait for
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        """``dist.all_gather``: every rank's tensor into every rank's output list."""
+        for outputs, tensor in zip(output_lists, input_tensors, strict=True):
+            self._hub.all_gather(self._rank, [self._view(out) for out in outputs],
+                                 self._view(tensor))
+        return None
+
+    def _view(self, tensor: torch.Tensor) -> np.ndarray:
+        """The numpy array over ``tensor``'s memory (a CPU tensor of a numpy dtype, as
+        every tensor of the engine is). The hub works on these: a numpy copy or ufunc
+        costs a fraction of a torch op's dispatch."""
+        return self._entry(tensor)[2]
+
+    def _plain_view(self, tensor: torch.Tensor) -> np.ndarray | None:
+        """``_view`` of a tensor torch's wrappers pass on unchanged (not complex), else
+        None: our ``dist`` functions then leave the call to torch's."""
+        entry = self._views.get(id(tensor))  # _entry's check, inline: every collective
+        if entry is None or entry[0] is not tensor or entry[1] != tensor.data_ptr() \
+                or entry[2].shape != tensor.shape:
+            entry = self._entry(tensor)
+        return entry[2] if entry[3] else None
+
+    def _entry(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int, np.ndarray, bool]:
+        """``(tensor, address, view, plain)``, kept per tensor since ``.numpy()`` costs
+        more than the copy; a tensor whose storage moved or whose shape changed gets a
+        new one."""
+        entry = self._views.get(id(tensor))
+        if entry is None or entry[0] is not tensor or entry[1] != tensor.data_ptr() \
+                or entry[2].shape != tensor.shape:
+            if len(self._views) >= _MAX_VIEWS:
+                self._views.clear()
+            entry = (tensor, tensor.data_ptr(), tensor.numpy(), not tensor.is_complex())
+            self._views[id(tensor)] = entry
+        return entry
+
+    def _gather_outputs(self, tensors: list) -> np.ndarray | list[np.ndarray] | None:
+        """What the hub fills for ``dist.all_gather``'s output list ``tensors``: one
+        ``(size, ...)`` array when the tensors are consecutive rows of one buffer (the
+        coordinator's are), else their views; None when they are not plain tensors of
+        one dtype (the call is then torch's). Kept per list and checked on every call
+        against the list's tensors and their addresses (the engine's lists never
+        change; 8 ``_view`` look-ups would cost more than the copy)."""
+        ids = list(map(id, tensors))
+        try:
+            addresses = list(map(_data_ptr, tensors))
+        except TypeError:  # not a tensor: torch's all_gather reports it
+            return None
+        entry = self._outputs.get(id(tensors))
+        if entry is not None and entry[0] is tensors and entry[1] == ids \
+                and entry[2] == addresses:
+            return entry[4]
+        if len(self._outputs) >= _MAX_VIEWS:
+            self._outputs.clear()
+        outputs = None
+        if all(type(t) is torch.Tensor for t in tensors):
+            views = [self._plain_view(t) for t in tensors]
+            if all(v is not None and v.dtype == views[0].dtype for v in views):
+                outputs = _as_rows(views)
+        # The entry holds the tensors, so that their ids are not reused while it exists.
+        self._outputs[id(tensors)] = (tensors, ids, addresses, list(tensors), outputs)
+        return outputs
+
+
+def _as_rows(views: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """One ``(len(views), ...)`` array over ``views`` (of one dtype) when they are
+    C-contiguous arrays of one shape laid out one right after the other, else ``views``."""
+    first = views[0] if views else None
+    if first is None or any(
+            v.shape != first.shape or not v.flags.c_contiguous
+            or v.ctypes.data != first.ctypes.data + i * first.nbytes
+            for i, v in enumerate(views)):
+        return views
+    return np.lib.stride_tricks.as_strided(first, (len(views), *first.shape),
+                                           (first.nbytes, *first.strides), writeable=True)
+
+
+def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    """``dist.all_reduce`` while installed (see the module docstring)."""
+    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor:
+        reduce = _reduction(op)
+        view = group._plain_view(tensor) if reduce is not None else None
+        if view is not None:
+            group._hub.all_reduce(group._rank, view, reduce)
+            return None
+    return _torch_functions["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+
+
+def _all_gather(tensor_list, tensor, group=None, async_op=False):
+    """``dist.all_gather`` while installed (see the module docstring)."""
+    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor:
+        view = group._plain_view(tensor)
+        outputs = group._gather_outputs(tensor_list) if view is not None else None
+        if outputs is not None and (len(outputs) == 0 or outputs[0].dtype == view.dtype):
+            group._hub.all_gather(group._rank, outputs, view)
+            return None
+    return _torch_functions["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
+
+
+# torch's own dist.all_reduce / dist.all_gather while ours are installed.
+_torch_functions: dict[str, Callable] = {}
+
+
+def install_dist_functions() -> None:
+    """Called when the first of this process's thread runs starts (``emu.cluster.threads``
+    holds the count): ``dist.all_reduce`` / ``dist.all_gather`` become ours."""
+    _torch_functions.update(all_reduce=dist.all_reduce, all_gather=dist.all_gather)
+    dist.all_reduce, dist.all_gather = _all_reduce, _all_gather
+
+
+def restore_dist_functions() -> None:
+    """Called when the last thread run has ended: torch's functions again."""
+    dist.all_reduce, dist.all_gather = (_torch_functions["all_reduce"],
+                                        _torch_functions["all_gather"])
