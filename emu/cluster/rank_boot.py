@@ -8,7 +8,8 @@ imports torch, 3-7 s). Spawn unpickles the target and its arguments before calli
 so this module and `RankSpec` import only the standard library: either way a rank is
 tied to its parent (Linux PR_SET_PDEATHSIG) and deaf to Ctrl-C within a few
 milliseconds of existing, before it imports or runs anything else. Only then does it
-import the launcher (and torch, unless preloaded) and run `emu.cluster.launcher._rank_main`.
+import the rank's side of the launch (and torch, unless preloaded) and run
+`emu.cluster.rank_process.rank_main`.
 
 The death chain: a spawned rank's parent is the launcher. A forked rank's parent is the
 fork server, which exits as soon as the launcher is gone (it watches a pipe that only
@@ -94,6 +95,6 @@ def main(spec: RankSpec, payload: bytes, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _forked_by_fork_server():
         _leave_fork_server(spec.environ)
-    from emu.cluster.launcher import _rank_main
+    from emu.cluster.rank_process import rank_main
 
-    _rank_main(spec, payload, conn)
+    rank_main(spec, payload, conn)

@@ -3,12 +3,13 @@
 by a rank or the launcher itself.
 
 It imports what every rank would otherwise import during its own start-up: torch and
-torch.distributed, the launcher's rank side, the cluster's rank target with the engine
-and the kit implementation; and it loads the compiled planner from numba's disk cache
-(`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules that each rank of a DyntraLB
-run would load again). Each rank, a fork of the server, then has all of it in memory
-from its first instruction (`emu.cluster.rank_boot`). Without a disk cache (the first run
-of a fresh install) the warm-up compiles the planner here, once.
+torch.distributed, the rank side of a launch (`emu.cluster.rank_process`), the cluster's
+rank target with the engine and the kit implementation; and it loads the compiled
+planner from numba's disk cache (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules
+that each rank of a DyntraLB run would load again). Each rank, a fork of the server,
+then has all of it in memory from its first instruction (`emu.cluster.rank_boot`).
+Without a disk cache (the first run of a fresh install) the warm-up compiles the planner
+here, once.
 
 It also makes the server ignore SIGTERM. A SIGTERM sent to the whole process group (as
 some job runners do) must reach the launcher, which stops every rank and reports where
@@ -19,7 +20,7 @@ parent-death signal without a word. A rank sets SIGTERM back to the default at o
 import signal
 
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
-import emu.cluster.run  # noqa: F401  torch, torch.distributed, emu.cluster.launcher, the engine
+import emu.cluster.run  # noqa: F401  torch, the launcher, emu.cluster.rank_process, the engine
 import emu.impl.kit  # noqa: F401  what emu.cluster.run imports only when a rank builds it
 from dyntra_lb import planner
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from dyntra_lb.config import AdditionalConfig
 from emu import impl
-from emu.cluster.launcher import join_from_env, launch
+from emu.cluster.launcher import launch
+from emu.cluster.rank_process import join_from_env
 from emu.cluster.threads import run_in_threads
 from emu.engine.core import RankSummary
 from emu.run_status import write_status

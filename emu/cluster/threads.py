@@ -2,7 +2,7 @@
 
 ``run_cluster`` picks it with ``RunSpec(transport="thread")``; ``run_in_threads`` is the
 counterpart of ``emu.cluster.launcher.launch``: same target signature (``target(ctx, args)``,
-``ctx`` an ``emu.cluster.launcher.RankContext``), same results, same ``ClusterError`` on a
+``ctx`` an ``emu.cluster.rank_process.RankContext``), same results, same ``ClusterError`` on a
 failure. Rank processes spend their time in gloo collectives, and with more ranks than
 cores each collective costs several context switches per rank; a thread waits on a
 lock instead, woken in microseconds.
@@ -49,7 +49,8 @@ import torch
 
 from emu.cluster.faults import RankKilled
 from emu.cluster.guard import SLOT_BYTES, GuardSlot, Watchdog
-from emu.cluster.launcher import ClusterError, RankContext
+from emu.cluster.launcher import ClusterError
+from emu.cluster.rank_process import RankContext
 from emu.cluster.thread_collectives import (
     Abort,
     CollectiveAborted,

@@ -297,7 +297,7 @@ def test_join_from_env_under_torchrun(tmp_path):
         sys.path.insert(0, {ROOT!r})
         import torch
         import torch.distributed as dist
-        from emu.cluster.launcher import join_from_env
+        from emu.cluster.rank_process import join_from_env
 
         def target(ctx, args):
             x = torch.tensor([float(ctx.rank)])

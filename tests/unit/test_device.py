@@ -10,7 +10,8 @@ import pytest
 
 from emu.cluster import device
 from emu.cluster.device import DeviceError, bind_rank_device, select_device
-from emu.cluster.launcher import join_from_env, launch
+from emu.cluster.launcher import launch
+from emu.cluster.rank_process import join_from_env
 
 
 class FakeNpu:

@@ -1,0 +1,169 @@
+"""A rank process's life once it has booted: its process groups, the target, the report
+to the launcher, the teardown; and `join_from_env`, the same for one rank under torchrun.
+
+`emu.cluster.launcher.launch` starts each rank with `emu.cluster.rank_boot.main`, which
+ties the rank to its parent and then calls `rank_main` here; the launcher itself (the
+parent side) never runs this module's code. Under torchrun each process calls
+`join_from_env` instead.
+
+In each rank: one intra-op and one inter-op thread, the default process group (gloo,
+CPU tensors) is the DP group that carries wave sync and the DyntraLB collectives, and a
+second group made with `new_group` is the device group for the lockstep "model"
+collective (gloo on CPU, HCCL on NPU). Both use the configured collective timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import pathlib
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from emu.cluster.device import bind_rank_device, select_device
+from emu.cluster.guard import GuardSlot
+from emu.cluster.rank_boot import RankSpec
+
+
+@dataclass
+class RankContext:
+    """Handed to the target inside each rank process. Tensors for `device_group`
+    collectives must live on `device`; `dp_group` collectives take CPU tensors."""
+
+    rank: int  # DP rank
+    dp_size: int
+    local_rank: int
+    dp_group: Any  # ProcessGroup, gloo, CPU tensors: wave sync + DyntraLB collectives
+    device_group: Any  # ProcessGroup, gloo on CPU / HCCL on NPU: the lockstep collective
+    device: torch.device  # cpu, or npu:<local_rank>
+    out_dir: pathlib.Path | None
+    guard: GuardSlot | None = None  # where the collective recorder publishes (launch only)
+
+
+def _limit_threads() -> None:
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already fixed by an earlier parallel region; harmless
+        pass
+
+
+def _make_groups(kind: str, local_rank: int, timeout: timedelta, **init_kwargs):
+    """Pin the rank to its device, then make the default process group (gloo: the DP
+    group) and the device group; returns (torch device, DP group, device group)."""
+    device_str, device_backend = bind_rank_device(kind, local_rank)
+    dist.init_process_group("gloo", timeout=timeout, **init_kwargs)
+    device_group = dist.new_group(backend=device_backend, timeout=timeout)
+    return torch.device(device_str), dist.group.WORLD, device_group
+
+
+def _in_torch_distributed(exc: BaseException) -> bool:
+    """True when the exception was raised inside a torch.distributed call, which is how a
+    rank sees a dead or stuck peer (gloo raises a plain RuntimeError)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    dist_dir = os.path.dirname(dist.__file__)
+    return bool(frames) and frames[-1].filename.startswith(dist_dir)
+
+
+def rank_main(spec: RankSpec, payload: bytes, conn) -> None:
+    """Called by `emu.cluster.rank_boot.main` in a new rank of `launch` (already tied to
+    its parent):
+    set up, run the target, report to the parent, then wait for the parent's go-ahead
+    (every rank finished) before tearing the groups down."""
+    stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
+    faulthandler.enable(stack_file, all_threads=True)
+    # SIGTERM from the launcher: write the Python stack, then die of SIGTERM.
+    faulthandler.register(signal.SIGTERM, stack_file, all_threads=True, chain=True)
+    try:
+        _limit_threads()
+        target, args = pickle.loads(payload)
+        device, dp_group, device_group = _make_groups(
+            spec.device_kind, spec.rank, timedelta(seconds=spec.collective_timeout_s),
+            store=dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
+                                timeout=timedelta(seconds=spec.collective_timeout_s)),
+            rank=spec.rank, world_size=spec.dp_size,
+        )
+        ctx = RankContext(spec.rank, spec.dp_size, spec.rank, dp_group, device_group, device,
+                          spec.out_dir, GuardSlot.attach(spec.guard_path, spec.rank))
+        result = target(ctx, args)
+        conn.send(("ok", result))
+    except BaseException as exc:
+        # Once failing, finish the report even if the launcher's SIGTERM arrives meanwhile
+        # (it does when another rank failed first); SIGKILL still ends a stuck send.
+        faulthandler.unregister(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            conn.send(("error", summary, text, _in_torch_distributed(exc)))
+        finally:
+            _flush_and_exit(1)
+    try:
+        conn.recv()
+    except EOFError:  # the parent is gone; PDEATHSIG normally got here first
+        _flush_and_exit(1)
+    dist.destroy_process_group()
+    # atexit handlers (logging.shutdown among them) yes, interpreter finalization no: it
+    # costs about 1 s per rank with torch loaded, 25% of a dp=2 launch.
+    atexit._run_exitfuncs()
+    _flush_and_exit(0)
+
+
+def _flush_and_exit(code: int) -> None:
+    """Leave without interpreter finalization: after a failure it can block in a group
+    whose peers are stuck (the parent has the report already), after success it is slow."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise RuntimeError(f"join_from_env needs the {name} environment variable (torchrun "
+                           "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)")
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"environment variable {name} must be an int; got {value!r}") \
+            from None
+
+
+def join_from_env(target, args, *, device: str = "auto",
+                  out_dir: pathlib.Path | str | None = None,
+                  collective_timeout_s: float = 60.0):
+    """Run this process as one rank of a cluster started by torchrun; returns this rank's
+    `target(ctx, args)`. Failures propagate as exceptions and torchrun stops the others."""
+    rank, world_size, local_rank = (_env_int(n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise RuntimeError(f"join_from_env needs the {name} environment variable")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    device_kind = select_device(device, local_ranks=local_world)
+    if out_dir is not None:
+        out_dir = pathlib.Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    _limit_threads()
+    torch_device, dp_group, device_group = _make_groups(
+        device_kind, local_rank, timedelta(seconds=collective_timeout_s),
+        init_method="env://", rank=rank, world_size=world_size)
+    ctx = RankContext(rank, world_size, local_rank, dp_group, device_group, torch_device,
+                      out_dir)
+    try:
+        result = target(ctx, args)
+        dist.barrier(group=dp_group)  # no rank closes its connections while peers still use them
+    finally:
+        dist.destroy_process_group()
+    return result
