@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from dyntra_lb import diagnostics, planners
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
-from dyntra_lb.payload import block_slots, pack, payload_len, unpack_block
+from dyntra_lb.payload import block_slots, pack, payload_len, unpack
 from dyntra_lb.planner import Plan, warm_up
 from dyntra_lb.sites import ALLGATHER_SITE, FLAG_SITE
 
@@ -256,7 +256,7 @@ class DyntraLBCoordinator:
         self.pending_long_req = False
         self.pending_long_req_blk = 0
         self._collective(ALLGATHER_SITE, "all_gather", self._send.tensor, self._all_gather)
-        requests_by_rank, has_new_long = unpack_block(self._recv_block, self._recv_slots)
+        requests_by_rank, has_new_long = unpack(self._recv_block, self._recv_slots)
 
         start = time.perf_counter()
         plans = self._plan(requests_by_rank)

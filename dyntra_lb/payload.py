@@ -56,36 +56,23 @@ def pack(
     out[max_slots + 1] = 1 if pending_long else 0
 
 
-def unpack(buffers: Sequence[np.ndarray]) -> tuple[list[tuple[np.ndarray, int]], bool]:
-    """Decode the gathered buffers (indexed by DP rank) into ``requests_by_rank`` —
-    one ``(blocks, split)`` pair per rank — and ``has_new_long``, the OR of every rank's
-    long-request flag.
-
-    ``blocks`` is a view of the buffer's block slots (int32, trailing zeros included),
-    not a copy: the compiled planner reads the rows as arrays, with no Python list in
-    between. The views are only valid until the next all-gather overwrites the buffers,
-    so they are planned (and logged) right away. ``split`` is a Python int."""
-    requests_by_rank: list[tuple[np.ndarray, int]] = []
-    has_new_long = False
-    for buf in buffers:
-        max_slots = buf.shape[0] - 2
-        requests_by_rank.append((buf[:max_slots], int(buf[max_slots])))
-        if buf[max_slots + 1]:
-            has_new_long = True
-    return requests_by_rank, has_new_long
-
-
 def block_slots(block: np.ndarray) -> list[np.ndarray]:
     """The block-slot views of each row of ``block``, a 2-D array whose rows are the
-    gathered buffers: made once with the buffers, for ``unpack_block``."""
+    gathered buffers: made once with the buffers, for ``unpack``."""
     return list(block[:, : block.shape[1] - 2])
 
 
-def unpack_block(block: np.ndarray, slots: list[np.ndarray]) -> tuple[
+def unpack(block: np.ndarray, slots: list[np.ndarray]) -> tuple[
         list[tuple[np.ndarray, int]], bool]:
-    """``unpack`` of the rows of ``block`` (``slots``: its ``block_slots``): the same
-    ``requests_by_rank`` and ``has_new_long``, with the rows' views made once and the
-    splits and flags read in one numpy call, since the coordinator unpacks on every
-    active step."""
+    """Decode the gathered buffers, the rows of ``block`` (indexed by DP rank; ``slots``
+    is its ``block_slots``), into ``requests_by_rank`` — one ``(blocks, split)`` pair
+    per rank — and ``has_new_long``, the OR of every rank's long-request flag.
+
+    ``blocks`` is a view of the row's block slots (int32, trailing zeros included), not
+    a copy: the compiled planner reads the rows as arrays, with no Python list in
+    between. The views are only valid until the next all-gather overwrites the block,
+    so they are planned (and logged) right away. ``split`` is a Python int. The views
+    are made once and the splits and flags read in one numpy call, since the
+    coordinator unpacks on every active step."""
     splits, flags = block[:, block.shape[1] - 2:].T.tolist()
     return list(zip(slots, splits, strict=True)), any(flags)

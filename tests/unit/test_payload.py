@@ -5,16 +5,26 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dyntra_lb.payload import block_slots, pack, payload_len, unpack, unpack_block
+from dyntra_lb.payload import block_slots, pack, payload_len, unpack
 
 
 def _buffer(max_num_seqs, fill=0):
     return np.full(payload_len(max_num_seqs), fill, dtype=np.int32)
 
 
+def _block(buffers):
+    """The gathered buffers as the coordinator holds them: the rows of one block."""
+    return np.stack(buffers)
+
+
+def _unpack(buffers):
+    block = _block(buffers)
+    return unpack(block, block_slots(block))
+
+
 def _unpack_lists(buffers):
     """unpack with the block rows as lists, for comparing."""
-    requests_by_rank, has_new_long = unpack(buffers)
+    requests_by_rank, has_new_long = _unpack(buffers)
     return [(blks.tolist(), split) for blks, split in requests_by_rank], has_new_long
 
 
@@ -64,16 +74,18 @@ def test_unpack_many_ranks_or_of_long_flags():
     assert has_new_long is True
     for buf in bufs:
         buf[-1] = 0
-    assert unpack(bufs)[1] is False
-    assert unpack([]) == ([], False)
+    assert _unpack(bufs)[1] is False
+    empty = np.zeros((0, payload_len(2)), dtype=np.int32)
+    assert unpack(empty, block_slots(empty)) == ([], False)
 
 
-def test_unpack_returns_views_of_the_buffers_and_an_int_split():
+def test_unpack_returns_views_of_the_block_and_an_int_split():
     # The compiled planner takes the int32 rows as they are (no list in between).
     out = _buffer(2)
     pack(out, [5], [6], True)
-    ((blks, split),) = unpack([out])[0]
-    assert blks.dtype == np.int32 and np.shares_memory(blks, out)
+    block = _block([out])
+    ((blks, split),) = unpack(block, block_slots(block))[0]
+    assert blks.dtype == np.int32 and np.shares_memory(blks, block)
     assert blks.tolist() == [5, 6, 0, 0]
     assert type(split) is int
 
@@ -151,19 +163,20 @@ def test_round_trip_many_ranks(snapshots):
         max_size=16,
     )
 )
-def test_unpack_block_is_unpack_of_its_rows(snapshots):
-    """The coordinator's gathered buffers are the rows of one block: ``unpack_block``
-    gives what ``unpack`` gives for those rows, views of the block included, also after
-    the block is gathered into again (the slots are made once)."""
+def test_unpack_reads_the_block_again_after_each_gather(snapshots):
+    """The coordinator's gathered buffers are the rows of one block whose slot views are
+    made once: each unpack decodes what the latest gather wrote, as views of the block."""
     block = np.full((len(snapshots), payload_len(8)), 3, dtype=np.int32)
     slots = block_slots(block)
     for turn in range(2):
         for row, (running, waiting, long_flag) in zip(block, snapshots, strict=True):
             pack(row, running[turn:], waiting, long_flag)
-        requests_by_rank, has_new_long = unpack_block(block, slots)
-        expected, expected_long = unpack(list(block))
-        assert has_new_long is expected_long
-        assert [(blks.tolist(), split) for blks, split in requests_by_rank] == \
-            [(blks.tolist(), split) for blks, split in expected]
+        requests_by_rank, has_new_long = unpack(block, slots)
+        assert has_new_long is any(flag for _, _, flag in snapshots)
+        for (blks, split), (running, waiting, _) in zip(requests_by_rank, snapshots,
+                                                         strict=True):
+            sent = running[turn:]
+            assert split == len(sent)
+            assert blks.tolist() == sent + waiting + [0] * (16 - len(sent) - len(waiting))
         assert all(type(split) is int and np.shares_memory(blks, block)
                    for blks, split in requests_by_rank)

@@ -79,7 +79,7 @@ def test_payload_rows_as_numpy_arrays_are_taken():
 
 
 def test_the_gathered_int32_rows_reach_the_kernel_without_lists(monkeypatch):
-    # What the coordinator passes: views of the gathered int32 buffers (payload.unpack).
+    # What the coordinator passes: views of the gathered int32 block (payload.unpack).
     # They must be joined as arrays, never turned into Python lists first.
     gathered = [np.array([300, 200, 50, 0, 0, 0, 2, 0], np.int32),
                 np.array([100, 250, 20, 0, 0, 0, 1, 0], np.int32),
