@@ -1,20 +1,22 @@
-"""The thread transport's collectives: the in-memory groups every rank thread of a run
+"""The thread transport's collectives: the in-memory groups every rank of a thread run
 (``emu.cluster.threads``) joins, and the plans they share.
 
 ``ThreadGroup`` is a ``torch.distributed.ProcessGroup`` subclass whose ``allreduce`` and
-``allgather`` meet their peers in memory (``Hub``: a lock per group, a wake-up lock per
-rank). ``dist.all_reduce(t, op=..., group=g)`` and ``dist.all_gather(list, t, group=g)``
-dispatch to a group's own methods, so the engine, the lockstep clock and the DyntraLB
-coordinator run unchanged, on the same tensors and dtypes (SUM, PRODUCT, MIN and MAX, as
-gloo offers them; the hub reduces and copies through numpy views of the CPU tensors, a
-fraction of a torch op's cost, and gathers into one array, copied with one call into
-output tensors that are the rows of one buffer, as the coordinator's are). The groups
-are made directly, not through ``init_process_group`` / ``Backend.register_backend``:
-those keep one default group per process, and here one process holds every rank. A
-collective whose peers do not all arrive within the collective timeout raises
-``CollectiveTimeout``; once the run has failed (``Abort``) every waiting and later
-collective raises ``CollectiveAborted`` — how a rank thread sees a dead peer, as a gloo
-rank sees a closed connection.
+``allgather`` meet their peers in memory (``Hub``, one per group: a rank that is not
+the last to arrive parks in the run's ``emu.cluster.rank_scheduler.RankScheduler``
+until the last one wakes it). ``dist.all_reduce(t, op=..., group=g)`` and
+``dist.all_gather(list, t, group=g)`` dispatch to a group's own methods, so the engine,
+the lockstep clock and the DyntraLB coordinator run unchanged, on the same tensors and
+dtypes (SUM, PRODUCT, MIN and MAX, as gloo offers them; the hub reduces and copies
+through numpy views of the CPU tensors, a fraction of a torch op's cost, and gathers
+into one array, copied with one call into output tensors that are the rows of one
+buffer, as the coordinator's are). The groups are made directly, not through
+``init_process_group`` / ``Backend.register_backend``: those keep one default group per
+process, and here one process holds every rank. A collective whose peers do not all
+arrive within the collective timeout raises ``CollectiveTimeout``; once the run has
+failed (``RankScheduler.abort``) every waiting and later collective raises
+``CollectiveAborted``: how a rank thread sees a dead peer, as a gloo rank sees a closed
+connection.
 
 While thread runs are under way, ``dist.all_reduce`` and ``dist.all_gather`` are ours
 (``install_dist_functions``, ``restore_dist_functions``): called on a ``ThreadGroup``
@@ -38,22 +40,19 @@ own row, rank 0 logs them), so sharing the objects is safe.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
+import greenlet
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from emu.cluster.rank_scheduler import CollectiveAborted, RankScheduler
+
 
 class CollectiveTimeout(RuntimeError):
     """A rank waited longer than the collective timeout for its peers."""
-
-
-class CollectiveAborted(RuntimeError):
-    """The run failed elsewhere; this rank's collective was cancelled."""
 
 
 # The reductions, on the numpy views of the tensors (numpy's elementwise ufuncs give
@@ -79,71 +78,40 @@ _MAX_VIEWS = 256
 _data_ptr = torch.Tensor.data_ptr
 
 
-class Abort:
-    """Shared by every group of a run: set once, when the run has failed."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.hubs: list[Hub] = []
-
-    def set(self, reason: str) -> None:
-        self.reason = reason
-        for hub in self.hubs:
-            with hub.lock:
-                for wake in hub.waiters:
-                    _release(wake)
-
-
-def _release(wake: threading.Lock) -> None:
-    try:
-        wake.release()
-    except RuntimeError:  # already released (a rank that timed out and left)
-        pass
-
-
 class Hub:
     """Where the ranks of one group meet. A collective is one generation: each rank
-    adds its part under the lock; the last one to arrive publishes the result and wakes
-    each waiting rank through that rank's own lock (one wake-up per rank, no second
-    round on a shared lock). Results alternate between two slots: a generation's slot
-    is only reused two generations later, which needs every rank to have left it.
+    adds its part; the last one to arrive publishes the result and wakes the others,
+    which had parked (``RankScheduler.park``). Results alternate between two slots: a
+    generation's slot is only reused two generations later, which needs every rank to
+    have left it. No lock: every rank runs in the scheduler's one OS thread, and a rank
+    only gives way to another when it parks.
 
     A rank that arrives with another collective than the one under way (kind, op,
-    shape, dtype) never joins it: both sides wait, as mismatched gloo ranks would, and
-    the watchdog reports the disagreement."""
+    shape, dtype) never joins it: it waits until its timeout or the abort, as
+    mismatched gloo ranks would, and the watchdog reports the disagreement."""
 
-    def __init__(self, name: str, size: int, timeout_s: float, abort: Abort):
+    def __init__(self, name: str, size: int, timeout_s: float, scheduler: RankScheduler):
         self.name = name
         self.size = size
         self.timeout_s = timeout_s
-        self.abort = abort
-        self.lock = threading.Lock()
+        self.scheduler = scheduler
         self.generation = 0
         self.arrived = 0
         self.desc: tuple | None = None
         self.acc: Any = None
         self.results: list[Any] = [None, None]
-        self.waiters: list[threading.Lock] = []
+        self.waiters: list = []  # the parked ranks' greenlets
         self.plan_memo = PlanMemo()
-        self.wakes = [threading.Lock() for _ in range(size)]
-        for wake in self.wakes:
-            wake.acquire()  # held: a rank waits by acquiring its own
-        abort.hubs.append(self)
 
     def all_reduce(self, rank: int, array: np.ndarray, reduce) -> None:
         """``array``: the numpy view of the rank's tensor, reduced in place with
         ``reduce`` (the op's ufunc, ``_reduction``)."""
-        desc = ("all_reduce", reduce, array.dtype, array.shape)
-        woken: list[threading.Lock] | None = None
-        with self.lock:
-            generation = self._enter(rank, desc)
-            if generation is not None:
-                if self.arrived == 0:
-                    self.acc = array.copy()
-                else:
-                    reduce(self.acc, array, out=self.acc)
-                woken = self._arrive(rank)
-        self._wait(rank, generation, woken)
+        generation = self._enter(rank, ("all_reduce", reduce, array.dtype, array.shape))
+        if self.arrived == 0:
+            self.acc = array.copy()
+        else:
+            reduce(self.acc, array, out=self.acc)
+        self._arrive(rank, generation)
         array[...] = self.results[generation & 1]
 
     def all_gather(self, rank: int, outputs: np.ndarray | list[np.ndarray],
@@ -154,16 +122,11 @@ class Hub:
         if len(outputs) != self.size:
             raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
                              f"tensors, got {len(outputs)}")
-        desc = ("all_gather", array.dtype, array.shape)
-        woken: list[threading.Lock] | None = None
-        with self.lock:
-            generation = self._enter(rank, desc)
-            if generation is not None:
-                if self.arrived == 0:
-                    self.acc = np.empty((self.size, *array.shape), array.dtype)
-                self.acc[rank] = array  # a copy: the sender may reuse its buffer at once
-                woken = self._arrive(rank)
-        self._wait(rank, generation, woken)
+        generation = self._enter(rank, ("all_gather", array.dtype, array.shape))
+        if self.arrived == 0:
+            self.acc = np.empty((self.size, *array.shape), array.dtype)
+        self.acc[rank] = array  # a copy: the sender may reuse its buffer at once
+        self._arrive(rank, generation)
         gathered = self.results[generation & 1]
         if isinstance(outputs, np.ndarray):
             outputs[...] = gathered
@@ -171,79 +134,61 @@ class Hub:
             for out, part in zip(outputs, gathered, strict=True):
                 out[...] = part
 
-    def _enter(self, rank: int, desc: tuple) -> int | None:
-        """Under the lock: this rank's generation, or None when it arrives with another
-        collective than the one under way (it then only waits)."""
-        if self.abort.reason is not None:
-            raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
+    def _enter(self, rank: int, desc: tuple) -> int:
+        """This rank's generation. A rank that arrives with another collective than the
+        one under way is never woken: it waits until it times out or the run is
+        aborted."""
+        if self.scheduler.reason is not None:
+            raise CollectiveAborted(f"rank {rank}: {self.scheduler.reason}")
         if self.arrived and desc != self.desc:
-            self.waiters.append(self.wakes[rank])
-            return None
+            while True:
+                self._wait(rank)
         if not self.arrived:
             self.desc = desc
         return self.generation
 
-    def _arrive(self, rank: int) -> list[threading.Lock] | None:
-        """Under the lock, once this rank's part is in: complete the collective when it
-        is the last (returns the wake-ups of the ranks waiting in it), else queue this
-        rank's wake-up (None)."""
+    def _arrive(self, rank: int, generation: int) -> None:
+        """Once this rank's part is in: complete the collective when it is the last
+        (its waiting peers run again after it parks next), else wait for that."""
         self.arrived += 1
         if self.arrived < self.size:
-            self.waiters.append(self.wakes[rank])
-            return None
-        self.results[self.generation & 1] = self.acc
+            self.waiters.append(greenlet.getcurrent())
+            self._wait(rank)
+            return
+        self.results[generation & 1] = self.acc
         self.acc = None
         self.arrived = 0
         self.generation += 1
         woken, self.waiters = self.waiters, []
-        return woken
+        self.scheduler.wake(woken)
 
-    def _wait(self, rank: int, generation: int | None,
-              woken: list[threading.Lock] | None) -> None:
-        """The last rank in wakes the others; every other rank waits until its
-        collective has completed (one that can never complete, ``generation`` None,
-        ends only with the abort or the timeout). The wake-ups happen outside the
-        group's lock: a woken thread may take the GIL from the waker at any release,
-        and must not then find the lock held for its next collective."""
-        if woken is not None:
-            for wake in woken:
-                wake.release()
-            return
-        wake = self.wakes[rank]
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            woken = remaining > 0 and wake.acquire(timeout=remaining)
-            if self.abort.reason is not None:
-                raise CollectiveAborted(f"rank {rank}: {self.abort.reason}")
-            if not woken:
-                raise CollectiveTimeout(
-                    f"rank {rank} waited {self.timeout_s:g} s (collective_timeout_s) in a "
-                    f"collective on the {self.name} group; "
-                    f"{self.size - self.arrived} peer(s) never arrived")
-            if generation is not None and self.generation != generation:
-                return
+    def _wait(self, rank: int) -> None:
+        """Park until woken; a timeout raises ``CollectiveTimeout``, the run's abort
+        ``CollectiveAborted`` (from ``park``)."""
+        if not self.scheduler.park(self.timeout_s):
+            raise CollectiveTimeout(
+                f"rank {rank} waited {self.timeout_s:g} s (collective_timeout_s) in a "
+                f"collective on the {self.name} group; "
+                f"{self.size - self.arrived} peer(s) never arrived")
 
 
 class PlanMemo:
-    """The plans of the last snapshot planned on a group, shared by its rank threads
-    (the ``plan_memo`` a ``DyntraLBCoordinator`` looks for on its DP group). Called by
-    each rank right after its all-gather; the first rank with a new key computes while
-    the others wait on the lock, then each of them finds the key. One entry is enough:
-    no rank can plan the next snapshot before every rank has joined its all-gather, i.e.
-    finished planning this one."""
+    """The plans of the last snapshot planned on a group, shared by its ranks (the
+    ``plan_memo`` a ``DyntraLBCoordinator`` looks for on its DP group). Called by each
+    rank right after its all-gather: the first rank with a new key computes, the others
+    find the key. One entry is enough: no rank can plan the next snapshot before every
+    rank has joined its all-gather, i.e. finished planning this one. No lock: a rank
+    does not give way to another while it plans (it parks only in collectives)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._key: Any = None
         self._plans: Any = None
 
     def __call__(self, key: Any, compute: Callable[[], Any]) -> Any:
-        with self._lock:
-            if self._key is None or key != self._key:
-                self._plans = compute()  # a planner error leaves the memo as it was
-                self._key = key
-            return self._plans
+        if self._key is None or key != self._key:
+            self._plans = compute()  # a planner error leaves the memo as it was
+            self._key = key
+        return self._plans
 
 
 class ThreadGroup(dist.ProcessGroup):

@@ -1,43 +1,44 @@
-"""The thread transport: every rank of a run in this process, each in its own thread.
+"""The thread transport: every rank of a run in this process, each a green thread of one
+runner thread (``emu.cluster.rank_scheduler``).
 
 ``run_cluster`` picks it with ``RunSpec(transport="thread")``; ``run_in_threads`` is the
 counterpart of ``emu.cluster.launcher.launch``: same target signature (``target(ctx, args)``,
 ``ctx`` an ``emu.cluster.rank_process.RankContext``), same results, same ``ClusterError`` on a
 failure. Rank processes spend their time in gloo collectives, and with more ranks than
-cores each collective costs several context switches per rank; a thread waits on a
-lock instead, woken in microseconds.
+cores each collective costs several context switches per rank; a rank thread waiting in
+a collective gives way to the next rank inside the interpreter instead.
 
 The collectives, and the plans the ranks of a group share, are
 ``emu.cluster.thread_collectives``: each rank gets a ``ThreadGroup`` of the run's DP and
-device groups; a failed run aborts them (``Abort``), so every rank unwinds.
+device groups; a failed run is aborted (``RankScheduler.abort``), so every rank unwinds.
 
 The guard is the process transport's: every rank's ``CollectiveRecorder`` publishes into
 its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
 launching thread, so a hang or a disagreement is reported naming the ranks exactly as
 with processes. The launching thread supervises: the first rank that raises (a
-``kill`` fault raises ``emu.cluster.faults.RankKilled`` in its thread), a watchdog finding or
-the run timeout fails the run. Then every rank thread's Python stack is taken, the
-collectives are aborted so that every rank unwinds, and the threads are joined (they
-are daemon threads: one stuck outside a collective cannot block the interpreter's exit,
-and the report says it did not stop).
+``kill`` fault raises ``emu.cluster.faults.RankKilled`` in its rank thread), a watchdog
+finding or the run timeout fails the run. Then every rank's Python stack is taken, the
+run is aborted so that every rank unwinds, and the runner is joined (it is a daemon
+thread: a rank stuck outside a collective cannot block the interpreter's exit, and the
+report says it did not stop).
 
 Process-wide state the ranks would each set in their own process is set once for the
 run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
-``rank<r>.log`` of the thread that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
-holds while threads run and is restored afterwards, and so do the transport's own
-``dist.all_reduce`` and ``dist.all_gather`` (``emu.cluster.thread_collectives``).
-Python's and numpy's global RNGs are shared: every rank seeds them with the run's seed,
-and no engine code draws from them (a draw would make a result depend on how the
-threads interleave).
+``rank<r>.log`` of the rank that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
+holds while thread runs are under way and is restored afterwards, and so do the
+transport's own ``dist.all_reduce`` and ``dist.all_gather``
+(``emu.cluster.thread_collectives``). Python's and numpy's global RNGs are shared: every
+rank seeds them with the run's seed, and no engine code draws from them (a draw would
+make a result depend on the order the ranks run in).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import mmap
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -45,15 +46,15 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import greenlet
 import torch
 
 from emu.cluster.faults import RankKilled
 from emu.cluster.guard import SLOT_BYTES, GuardSlot, Watchdog
 from emu.cluster.launcher import ClusterError
 from emu.cluster.rank_process import RankContext
+from emu.cluster.rank_scheduler import CollectiveAborted, RankScheduler
 from emu.cluster.thread_collectives import (
-    Abort,
-    CollectiveAborted,
     CollectiveTimeout,
     Hub,
     ThreadGroup,
@@ -80,10 +81,10 @@ class _RankLogRouter(logging.Handler):
     def __init__(self, fallback_level: int):
         super().__init__()
         self.fallback_level = fallback_level
-        self.by_thread: dict[int, logging.Handler] = {}
+        self.by_rank: dict[greenlet.greenlet, logging.Handler] = {}
 
     def handle(self, record: logging.LogRecord) -> bool:
-        handler = self.by_thread.get(threading.get_ident())
+        handler = self.by_rank.get(greenlet.getcurrent())
         if handler is not None:
             return handler.handle(record)
         if record.levelno >= self.fallback_level:
@@ -101,10 +102,10 @@ _router: _RankLogRouter | None = None
 
 
 @contextlib.contextmanager
-def _process_state() -> Iterator[None]:
+def _process_state() -> Iterator[_RankLogRouter]:
     """While any thread run is under way: one intra-op torch thread, the ``dyntra_lb``
-    logger routed per rank thread, and our ``dist.all_reduce`` / ``dist.all_gather``;
-    all restored after the last run."""
+    logger routed per rank thread (yields the router), and our ``dist.all_reduce`` /
+    ``dist.all_gather``; all restored after the last run."""
     global _state_users, _router
     with _state_lock:
         if _state_users == 0:
@@ -119,7 +120,7 @@ def _process_state() -> Iterator[None]:
             log.propagate = False
         _state_users += 1
     try:
-        yield
+        yield _router
     finally:
         with _state_lock:
             _state_users -= 1
@@ -134,16 +135,18 @@ def _process_state() -> Iterator[None]:
 
 
 def route_rank_log(handler: logging.Handler) -> None:
-    """In a rank thread: the ``dyntra_lb`` records this thread logs go to ``handler``
-    until the thread's rank ends (``run_in_threads`` then closes it)."""
+    """In a rank thread: the ``dyntra_lb`` records it logs go to ``handler`` until the
+    rank ends (``run_in_threads`` then closes it)."""
     router = _router
     if router is None:
         raise RuntimeError("route_rank_log is for the rank threads of run_in_threads")
-    router.by_thread[threading.get_ident()] = handler
+    router.by_rank[greenlet.getcurrent()] = handler
 
 
-def _unroute_rank_log() -> None:
-    handler = _router.by_thread.pop(threading.get_ident(), None)
+def _unroute_rank_log(router: _RankLogRouter) -> None:
+    """At the end of a rank thread (``router``: its run's, which a rank that outlived
+    the run still finds)."""
+    handler = router.by_rank.pop(greenlet.getcurrent(), None)
     if handler is not None:
         handler.close()
 
@@ -157,12 +160,12 @@ class _RankThread:
 
     def __init__(self, rank: int):
         self.rank = rank
-        self.thread: threading.Thread | None = None
         self.done = False
         self.result: Any = None
         self.error: tuple[str, str, bool] | None = None  # (summary, traceback, is_echo)
         self.aborted = False  # ended by the launcher's abort of the collectives
         self.stack = ""  # taken when the run failed while this rank still ran
+        self.held_by: int | None = None  # the rank holding the runner, when this one waits
 
     def detail(self) -> str:
         if self.error is not None and not self.aborted:
@@ -170,8 +173,11 @@ class _RankThread:
         if self.done and self.error is None:
             return "finished"
         text = "stopped by the launcher"
-        if self.thread is not None and self.thread.is_alive():
-            text += f" but still running {_STOP_GRACE_S:g} s later (a daemon thread)"
+        if not self.done:
+            text += f" but still running {_STOP_GRACE_S:g} s later"
+            if self.held_by is not None:
+                text += (f" (it cannot unwind while rank {self.held_by} holds the runner "
+                         "thread)")
         return f"{text}; Python stack:\n{self.stack}" if self.stack else text
 
 
@@ -184,19 +190,20 @@ def _summary(exc: BaseException) -> str:
 def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_size: int,
                    out_dir, collective_timeout_s: float,
                    run_timeout_s: float | None) -> list:
-    """Run ``target(ctx, args)`` once per rank, each in its own thread of this process,
-    and return the results ordered by rank; raise ``ClusterError`` when a rank fails,
-    the watchdog finds a hang or a disagreement, or the run lasts longer than
-    ``run_timeout_s``. Every rank thread has ended (or is reported as not stopping)
-    when this returns or raises."""
-    abort = Abort()
-    dp_hub = Hub("dp", dp_size, collective_timeout_s, abort)
-    device_hub = Hub("device", dp_size, collective_timeout_s, abort)
+    """Run ``target(ctx, args)`` once per rank, each in its own rank thread of this
+    process, and return the results ordered by rank; raise ``ClusterError`` when a rank
+    fails, the watchdog finds a hang or a disagreement, or the run lasts longer than
+    ``run_timeout_s``. Every rank has ended (or is reported as not stopping) when this
+    returns or raises."""
+    scheduler = RankScheduler()
+    dp_hub = Hub("dp", dp_size, collective_timeout_s, scheduler)
+    device_hub = Hub("device", dp_size, collective_timeout_s, scheduler)
     ranks = [_RankThread(r) for r in range(dp_size)]
     changed = threading.Event()
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
 
-    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, _process_state():
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, \
+            _process_state() as router:
         guard_path = os.path.join(tmp, "guard")
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         with open(guard_path, "r+b") as f:
@@ -215,30 +222,28 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
                 state.error = (_summary(exc), text, echo)
                 state.aborted = isinstance(exc, CollectiveAborted)
             finally:
-                _unroute_rank_log()
+                _unroute_rank_log(router)
                 state.done = True
                 changed.set()
 
+        runner = threading.Thread(target=scheduler.run, daemon=True, name="dyntra-emu-ranks",
+                                  args=([functools.partial(body, s) for s in ranks],))
         try:
-            for state in ranks:
-                state.thread = threading.Thread(target=body, args=(state,), daemon=True,
-                                                name=f"dyntra-emu-rank{state.rank}")
-                state.thread.start()
+            runner.start()
             failure = _supervise(ranks, changed, watchdog, deadline, run_timeout_s)
         except BaseException:  # KeyboardInterrupt in the launching thread
-            _take_stacks(ranks)
-            _stop(ranks, abort, "the launcher was interrupted")
+            _take_stacks(ranks, scheduler)
+            _stop(ranks, runner, scheduler, "the launcher was interrupted")
             watchdog.close()
             raise
         if failure is not None:
             # What the ranks were doing when the run failed, before they unwind.
-            _take_stacks(ranks)
+            _take_stacks(ranks, scheduler)
             where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
-            _stop(ranks, abort, "another rank failed")
+            _stop(ranks, runner, scheduler, "another rank failed")
             error = _cluster_error(ranks, failure, where)
         else:
-            for state in ranks:
-                state.thread.join()
+            runner.join()
             error = None
         watchdog.close()  # the slots' views keep `guard` mapped until they are gone
     if error is not None:
@@ -279,23 +284,24 @@ def _supervise(ranks: list[_RankThread], changed: threading.Event, watchdog: Wat
         changed.wait(max(0.0, min(timeouts)))
 
 
-def _take_stacks(ranks: list[_RankThread]) -> None:
-    """The Python stack of every rank thread still running (for the report)."""
-    frames = sys._current_frames()
+def _take_stacks(ranks: list[_RankThread], scheduler: RankScheduler) -> None:
+    """The Python stack of every rank still running (for the report)."""
     for state in ranks:
-        thread = state.thread
-        if thread is not None and not state.done and thread.ident in frames:
-            state.stack = "".join(traceback.format_stack(frames[thread.ident])).rstrip()
+        frame = None if state.done else scheduler.frame(state.rank)
+        if frame is not None:
+            state.stack = "".join(traceback.format_stack(frame)).rstrip()
 
 
-def _stop(ranks: list[_RankThread], abort: Abort, reason: str) -> None:
-    """Abort every collective and join the rank threads (each unwinds at its next
-    collective)."""
-    abort.set(reason)
-    end = time.monotonic() + _STOP_GRACE_S
+def _stop(ranks: list[_RankThread], runner: threading.Thread, scheduler: RankScheduler,
+          reason: str) -> None:
+    """Abort the run and join the runner (each rank unwinds at its next collective); a
+    rank still running then names the rank that holds the runner."""
+    scheduler.abort(reason)
+    runner.join(_STOP_GRACE_S)
+    holder = scheduler.running_rank()
     for state in ranks:
-        if state.thread is not None:
-            state.thread.join(max(0.0, end - time.monotonic()))
+        if not state.done and holder != state.rank:
+            state.held_by = holder
 
 
 def _cluster_error(ranks: list[_RankThread], failure,

@@ -15,6 +15,7 @@ import pytest
 
 from dyntra_lb import planners
 from emu.cli.inputs import WORKLOADS_DIR
+from emu.cluster import threads
 from emu.cluster.faults import FaultPlan
 from emu.cluster.launcher import ClusterError
 from emu.cluster.run import run_cluster
@@ -147,6 +148,27 @@ def test_hang_in_thread_mode_names_the_waiting_rank_and_stops_every_thread(tmp_p
     assert err.collectives[0]["entered"]["iteration"] == 5
     assert "stopped by the launcher; Python stack:" in err.details[1]
     assert "_sleep_before_collective" in err.details[1]
+    assert not rank_threads()
+
+
+def test_a_rank_holding_the_runner_past_the_stop_is_named_by_the_ranks_it_holds_back(
+        tmp_path, monkeypatch):
+    """Rank threads share one runner thread: rank 0, waiting in a collective, cannot
+    unwind while rank 1 sleeps outside one; its report says so and names rank 1."""
+    monkeypatch.setattr(threads, "_STOP_GRACE_S", 0.5)
+    spec = _thread_spec(tmp_path, bundled_prefix("default", n=8), collective_timeout_s=1.0,
+                        faults=FaultPlan.of(["delay:rank=1,site=engine.lockstep,step=5,"
+                                             "seconds=3"]))
+    with pytest.raises(ClusterError) as info:
+        run_cluster(spec)
+    err = info.value
+    assert err.message.endswith("not in a collective: rank 1")
+    assert ("stopped by the launcher but still running 0.5 s later (it cannot unwind while "
+            "rank 1 holds the runner thread); Python stack:") in err.details[0]
+    assert "_sleep_before_collective" in err.details[1]
+    assert "rank 1 holds" not in err.details[1]
+    for thread in rank_threads():  # the sleep ends; then every rank unwinds
+        thread.join(10.0)
     assert not rank_threads()
 
 

@@ -4,8 +4,6 @@ raises."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from emu.cluster.thread_collectives import PlanMemo
@@ -38,26 +36,3 @@ def test_a_planner_error_reaches_the_caller_and_leaves_the_memo_as_it_was():
     with pytest.raises(ValueError, match="too large"):
         memo(("k", 2), broken)
     assert memo(("k", 1), lambda: pytest.fail("recomputed")) is plans
-
-
-def test_threads_asking_for_one_key_share_one_computation():
-    memo = PlanMemo()
-    calls = []
-    start = threading.Barrier(8)
-    results = [None] * 8
-
-    def compute():
-        calls.append(threading.current_thread().name)
-        return ["plans"]
-
-    def rank(r):
-        start.wait()
-        results[r] = memo(("snapshot",), compute)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(calls) == 1
-    assert all(r is results[0] for r in results)
