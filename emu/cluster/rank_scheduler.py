@@ -24,8 +24,8 @@ a peer's connection closes.
 A rank that blocks the runner outside a collective (the sleep of a ``delay`` fault, a
 rank stuck in its own code) holds back every other rank until it returns. They could
 not have passed their next collective without it anyway, but their collective timeouts
-can only fire when it returns; the watchdog, in the launching thread, names it
-meanwhile.
+can only fire when it returns (and do not, if it completes their collective first); the
+watchdog, in the launching thread, names it meanwhile.
 """
 
 from __future__ import annotations

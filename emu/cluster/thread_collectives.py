@@ -79,12 +79,12 @@ _data_ptr = torch.Tensor.data_ptr
 
 
 class Hub:
-    """Where the ranks of one group meet. A collective is one generation: each rank
-    adds its part; the last one to arrive publishes the result and wakes the others,
-    which had parked (``RankScheduler.park``). Results alternate between two slots: a
-    generation's slot is only reused two generations later, which needs every rank to
-    have left it. No lock: every rank runs in the scheduler's one OS thread, and a rank
-    only gives way to another when it parks.
+    """Where the ranks of one group meet. In a collective each rank adds its part; the
+    last one to arrive publishes the result and wakes the others, which had parked
+    (``RankScheduler.park``). The result stays until the next collective completes, and
+    every rank reads it before that, since every rank must arrive at the next one. No
+    lock: every rank runs in the scheduler's one OS thread, and a rank only gives way to
+    another when it parks.
 
     A rank that arrives with another collective than the one under way (kind, op,
     shape, dtype) never joins it: it waits until its timeout or the abort, as
@@ -95,24 +95,23 @@ class Hub:
         self.size = size
         self.timeout_s = timeout_s
         self.scheduler = scheduler
-        self.generation = 0
         self.arrived = 0
         self.desc: tuple | None = None
         self.acc: Any = None
-        self.results: list[Any] = [None, None]
+        self.result: Any = None
         self.waiters: list = []  # the parked ranks' greenlets
         self.plan_memo = PlanMemo()
 
     def all_reduce(self, rank: int, array: np.ndarray, reduce) -> None:
         """``array``: the numpy view of the rank's tensor, reduced in place with
         ``reduce`` (the op's ufunc, ``_reduction``)."""
-        generation = self._enter(rank, ("all_reduce", reduce, array.dtype, array.shape))
+        self._enter(rank, ("all_reduce", reduce, array.dtype, array.shape))
         if self.arrived == 0:
             self.acc = array.copy()
         else:
             reduce(self.acc, array, out=self.acc)
-        self._arrive(rank, generation)
-        array[...] = self.results[generation & 1]
+        self._arrive(rank)
+        array[...] = self.result
 
     def all_gather(self, rank: int, outputs: np.ndarray | list[np.ndarray],
                    array: np.ndarray) -> None:
@@ -122,22 +121,22 @@ class Hub:
         if len(outputs) != self.size:
             raise ValueError(f"all_gather on the {self.name} group needs {self.size} output "
                              f"tensors, got {len(outputs)}")
-        generation = self._enter(rank, ("all_gather", array.dtype, array.shape))
+        self._enter(rank, ("all_gather", array.dtype, array.shape))
         if self.arrived == 0:
             self.acc = np.empty((self.size, *array.shape), array.dtype)
         self.acc[rank] = array  # a copy: the sender may reuse its buffer at once
-        self._arrive(rank, generation)
-        gathered = self.results[generation & 1]
+        self._arrive(rank)
+        gathered = self.result
         if isinstance(outputs, np.ndarray):
             outputs[...] = gathered
         else:
             for out, part in zip(outputs, gathered, strict=True):
                 out[...] = part
 
-    def _enter(self, rank: int, desc: tuple) -> int:
-        """This rank's generation. A rank that arrives with another collective than the
-        one under way is never woken: it waits until it times out or the run is
-        aborted."""
+    def _enter(self, rank: int, desc: tuple) -> None:
+        """Before this rank adds its part. A rank that arrives with another collective
+        than the one under way is never woken: it waits until it times out or the run
+        is aborted."""
         if self.scheduler.reason is not None:
             raise CollectiveAborted(f"rank {rank}: {self.scheduler.reason}")
         if self.arrived and desc != self.desc:
@@ -145,9 +144,8 @@ class Hub:
                 self._wait(rank)
         if not self.arrived:
             self.desc = desc
-        return self.generation
 
-    def _arrive(self, rank: int, generation: int) -> None:
+    def _arrive(self, rank: int) -> None:
         """Once this rank's part is in: complete the collective when it is the last
         (its waiting peers run again after it parks next), else wait for that."""
         self.arrived += 1
@@ -155,17 +153,20 @@ class Hub:
             self.waiters.append(greenlet.getcurrent())
             self._wait(rank)
             return
-        self.results[generation & 1] = self.acc
+        self.result = self.acc
         self.acc = None
         self.arrived = 0
-        self.generation += 1
         woken, self.waiters = self.waiters, []
         self.scheduler.wake(woken)
 
     def _wait(self, rank: int) -> None:
         """Park until woken; a timeout raises ``CollectiveTimeout``, the run's abort
-        ``CollectiveAborted`` (from ``park``)."""
+        ``CollectiveAborted`` (from ``park``). A rank that timed out has left: its part
+        stays in, and the peers that arrive later complete the collective without it."""
         if not self.scheduler.park(self.timeout_s):
+            current = greenlet.getcurrent()
+            if current in self.waiters:
+                self.waiters.remove(current)
             raise CollectiveTimeout(
                 f"rank {rank} waited {self.timeout_s:g} s (collective_timeout_s) in a "
                 f"collective on the {self.name} group; "

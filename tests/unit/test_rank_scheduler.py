@@ -10,9 +10,11 @@ import time
 import traceback
 
 import greenlet
+import numpy as np
 import pytest
 
 from emu.cluster.rank_scheduler import CollectiveAborted, RankScheduler
+from emu.cluster.thread_collectives import CollectiveTimeout, Hub
 
 
 def test_ranks_take_turns_and_a_woken_rank_runs_after_the_ready_ones():
@@ -99,3 +101,29 @@ def test_another_thread_sees_where_each_rank_waits_or_runs():
     runner.join(5.0)
     assert not runner.is_alive()
     assert scheduler.frame(0) is None and scheduler.running_rank() is None
+
+
+def test_a_rank_that_timed_out_has_left_its_collective():
+    """In a hub (``emu.cluster.thread_collectives``): rank 0 times out in an all-reduce;
+    rank 1, arriving later, completes it without waking rank 0 again."""
+    scheduler = RankScheduler()
+    hub = Hub("dp", 2, 0.2, scheduler)
+    results = {}
+
+    def rank(r):
+        def body():
+            array = np.full(3, r + 1, dtype=np.int32)
+            if r == 1:
+                assert scheduler.park(0.6) is False  # away while rank 0 times out
+            try:
+                hub.all_reduce(r, array, np.add)
+                results[r] = array.tolist()
+            except CollectiveTimeout as exc:
+                results[r] = str(exc)
+        return body
+
+    scheduler.run([rank(0), rank(1)])
+    assert results == {
+        0: "rank 0 waited 0.2 s (collective_timeout_s) in a collective on the dp group; "
+           "1 peer(s) never arrived",
+        1: [3, 3, 3]}
