@@ -5,6 +5,8 @@ named by the watchdog; a peer that never arrives times out."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -133,3 +135,20 @@ def test_a_peer_that_finishes_instead_is_named(tmp_path):
         "emu.cluster.thread_collectives.CollectiveTimeout: rank 0 waited 1 s "
         "(collective_timeout_s) in a collective on the dp group")
     assert err.details[1] == "finished"
+
+
+def process_state_target(ctx, _):
+    return {"threads": torch.get_num_threads(), "frozen": gc.get_freeze_count() > 0,
+            "ours": dist.all_reduce is not torch_functions["all_reduce"]}
+
+
+def test_process_wide_state_holds_while_ranks_run_and_is_restored_after(tmp_path):
+    """One intra-op torch thread, the transport's dist functions and the objects of
+    before the run frozen out of the garbage collector's full collections, while the
+    ranks run; the process as it was afterwards."""
+    before = (torch.get_num_threads(), gc.get_freeze_count())
+    results = run_in_threads(process_state_target, None, dp_size=2, out_dir=tmp_path,
+                             collective_timeout_s=10.0, run_timeout_s=60.0)
+    assert results == [{"threads": 1, "frozen": True, "ours": True}] * 2
+    assert (torch.get_num_threads(), gc.get_freeze_count()) == before
+    assert dist.all_reduce is torch_functions["all_reduce"]
