@@ -392,12 +392,9 @@ def plot_pareto(rows: list[dict], front: list[str], best: str | None, path: Path
         r = by_name[best]
         ax.scatter([r["tpot_p99_ms"]], [r["throughput_tok_s"]], color="gold",
                    edgecolor="black", marker="*", s=260, label=f"best ({best})", zorder=5)
-    labels: dict[tuple, list[str]] = {}  # runs with identical results share one label
-    for r in points:
-        labels.setdefault((r["tpot_p99_ms"], r["throughput_tok_s"]), []).append(r["name"])
-    for xy, names in labels.items():
+    for xy, names in _label_groups(points):
         text = ",".join(names) if len(names) <= 3 else \
-            f"{names[0]},{names[1]} +{len(names) - 2} same"
+            f"{names[0]},{names[1]} +{len(names) - 2} here"
         ax.annotate(text, xy, textcoords="offset points", xytext=(5, 4), fontsize="x-small")
     ax.set_xlabel("TPOT p99 (ms)  - lower is better")
     ax.set_ylabel("throughput (output tok/s)  - higher is better")
@@ -405,6 +402,26 @@ def plot_pareto(rows: list[dict], front: list[str], best: str | None, path: Path
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.savefig(path, dpi=110)
+
+
+def _label_groups(points: list[dict]) -> list[tuple[tuple, list[str]]]:
+    """The Pareto plot's labels: runs whose points lie within 2 % of the axes' spans of
+    a group's first point share its label, which would otherwise print over another
+    (runs with identical results, or results that differ in the fourth digit)."""
+    xs = [r["tpot_p99_ms"] for r in points]
+    ys = [r["throughput_tok_s"] for r in points]
+    dx = 0.02 * (max(xs) - min(xs)) if points else 0.0
+    dy = 0.02 * (max(ys) - min(ys)) if points else 0.0
+    groups: list[tuple[tuple, list[str]]] = []
+    for r in points:
+        x, y = r["tpot_p99_ms"], r["throughput_tok_s"]
+        for (gx, gy), names in groups:
+            if abs(x - gx) <= dx and abs(y - gy) <= dy:
+                names.append(r["name"])
+                break
+        else:
+            groups.append(((x, y), [r["name"]]))
+    return groups
 
 
 def plot_kv_blocks(trace, block_size: int, thresholds: list, path: Path) -> None:
