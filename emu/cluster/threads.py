@@ -20,7 +20,9 @@ with processes. The launching thread supervises: the first rank that raises (a
 finding or the run timeout fails the run. Then every rank's Python stack is taken, the
 run is aborted so that every rank unwinds, and the runner is joined (it is a daemon
 thread: a rank stuck outside a collective cannot block the interpreter's exit, and the
-report says it did not stop).
+report says it did not stop). SIGINT and SIGTERM stop the run the same way
+(``emu.cluster.launch_scope.StopSignals``, as for rank processes) and raise
+``emu.cluster.launcher.Interrupted`` with every rank's report.
 
 Process-wide state the ranks would each set in their own process is set once for the
 run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
@@ -40,6 +42,7 @@ import gc
 import logging
 import mmap
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -52,7 +55,8 @@ import torch
 
 from emu.cluster.faults import RankKilled
 from emu.cluster.guard import SLOT_BYTES, GuardSlot, Watchdog
-from emu.cluster.launcher import ClusterError
+from emu.cluster.launch_scope import Signalled, StopSignals
+from emu.cluster.launcher import ClusterError, Interrupted
 from emu.cluster.rank_process import RankContext
 from emu.cluster.rank_scheduler import CollectiveAborted, RankScheduler
 from emu.cluster.thread_collectives import (
@@ -199,8 +203,8 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     """Run ``target(ctx, args)`` once per rank, each in its own rank thread of this
     process, and return the results ordered by rank; raise ``ClusterError`` when a rank
     fails, the watchdog finds a hang or a disagreement, or the run lasts longer than
-    ``run_timeout_s``. Every rank has ended (or is reported as not stopping) when this
-    returns or raises."""
+    ``run_timeout_s``, and ``Interrupted`` on SIGINT or SIGTERM. Every rank has ended
+    (or is reported as not stopping) when this returns or raises."""
     scheduler = RankScheduler()
     dp_hub = Hub("dp", dp_size, collective_timeout_s, scheduler)
     device_hub = Hub("device", dp_size, collective_timeout_s, scheduler)
@@ -234,24 +238,33 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
 
         runner = threading.Thread(target=scheduler.run, daemon=True, name="dyntra-emu-ranks",
                                   args=([functools.partial(body, s) for s in ranks],))
-        try:
-            runner.start()
-            failure = _supervise(ranks, changed, watchdog, deadline, run_timeout_s)
-        except BaseException:  # KeyboardInterrupt in the launching thread
-            _take_stacks(ranks, scheduler)
-            _stop(ranks, runner, scheduler, "the launcher was interrupted")
-            watchdog.close()
-            raise
-        if failure is not None:
-            # What the ranks were doing when the run failed, before they unwind.
-            _take_stacks(ranks, scheduler)
-            where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
-            _stop(ranks, runner, scheduler, "another rank failed")
-            error = _cluster_error(ranks, failure, where)
-        else:
-            runner.join()
-            error = None
-        watchdog.close()  # the slots' views keep `guard` mapped until they are gone
+        with StopSignals() as signals:
+            signum = None
+            try:
+                with signals.armed():
+                    runner.start()
+                    failure = _supervise(ranks, changed, watchdog, deadline, run_timeout_s)
+            except Signalled as exc:  # SIGINT or SIGTERM: stop every rank, say where each was
+                failure, signum = None, exc.signum
+            except BaseException:
+                _take_stacks(ranks, scheduler)
+                _stop(ranks, runner, scheduler, "the launcher failed")
+                watchdog.close()
+                raise
+            if failure is not None or signum is not None:
+                # What the ranks were doing when the run ended, before they unwind.
+                _take_stacks(ranks, scheduler)
+                where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
+                if signum is not None:
+                    _stop(ranks, runner, scheduler, "the launcher was interrupted")
+                    error = Interrupted(signal.Signals(signum).name, _details(ranks, where))
+                else:
+                    _stop(ranks, runner, scheduler, "another rank failed")
+                    error = _cluster_error(ranks, failure, where)
+            else:
+                runner.join()
+                error = None
+            watchdog.close()  # the slots' views keep `guard` mapped until they are gone
     if error is not None:
         raise error
     return [state.result for state in ranks]
@@ -310,19 +323,21 @@ def _stop(ranks: list[_RankThread], runner: threading.Thread, scheduler: RankSch
             state.held_by = holder
 
 
+def _details(ranks: list[_RankThread], where: dict[int, tuple[str, dict]]) -> dict[int, str]:
+    """Every rank's report: where the watchdog saw it (``where``: each rank's
+    ``Watchdog.describe`` and ``records``) and how it ended."""
+    return {s.rank: f"{where[s.rank][0]}\n{s.detail()}" if where[s.rank][0] else s.detail()
+            for s in ranks}
+
+
 def _cluster_error(ranks: list[_RankThread], failure,
                    where: dict[int, tuple[str, dict]]) -> ClusterError:
-    """``where``: every rank's ``Watchdog.describe`` and ``records`` at the failure."""
+    """``failure``: ``_supervise``'s (rank or None, message)."""
     rank, message = failure
     failed = [s.rank for s in ranks if s.error is not None and not s.aborted]
     if rank is not None:
         if rank in failed:
             failed.remove(rank)
         failed.insert(0, rank)
-    details, collectives = {}, {}
-    for state in ranks:
-        text, records = where[state.rank]
-        details[state.rank] = f"{text}\n{state.detail()}" if text else state.detail()
-        if text:
-            collectives[state.rank] = records
-    return ClusterError(rank, message, details, failed, collectives)
+    collectives = {r: records for r, (text, records) in where.items() if text}
+    return ClusterError(rank, message, _details(ranks, where), failed, collectives)

@@ -38,12 +38,12 @@ def _long_trace(clikit, tmp_path: Path) -> Path:
 
 
 def _start(clikit, trace: Path, out: Path, tmp: Path,
-           entry=("-m", "emu")) -> subprocess.Popen:
+           entry=("-m", "emu"), flags=()) -> subprocess.Popen:
     """The CLI in its own session (as a terminal's foreground job) with a private TMPDIR,
     so its temporary directories can be counted."""
     tmp.mkdir(exist_ok=True)
     command = [sys.executable, *entry, "run", "--workload", str(trace), *clikit.SMALL,
-               "--num-gpu-blocks", "8192", "--out", str(out)]
+               "--num-gpu-blocks", "8192", "--out", str(out), *flags]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "TMPDIR": str(tmp)})
@@ -133,6 +133,32 @@ def test_sigterm_mid_run_stops_every_rank_reports_and_cleans_up(tmp_path, clikit
     # Nothing finished, but the requests in flight are there.
     assert metrics["requests_finished"] == 0
     assert metrics["requests_total"] == metrics["requests_unfinished"] == 6
+
+
+def test_sigterm_stops_a_thread_transport_run_and_reports_every_rank(tmp_path, clikit):
+    """The same with the ranks as threads of the CLI's process: every rank stopped and
+    reported, the run marked partial, no temporary directory left."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp,
+                  flags=("--transport", "thread"))
+    log = out / "rank1.events.jsonl"
+    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = _finish(proc, [])
+
+    assert proc.returncode == 143, stderr
+    assert ("dyntra-emu run: interrupted by SIGTERM; every rank was stopped. "
+            f"{out} holds a partial run (run.json: interrupted)") in stderr
+    assert "Traceback" not in stderr
+    report = (out / "error.txt").read_text()
+    assert report.startswith("interrupted by SIGTERM: every rank was stopped")
+    for rank in (0, 1):
+        assert f"--- rank {rank} ---" in report
+    assert report.count("stopped by the launcher; Python stack:") == 2
+    assert "last entered collective" in report and "emu/engine/core.py" in report
+    assert list(tmp.iterdir()) == []
+    assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
+    assert compute_metrics(load_run(out, allow_partial=True))["steps"] > 0
 
 
 def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, clikit):
