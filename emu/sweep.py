@@ -33,10 +33,11 @@ import multiprocessing
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig
-from emu.cli.errors import ClusterFailed, UsageError
+from emu.cli.errors import ClusterFailed, RunInterrupted, Terminated, UsageError
 from emu.cli.inputs import check_config, resolve_workload, spec_kwargs
 from emu.cli.progress import Progress, note
 
@@ -145,9 +146,23 @@ def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
 # ----------------------------------------------------------------------- running
 
 
+# In a job process: the sweep's stop event (``_start_job``), set once the sweep is
+# interrupted.
+_stop_event: Any = None
+
+
+def _start_job(stop_event) -> None:
+    """A job process's initializer."""
+    global _stop_event
+    _stop_event = stop_event
+
+
 def _run_point(job: dict) -> dict:
     """In a job process: one run of the sweep on the thread transport; writes the run's
-    metrics.json and returns the metrics (or {"error": text} when the cluster failed)."""
+    metrics.json and returns the metrics (or {"error": text} when the cluster failed,
+    {"stopped": True} when the sweep was interrupted before the run started)."""
+    if _stop_event.is_set():
+        return {"stopped": True}
     from emu.cluster.launcher import ClusterError
     from emu.cluster.run import run_cluster
     from emu.metrics import compute_metrics, load_run, write_metrics
@@ -235,10 +250,12 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
     results: dict[str, dict] = {}
     bar = not args.quiet and sys.stderr.isatty()
     context = multiprocessing.get_context("spawn")
+    stop_event = context.Event()
     with _SweepProgress([out_dir / "runs" / p.name for p in points], args.dp,
                         len(prepared.trace), bar) as progress, \
-            concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs, mp_context=context,
-                                                   max_tasks_per_child=1) as pool:
+            concurrent.futures.ProcessPoolExecutor(
+                max_workers=args.jobs, mp_context=context, max_tasks_per_child=1,
+                initializer=_start_job, initargs=(stop_event,)) as pool:
         futures = {pool.submit(_run_point, jobs[p.name]): p for p in points}
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -253,6 +270,22 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
                 if not bar:
                     note(args, f"sweep: {len(results)}/{len(points)} runs done "
                                     f"({point.name}: {point.label})")
+        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (the CLI's Terminated)
+            # Runs not started yet end at once (the pool may have handed some to a job
+            # process already); the runs under way stop their clusters as on SIGTERM and
+            # record themselves as interrupted (run.json).
+            stop_event.set()
+            for future in futures:
+                future.cancel()
+            for job in multiprocessing.active_children():
+                job.terminate()
+            signal_name, exit_code = (("SIGTERM", 143) if isinstance(exc, Terminated)
+                                      else ("SIGINT", 130))
+            raise RunInterrupted(
+                f"interrupted by {signal_name}; the sweep is partial: {len(results)} of "
+                f"{len(points)} runs finished (metrics.json in {out_dir / 'runs'}/<name>/), "
+                "the runs under way were stopped (run.json: interrupted); no table or plots "
+                "were written", exit_code) from None
         except BaseException:
             for future in futures:
                 future.cancel()

@@ -161,6 +161,31 @@ def test_sigterm_stops_a_thread_transport_run_and_reports_every_rank(tmp_path, c
     assert compute_metrics(load_run(out, allow_partial=True))["steps"] > 0
 
 
+def test_sigterm_stops_a_sweep_and_says_what_is_partial(tmp_path, clikit):
+    """A sweep stopped while its first run is under way: that run's job stops its
+    cluster (run.json "interrupted"), the others never start, no table is written."""
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "emu", "sweep", "--workload",
+               str(_long_trace(clikit, tmp_path)), *clikit.SMALL, "--num-gpu-blocks", "8192",
+               "--jobs", "1", "--grid", "bubble_threshold=1,5", "--out", str(out)]
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = out / "runs" / "baseline" / "rank1.events.jsonl"
+    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "the baseline's event log")
+    jobs = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = _finish(proc, jobs)
+
+    assert proc.returncode == 143, stderr
+    assert ("dyntra-emu sweep: interrupted by SIGTERM; the sweep is partial: 0 of 3 runs "
+            "finished") in stderr
+    assert "Traceback" not in stderr
+    assert json.loads((out / "runs" / "baseline" / "run.json").read_text())["state"] == \
+        "interrupted"
+    assert not (out / "runs" / "p1" / "run.json").exists()
+    assert not (out / "sweep.json").exists()
+
+
 def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, clikit):
     """Ctrl-C in a terminal reaches every process of the job. The ranks, still importing
     torch, ignore it (no traceback, no rank failure); the launcher stops them."""
