@@ -229,7 +229,8 @@ class _SweepProgress:
 
 def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, dict]:
     """Run every point, ``args.jobs`` at a time (one fresh process per run); returns
-    the metrics by point name. A failed run stops the sweep (ClusterFailed)."""
+    the metrics by point name. A failed run stops the sweep (ClusterFailed), SIGINT or
+    SIGTERM too (RunInterrupted); either stops the runs under way."""
     run_kwargs = spec_kwargs(args)
     run_kwargs.pop("transport", None)
     recorded_base = {
@@ -270,7 +271,7 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
                 if not bar:
                     note(args, f"sweep: {len(results)}/{len(points)} runs done "
                                     f"({point.name}: {point.label})")
-        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (the CLI's Terminated)
+        except BaseException as exc:  # a failed run, SIGINT, SIGTERM (the CLI's Terminated)
             # Runs not started yet end at once (the pool may have handed some to a job
             # process already); the runs under way stop their clusters as on SIGTERM and
             # record themselves as interrupted (run.json).
@@ -279,6 +280,8 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
                 future.cancel()
             for job in multiprocessing.active_children():
                 job.terminate()
+            if not isinstance(exc, KeyboardInterrupt):
+                raise
             signal_name, exit_code = (("SIGTERM", 143) if isinstance(exc, Terminated)
                                       else ("SIGINT", 130))
             raise RunInterrupted(
@@ -286,10 +289,6 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
                 f"{len(points)} runs finished (metrics.json in {out_dir / 'runs'}/<name>/), "
                 "the runs under way were stopped (run.json: interrupted); no table or plots "
                 "were written", exit_code) from None
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
     return results
 
 
