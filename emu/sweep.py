@@ -146,8 +146,8 @@ def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
 # ----------------------------------------------------------------------- running
 
 
-# In a job process: the sweep's stop event (``_start_job``), set once the sweep is
-# interrupted.
+# In a job process: the sweep's stop event (``_start_job``), set once the sweep stops
+# early (a failed run, SIGINT, SIGTERM).
 _stop_event: Any = None
 
 
@@ -160,7 +160,7 @@ def _start_job(stop_event) -> None:
 def _run_point(job: dict) -> dict:
     """In a job process: one run of the sweep on the thread transport; writes the run's
     metrics.json and returns the metrics (or {"error": text} when the cluster failed,
-    {"stopped": True} when the sweep was interrupted before the run started)."""
+    {"stopped": True} when the sweep stopped before the run started)."""
     if _stop_event.is_set():
         return {"stopped": True}
     from emu.cluster.launcher import ClusterError
