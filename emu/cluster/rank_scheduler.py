@@ -50,8 +50,7 @@ class RankScheduler:
 
     def __init__(self) -> None:
         self.reason: str | None = None  # why the run was aborted; set once
-        self._greenlets: list[greenlet.greenlet] = []
-        self._rank: dict[greenlet.greenlet, int] = {}
+        self._greenlets: list[greenlet.greenlet] = []  # by rank
         self._ready: collections.deque[greenlet.greenlet] = collections.deque()
         # Parked ranks and their deadlines, in the order they parked. Every collective
         # of a run has the run's timeout, so that is also the order of the deadlines.
@@ -69,11 +68,9 @@ class RankScheduler:
         body reports its own errors: one that raises ends the runner with its error."""
         self._runner = greenlet.getcurrent()
         self._thread_id = threading.get_ident()
-        for rank, body in enumerate(bodies):
-            rank_greenlet = greenlet.greenlet(body)
-            self._greenlets.append(rank_greenlet)
-            self._rank[rank_greenlet] = rank
-            self._ready.append(rank_greenlet)
+        for body in bodies:
+            self._greenlets.append(greenlet.greenlet(body))
+        self._ready.extend(self._greenlets)
         self._live = len(bodies)
         ready, parked = self._ready, self._parked
         while self._live:
@@ -113,7 +110,8 @@ class RankScheduler:
         self._runner.switch()
         timed_out = self._parked.pop(current, None) is not None
         if self.reason is not None:
-            raise CollectiveAborted(f"rank {self._rank[current]}: {self.reason}")
+            raise CollectiveAborted(
+                f"rank {self._greenlets.index(current)}: {self.reason}")
         return not timed_out
 
     def wake(self, ranks: list[greenlet.greenlet]) -> None:
@@ -134,7 +132,7 @@ class RankScheduler:
     def running_rank(self) -> int | None:
         """From any thread: the rank the runner is executing now, if any."""
         running = self._running
-        return None if running is None else self._rank[running]
+        return None if running is None else self._greenlets.index(running)
 
     def frame(self, rank: int) -> FrameType | None:
         """Rank ``rank``'s innermost frame (for a stack dump from another thread): where it

@@ -238,32 +238,32 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
 
         runner = threading.Thread(target=scheduler.run, daemon=True, name="dyntra-emu-ranks",
                                   args=([functools.partial(body, s) for s in ranks],))
+        def stop(reason: str) -> dict[int, tuple[str, dict]]:
+            """End the run early: what each rank was doing (the watchdog's view and its
+            stack), taken before the ranks unwind; then every rank stopped."""
+            _take_stacks(ranks, scheduler)
+            where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
+            _stop(ranks, runner, scheduler, reason)
+            return where
+
         with StopSignals() as signals:
-            signum = None
             try:
                 with signals.armed():
                     runner.start()
                     failure = _supervise(ranks, changed, watchdog, deadline, run_timeout_s)
-            except Signalled as exc:  # SIGINT or SIGTERM: stop every rank, say where each was
-                failure, signum = None, exc.signum
+            except Signalled as exc:  # SIGINT or SIGTERM
+                where = stop("the launcher was interrupted")
+                error = Interrupted(signal.Signals(exc.signum).name, _details(ranks, where))
             except BaseException:
-                _take_stacks(ranks, scheduler)
-                _stop(ranks, runner, scheduler, "the launcher failed")
+                stop("the launcher failed")
                 watchdog.close()
                 raise
-            if failure is not None or signum is not None:
-                # What the ranks were doing when the run ended, before they unwind.
-                _take_stacks(ranks, scheduler)
-                where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
-                if signum is not None:
-                    _stop(ranks, runner, scheduler, "the launcher was interrupted")
-                    error = Interrupted(signal.Signals(signum).name, _details(ranks, where))
-                else:
-                    _stop(ranks, runner, scheduler, "another rank failed")
-                    error = _cluster_error(ranks, failure, where)
             else:
-                runner.join()
-                error = None
+                if failure is None:
+                    runner.join()
+                    error = None
+                else:
+                    error = _cluster_error(ranks, failure, stop("another rank failed"))
             watchdog.close()  # the slots' views keep `guard` mapped until they are gone
     if error is not None:
         raise error
