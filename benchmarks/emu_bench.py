@@ -43,7 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from emu.cluster.launcher import launch  # noqa: E402
-from emu.cluster.run import make_engine  # noqa: E402
+from emu.impl import make_engine  # noqa: E402
 from emu.spec import RunSpec, validate  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 

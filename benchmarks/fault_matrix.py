@@ -1,4 +1,4 @@
-"""The fault matrix: every fault kind of emu/cluster/faults.py and every signal to the launcher,
+"""The fault matrix: every fault kind of emu/faults.py and every signal to the launcher,
 at dp=2 and dp=4, through the real CLI (`python -m emu run`) in a subprocess, measured
 from outside the way a CI job would see it.
 

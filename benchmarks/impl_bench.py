@@ -23,7 +23,7 @@ import time
 
 from sidebyside import REPO, STATIC, TREE, end_line, machine_line, pairs
 
-from emu.cluster.run import run_cluster
+from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import load_trace
 

@@ -32,9 +32,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dyntra_lb import planners  # noqa: E402
-from emu.cluster.run import run_cluster  # noqa: E402
 from emu.metrics import compute_metrics, load_run, write_metrics  # noqa: E402
 from emu.report import ab_table  # noqa: E402
+from emu.run import run_cluster  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import load_trace  # noqa: E402
 

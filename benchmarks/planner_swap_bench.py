@@ -32,7 +32,7 @@ from sidebyside import (
     print_planner_table,
 )
 
-from emu.cluster.run import run_cluster
+from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import load_trace
 

@@ -43,9 +43,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from emu.cluster.launcher import ClusterError  # noqa: E402
-from emu.cluster.run import run_cluster  # noqa: E402
-from emu.engine.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
 from emu.metrics import compute_metrics, load_run  # noqa: E402
+from emu.rank.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
+from emu.run import run_cluster  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 

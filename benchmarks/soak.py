@@ -1,6 +1,6 @@
 """Soak test: a dp=2 cluster with DyntraLB in static mode for 100,000 steps.
 
-One real cluster run (``emu.cluster.run.run_cluster``: one process per rank, real gloo
+One real cluster run (``emu.run.run_cluster``: one process per rank, real gloo
 groups, event and wall logs written as in a normal run) over a long steady workload:
 Poisson arrivals at about 90 % of what the ranks can serve, so batches stay nearly full,
 requests keep finishing and arriving, and DyntraLB plans on every step. ``max_steps``
@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from emu.cluster.run import run_cluster  # noqa: E402
+from emu.run import run_cluster  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 

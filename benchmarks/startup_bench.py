@@ -1,7 +1,7 @@
 """Rank start-up: ranks forked from the launcher's fork server (the CPU default) against
 spawned ranks (each a fresh interpreter that imports torch; the NPU path), side by side.
 
-Each sample is a fresh Python process (``--one``) that imports ``emu.cluster.run`` and then
+Each sample is a fresh Python process (``--one``) that imports ``emu.run`` and then
 calls ``run_cluster`` twice on a tiny trace (4 requests per rank, DyntraLB static mode
 from step 0, CPU, 16-token blocks), with ``emu.cluster.launcher._START_METHOD["cpu"]`` set to the
 method under test:
@@ -43,7 +43,7 @@ BLOCK_SIZE = 16
 def one(method: str, dp: int, out: pathlib.Path) -> dict:
     """One sample in this process: the wall time of two run_cluster calls."""
     import emu.cluster.launcher
-    from emu.cluster.run import run_cluster
+    from emu.run import run_cluster
     from emu.spec import RunSpec
     from emu.workload import TraceRequest
 

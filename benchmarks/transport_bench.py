@@ -43,14 +43,14 @@ def one(args: dict) -> dict:
     """One run in this process: ``{"wall_s", "steps", "maxrss_mb", "runner_cpu_s"}``;
     ``runner_cpu_s`` (thread transport only): the CPU time of the runner thread, in which
     every rank thread runs (``emu.cluster.rank_scheduler``), i.e. the ranks' own work."""
-    import emu.cluster.run
+    import emu.run
     from emu.cli.inputs import DEFAULT_ADDITIONAL_CONFIG
-    from emu.cluster.run import run_cluster
+    from emu.run import run_cluster
     from emu.spec import RunSpec
     from emu.workload import load_trace
 
     cpu: list[float] = []
-    body = emu.cluster.run._rank_main
+    body = emu.run.run_rank
 
     def timed(ctx, rank_args):
         try:
@@ -59,7 +59,7 @@ def one(args: dict) -> dict:
             cpu.append(time.thread_time())  # the runner's CPU time when this rank ends
 
     if args["transport"] == "thread":  # rank processes need a picklable target
-        emu.cluster.run._rank_main = timed
+        emu.run.run_rank = timed
 
     trace = load_trace(args["workload"])
     spec = RunSpec(trace=trace, dp_size=args["dp"], out_dir=args["out"],

@@ -86,7 +86,8 @@ class DyntraLBCoordinator:
     every collective: ``observe(site, op, tensor, fn)`` must call ``fn()`` and return
     its result (the emulator records the collective sequence through it). ``planner``
     names the planner every rank runs on the gathered snapshot (``dyntra_lb.planners``;
-    "reference", production's, by default).
+    "reference", production's, by default). ``plan_memo``, when given, is shared by
+    ranks in one address space (see ``_plan``).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class DyntraLBCoordinator:
         device: str | torch.device = "cpu",
         observe: Observe | None = None,
         planner: str = planners.REFERENCE,
+        plan_memo: Callable[[Any, Callable[[], list[Plan]]], list[Plan]] | None = None,
     ):
         cfg = config.dyntra_lb
         self._balance_load = planners.get(planner)
@@ -141,12 +143,12 @@ class DyntraLBCoordinator:
 
         self._step = _NO_BALANCE
 
-        # Every rank plans the same gathered snapshot. A DP group whose ranks share one
-        # address space (the emulator's thread transport) may offer ``plan_memo``:
+        # Every rank plans the same gathered snapshot. Ranks that share one address
+        # space (the emulator's thread transport) may share a ``plan_memo``:
         # ``plan_memo(key, compute)`` returns the plans of the first rank that planned
         # ``key`` (calling ``compute`` only when none has), so one rank runs the planner
         # per step instead of every rank. See ``_plan`` for the key.
-        self._plan_memo = getattr(dp_group, "plan_memo", None)
+        self._plan_memo = plan_memo
 
         # The compiled planner compiles (or loads numba's disk cache) here, at rank
         # start-up, instead of inside the first planned decode step.

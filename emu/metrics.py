@@ -369,7 +369,7 @@ def _plan_churn(run: Run) -> dict:
 
 
 # Wall-clock record fields -> metrics names. interfaces.md names the collective time
-# `lb_comm_s`; emu/engine/core.py currently writes `dyntra_lb_collectives_s`: both are read.
+# `lb_comm_s`; emu/impl/kit/engine.py currently writes `dyntra_lb_collectives_s`: both are read.
 _WALL_FIELDS = (
     ("planner_ms", ("planner_s",)),
     ("lb_comm_ms", ("lb_comm_s", "dyntra_lb_collectives_s")),

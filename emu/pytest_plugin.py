@@ -4,7 +4,7 @@ Installed with the package, so any test suite in the same environment gets:
 
 - the ``dp(n)`` marker: the number of DP ranks of the test's clusters (default 2);
 - the ``dyntra_cluster`` fixture: a function that runs one real cluster (``n`` rank
-  processes joined by gloo groups, via ``emu.cluster.run.run_cluster``) in the test's
+  processes joined by gloo groups, via ``emu.run.run_cluster``) in the test's
   ``tmp_path`` and returns a ``ClusterRun``:
 
       @pytest.mark.dp(2)
@@ -36,7 +36,7 @@ DEFAULT_DP = 2
 class ClusterRun:
     """What one ``dyntra_cluster(...)`` call produced.
 
-    - ``result``: the ``emu.cluster.run.RunResult`` (per-rank summaries, file paths);
+    - ``result``: the ``emu.run.RunResult`` (per-rank summaries, file paths);
     - ``metrics``: the metrics.json dictionary (docs/metrics.md) of the run;
     - ``events``: the parsed event log of every rank, ``events[rank]`` in file order;
     - ``out_dir``: where the run's files are (inside the test's ``tmp_path``).
@@ -96,7 +96,7 @@ class ClusterFactory:
         ``priority``) or a trace file; or ``workload``: a file or bundled name
         ("default", "uniform", "longtail", "bimodal"). ``additional_config``:
         vllm-ascend's additional config (None: DyntraLB off). ``dp_size`` overrides the
-        ``dp`` marker. ``faults``: faults to inject (``emu.cluster.faults`` objects or
+        ``dp`` marker. ``faults``: faults to inject (``emu.faults`` objects or
         ``--fault`` strings such as ``"kill:rank=1,step=50"``, or a ``FaultPlan``).
         ``strict`` (on by default in tests) checks the emulator's invariants every step.
         ``transport``: "process" (rank processes over gloo) or "thread" (every rank a
@@ -106,9 +106,9 @@ class ClusterFactory:
         ``max_concurrency`` for closed-loop clients, ...).
         Raises ValueError for a bad spec and ``emu.cluster.launcher.ClusterError`` when a rank
         fails."""
-        from emu.cluster.faults import FaultPlan
-        from emu.cluster.run import run_cluster
+        from emu.faults import FaultPlan
         from emu.metrics import compute_metrics, load_run
+        from emu.run import run_cluster
         from emu.spec import RunSpec
 
         if faults is not None:

@@ -1,6 +1,6 @@
 """`run.json`: whether the run in an output directory finished.
 
-`emu.cluster.run.run_cluster` writes it with state "running" before any rank starts and
+`emu.run.run_cluster` writes it with state "running" before any rank starts and
 rewrites it when the launch ends: "complete", "failed" (a rank failed, the run timed
 out or hung) or "interrupted" (SIGINT / SIGTERM to the launching process). A launcher
 killed with SIGKILL leaves "running" behind. Readers of the directory

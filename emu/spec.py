@@ -1,7 +1,7 @@
 """``RunSpec``, everything one emulated run depends on, and ``validate``, its one check.
 
 Same spec, same event logs, byte for byte. The CLI, the pytest plugin, the tests and the
-benchmarks build a RunSpec and hand it to ``emu.cluster.run.run_cluster``, which validates
+benchmarks build a RunSpec and hand it to ``emu.run.run_cluster``, which validates
 it in the calling process before any rank starts; the ranks receive it whole.
 
 Most fields are engine knobs declared with ``emu.knobs.knob``: their kind checks them
@@ -19,13 +19,13 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import AdditionalConfig, load_additional_config
 from emu import impl
 from emu.cluster.device import DEVICE_CHOICES
-from emu.cluster.faults import FaultPlan, check_plan
-from emu.engine.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
+from emu.faults import FaultPlan, check_plan
 from emu.impl import IMPLS, PLANNERS
 from emu.impl.kit.scheduler import SCHEDULING_POLICIES
 from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
 from emu.knobs import Choice, Int, Knob, NonNegativeSeconds, Seconds, Switch, Text, knob
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
+from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.workload import ROUTERS, TraceRequest, check_ranks
 
 # How the ranks of a run are hosted (see RunSpec.transport).
@@ -43,13 +43,13 @@ class RunSpec:
     - ``additional_config``: vllm-ascend's ``--additional-config`` (dict, JSON text or
       None); DyntraLB lives in ``scheduler_config.dyntra_lb_config``. The node is a
       ``kv_consumer`` (decode) node.
-    - ``cost_model``: the step-cost profile that prices each step (``emu.engine.costs``: a
-      bundled one from ``emu.engine.costs.PROFILES`` or ``load_profile(path)``).
+    - ``cost_model``: the step-cost profile that prices each step (``emu.rank.costs``: a
+      bundled one from ``emu.rank.costs.PROFILES`` or ``load_profile(path)``).
     - ``kv_latency_fixed_s`` + ``kv_latency_per_block_s`` * blocks: virtual time for a
       prompt's KV to arrive from the prefill node.
     - ``max_steps``: safety limit on non-idle iterations per rank; a run that reaches
       it stops on every rank and is reported ``truncated``.
-    - ``faults``: an ``emu.cluster.faults.FaultPlan`` (kill, slow, KV and collective faults),
+    - ``faults``: an ``emu.faults.FaultPlan`` (kill, slow, KV and collective faults),
       or None for a run without faults.
 
     The others are described by their ``help``.
@@ -157,8 +157,9 @@ def validate(spec: RunSpec) -> AdditionalConfig:
         lb = config.dyntra_lb
         check_plan(spec.faults, dp_size=spec.dp_size, trace=spec.trace,
                    lb_mode=lb.mode if lb.enabled else None)
-    impl.check(spec.impl, config, dp_size=spec.dp_size, async_scheduling=spec.async_scheduling,
-               vllm_ascend=spec.vllm_ascend, faults=spec.faults)
+    impl.get(spec.impl).check(config, dp_size=spec.dp_size,
+                              async_scheduling=spec.async_scheduling,
+                              vllm_ascend=spec.vllm_ascend)
     return config
 
 

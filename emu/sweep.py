@@ -164,8 +164,8 @@ def _run_point(job: dict) -> dict:
     if _stop_event.is_set():
         return {"stopped": True}
     from emu.cluster.launcher import ClusterError
-    from emu.cluster.run import run_cluster
     from emu.metrics import compute_metrics, load_run, write_metrics
+    from emu.run import run_cluster
     from emu.spec import RunSpec
     from emu.workload import load_trace
 

@@ -6,7 +6,7 @@ import argparse
 
 from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, wrap
-from emu.engine.costs import CostProfileError, add_fit_arguments, run_fit
+from emu.rank.costs import CostProfileError, add_fit_arguments, run_fit
 
 EPILOG = """\
 examples:

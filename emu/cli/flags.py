@@ -13,10 +13,10 @@ import argparse
 import textwrap
 
 from emu.cli.inputs import bundled_workloads
-from emu.cluster.faults import parse_fault
-from emu.engine.costs import DEFAULT_PROFILE, PROFILES
+from emu.faults import parse_fault
 from emu.knobs import Choice, Int, Switch
 from emu.limits import MAX_DP_SIZE
+from emu.rank.costs import DEFAULT_PROFILE, PROFILES
 from emu.sites import COLLECTIVE_SITES
 from emu.spec import knobs
 
@@ -116,7 +116,7 @@ def add_fault_option(parser: argparse.ArgumentParser) -> None:
     """--fault, repeatable (run and validate)."""
     parser.add_argument(
         "--fault", type=_fault, action="append", metavar="KIND:KEY=VALUE,...",
-        help="inject a fault (repeatable; emu/cluster/faults.py): kill:rank=R,step=S | "
+        help="inject a fault (repeatable; emu/faults.py): kill:rank=R,step=S | "
              "slow:rank=R,extra_ms=X | kv_fail:request=ID | kv_never:request=ID"
              "[,timeout_s=T] | not_ready:request=ID,lookups=N | "
              f"delay:rank=R,site=SITE,step=S,seconds=X with SITE one of "

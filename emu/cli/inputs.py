@@ -23,8 +23,8 @@ from dyntra_lb.config import (
 )
 from emu.cli.errors import PROG, UsageError
 from emu.cluster.device import DeviceError, select_device
-from emu.cluster.faults import FaultPlan, plan_problems
-from emu.engine.costs import CostProfileError, load_profile
+from emu.faults import FaultPlan, plan_problems
+from emu.rank.costs import CostProfileError, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
 from emu.spec import RunSpec, knobs, kv_fit_problem, validate
 from emu.workload import load_trace, validate_trace
@@ -139,9 +139,9 @@ def check_impl(args, cfg) -> list[str]:
         return ["--planner vllm-ascend: only with --impl vllm-ascend (the kit runs the "
                 "planners of dyntra_lb/planners.py: reference, fill-protect)"]
     try:
-        impl.check(args.impl, cfg, dp_size=args.dp, async_scheduling=args.async_scheduling,
-                   vllm_ascend=args.vllm_ascend,
-                   faults=FaultPlan(tuple(args.fault)) if getattr(args, "fault", None) else None)
+        impl.get(args.impl).check(cfg, dp_size=args.dp,
+                                  async_scheduling=args.async_scheduling,
+                                  vllm_ascend=args.vllm_ascend)
     except ValueError as exc:
         return [f"--impl {args.impl}: {exc}"]
     return []
@@ -250,7 +250,7 @@ def check_cost_model(args) -> list[str]:
 
 
 def check_faults(faults, dp: int, trace, cfg) -> list[str]:
-    """The --fault values against the run they would be injected into (emu.cluster.faults.
+    """The --fault values against the run they would be injected into (emu.faults.
     plan_problems: ranks, request ids, collective sites the config enters)."""
     lb = cfg.dyntra_lb
     problems = plan_problems(faults, dp_size=dp, trace=trace,

@@ -61,11 +61,11 @@ def _launch(spec, *, torchrun: bool) -> list:
     """Run the cluster; returns the rank summaries available here (all ranks when this
     process spawns them, its own under torchrun)."""
     if not torchrun:
-        from emu.cluster.run import run_cluster
+        from emu.run import run_cluster
 
         return run_cluster(spec).ranks
     # Under torchrun this process is one rank.
-    from emu.cluster.run import join_cluster
+    from emu.run import join_cluster
 
     try:
         summary = join_cluster(spec)
@@ -131,15 +131,9 @@ def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
 def _recorded_impl(spec) -> dict:
     """Which DyntraLB ran: the impl and its planner and, for vllm-ascend, its tree and
     vLLM's version."""
-    from emu.impl import planner_name
+    from emu import impl
 
-    planner = planner_name(spec.planner, spec.impl)
-    if spec.impl == "kit":
-        return {"impl": "kit", "planner": planner}
-    from emu.impl.vllm_ascend.tree import resolve
-
-    return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
-            "planner": planner, **resolve(spec.vllm_ascend).describe()}
+    return impl.get(spec.impl).describe(spec)
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

@@ -10,7 +10,7 @@ Two ways in, one per-rank setup (`emu.cluster.rank_process`: the groups, the
   never collide), and it turns any rank failure into one `ClusterError`: a rank that
   raises sends its traceback, a rank that dies is seen through its process sentinel, a
   run that exceeds `run_timeout_s` is stopped, and the collective watchdog
-  (`emu.cluster.guard`) reads what every rank publishes about its collectives and stops a run
+  (`emu.cluster.watchdog`) reads what every rank publishes about its collectives and stops a run
   that hangs or whose ranks disagree on a collective. The first failure is reported,
   except that an error raised inside a torch.distributed call (how a rank sees a peer
   die or a collective time out) gives way to another rank's own failure or a watchdog
@@ -50,9 +50,9 @@ import torch.distributed as dist
 from dyntra_lb import planner
 from emu.cluster import rank_boot
 from emu.cluster.device import select_device
-from emu.cluster.guard import Watchdog
 from emu.cluster.launch_scope import LaunchFiles, Signalled, StopSignals
 from emu.cluster.rank_boot import RankSpec
+from emu.cluster.watchdog import Watchdog
 from emu.knobs import is_int
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
@@ -71,7 +71,7 @@ class ClusterError(RuntimeError):
     completed collective when it recorded any, then its traceback, exit status, or the
     Python stack it had when stopped) and `failed_ranks` every rank that failed before
     the launcher stopped it, `rank` first. `collectives` holds, per rank that recorded
-    any, `emu.cluster.guard.Watchdog.records` (last entered / completed collective)."""
+    any, `emu.cluster.watchdog.Watchdog.records` (last entered / completed collective)."""
 
     def __init__(self, rank: int | None, message: str, details: dict[int, str],
                  failed_ranks: list[int] | None = None,

@@ -20,8 +20,8 @@ parent-death signal without a word. A rank sets SIGTERM back to the default at o
 import signal
 
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
-import emu.cluster.run  # noqa: F401  torch, the launcher, emu.cluster.rank_process, the engine
-import emu.impl.kit  # noqa: F401  what emu.cluster.run imports only when a rank builds it
+import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
+import emu.impl.kit.engine  # noqa: F401  the kit's engine, with the rank harness
 from dyntra_lb import planner
 
 planner.warm_up()

@@ -22,31 +22,15 @@ import pickle
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from emu.cluster.device import bind_rank_device, select_device
-from emu.cluster.guard import GuardSlot
 from emu.cluster.rank_boot import RankSpec
-
-
-@dataclass
-class RankContext:
-    """Handed to the target inside each rank process. Tensors for `device_group`
-    collectives must live on `device`; `dp_group` collectives take CPU tensors."""
-
-    rank: int  # DP rank
-    dp_size: int
-    local_rank: int
-    dp_group: Any  # ProcessGroup, gloo, CPU tensors: wave sync + DyntraLB collectives
-    device_group: Any  # ProcessGroup, gloo on CPU / HCCL on NPU: the lockstep collective
-    device: torch.device  # cpu, or npu:<local_rank>
-    out_dir: pathlib.Path | None
-    guard: GuardSlot | None = None  # where the collective recorder publishes (launch only)
+from emu.rank.context import RankContext
+from emu.rank.recorder import GuardSlot
 
 
 def _limit_threads() -> None:

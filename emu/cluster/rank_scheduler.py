@@ -21,6 +21,11 @@ first timeout or the abort.
 ``CollectiveAborted``, so each unwinds at its next collective, as a gloo rank does when
 a peer's connection closes.
 
+Module-level state an engine sets for itself alone (``keep``: a config singleton of the
+code a rank runs) is swapped as the ranks take turns: a rank's values are put in place
+before it resumes and read back when it parks or ends; after the run the values from
+before the first rank kept them are back.
+
 A rank that blocks the runner outside a collective (the sleep of a ``delay`` fault, a
 rank stuck in its own code) holds back every other rank until it returns. They could
 not have passed their next collective without it anyway, but their collective timeouts
@@ -35,7 +40,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, ModuleType
+from typing import Any
 
 import greenlet
 
@@ -60,6 +66,10 @@ class RankScheduler:
         self._running: greenlet.greenlet | None = None
         self._thread_id: int | None = None
         self._alarm = threading.Event()  # wakes a sleeping runner: the run was aborted
+        # Module-level state kept per rank: rank greenlet -> {(module, name): its value};
+        # and each (module, name)'s value before the run.
+        self._kept: dict[greenlet.greenlet, dict[tuple[ModuleType, str], Any]] = {}
+        self._before: dict[tuple[ModuleType, str], Any] = {}
 
     # ------------------------------------------------------------------ the runner
 
@@ -73,20 +83,31 @@ class RankScheduler:
         self._ready.extend(self._greenlets)
         self._live = len(bodies)
         ready, parked = self._ready, self._parked
-        while self._live:
-            if ready:
-                self._resume(ready.popleft())
-            else:  # every live rank waits in a collective
-                self._alarm.wait(max(0.0, next(iter(parked.values())) - time.monotonic()))
-            if parked and (self.reason is not None
-                           or next(iter(parked.values())) <= time.monotonic()):
-                self._end_waits()
+        try:
+            while self._live:
+                if ready:
+                    self._resume(ready.popleft())
+                else:  # every live rank waits in a collective
+                    self._alarm.wait(max(0.0, next(iter(parked.values())) - time.monotonic()))
+                if parked and (self.reason is not None
+                               or next(iter(parked.values())) <= time.monotonic()):
+                    self._end_waits()
+        finally:
+            for (module, name), value in self._before.items():
+                setattr(module, name, value)
 
     def _resume(self, rank_greenlet: greenlet.greenlet) -> None:
-        """Run one rank until it parks again or returns."""
+        """Run one rank until it parks again or returns, with its own module state."""
+        kept = self._kept.get(rank_greenlet)
+        if kept:
+            for (module, name), value in kept.items():
+                setattr(module, name, value)
         self._running = rank_greenlet
         rank_greenlet.switch()
         self._running = None
+        if kept is not None:
+            for key in kept:
+                kept[key] = getattr(*key)
         if rank_greenlet.dead:
             self._live -= 1
 
@@ -113,6 +134,13 @@ class RankScheduler:
             raise CollectiveAborted(
                 f"rank {self._greenlets.index(current)}: {self.reason}")
         return not timed_out
+
+    def keep(self, module: ModuleType, name: str) -> None:
+        """In a rank: from now on ``module.name`` holds this rank's own value while it
+        runs (the value it has now, then whatever the rank sets)."""
+        key = (module, name)
+        self._before.setdefault(key, getattr(module, name))
+        self._kept.setdefault(greenlet.getcurrent(), {})[key] = getattr(module, name)
 
     def wake(self, ranks: list[greenlet.greenlet]) -> None:
         """In a rank: ``ranks`` (parked) run again after the ready ones."""

@@ -18,19 +18,18 @@ failed (``RankScheduler.abort``) every waiting and later collective raises
 ``CollectiveAborted``: how a rank thread sees a dead peer, as a gloo rank sees a closed
 connection.
 
-While thread runs are under way, ``dist.all_reduce`` and ``dist.all_gather`` are ours
-(``install_dist_functions``, ``restore_dist_functions``): called on a ``ThreadGroup``
-(the same call of the engine, clock and coordinator code), they go straight to its hub,
-since torch's wrappers check and dispatch at a cost larger than the in-memory
-collective itself (about 6 µs a call); any other call, and any call those wrappers
-would treat specially (``async_op``, complex or subclassed tensors, an all-gather with
-mixed dtypes, an op the hub does not have), goes to torch's own function, unchanged.
+Each rank's groups get a ``GroupCarrier`` (``emu.rank.collective_hooks.attach``): a
+``dist.all_reduce`` / ``dist.all_gather`` on a ``ThreadGroup`` (the same call of the
+engine, clock and coordinator code, and of vLLM's and vllm-ascend's) goes straight to
+its hub, since torch's wrappers check and dispatch at a cost larger than the in-memory
+collective itself.
 
 What the ranks share beyond the collectives: the plans. DyntraLB's planner is a pure
 function of the gathered snapshot and the config, and after an all-gather every rank
 holds the same snapshot, so each rank's ``DyntraLBCoordinator`` would compute the same
-plans (N planner runs per step, each over all N ranks' payloads). The DP group offers
-``plan_memo`` (``PlanMemo``, one per group): the first rank to plan a snapshot runs the
+plans (N planner runs per step, each over all N ranks' payloads). The DP group's hub
+holds a ``PlanMemo``, which each rank's context offers it (``emu.cluster.threads.ThreadHost``):
+the first rank to plan a snapshot runs the
 planner, the others take its result, keyed on the planner, its arguments and the
 gathered bytes — an identical key is an identical input, so the plans are the ones the
 rank would have computed, and nothing a rank writes changes except the planner's wall
@@ -175,7 +174,7 @@ class Hub:
 
 class PlanMemo:
     """The plans of the last snapshot planned on a group, shared by its ranks (the
-    ``plan_memo`` a ``DyntraLBCoordinator`` looks for on its DP group). Called by each
+    ``plan_memo`` of a ``DyntraLBCoordinator``, from the rank's context). Called by each
     rank right after its all-gather: the first rank with a new key computes, the others
     find the key. One entry is enough: no rank can plan the next snapshot before every
     rank has joined its all-gather, i.e. finished planning this one. No lock: a rank
@@ -194,14 +193,12 @@ class PlanMemo:
 
 class ThreadGroup(dist.ProcessGroup):
     """One rank's handle on a group of the thread transport: the ``group=`` argument of
-    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``.
-    ``plan_memo`` is shared by every rank of the group (see the module docstring)."""
+    ``dist.all_reduce`` / ``dist.all_gather``, which call ``allreduce`` / ``allgather``."""
 
     def __init__(self, hub: Hub, rank: int):
         super().__init__(rank, hub.size)
         self._hub = hub
         self._rank = rank
-        self.plan_memo = hub.plan_memo
         self._views: dict[int, tuple[torch.Tensor, int, np.ndarray, bool]] = {}
         self._outputs: dict[int, tuple] = {}
 
@@ -292,40 +289,34 @@ def _as_rows(views: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
                                            (first.nbytes, *first.strides), writeable=True)
 
 
-def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-    """``dist.all_reduce`` while installed (see the module docstring)."""
-    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor:
+class GroupCarrier:
+    """Carries the ``dist.all_reduce`` / ``dist.all_gather`` calls on one ``ThreadGroup``
+    straight to its hub (``emu.rank.collective_hooks``); declines what torch's
+    wrappers would treat specially (``async_op``, complex or subclassed tensors, an
+    all-gather with mixed dtypes, an op the hub does not have), which then goes to
+    torch's own function, unchanged."""
+
+    def __init__(self, group: ThreadGroup):
+        self.group = group
+
+    def all_reduce(self, tensor, op, async_op: bool) -> bool:
+        if async_op or type(tensor) is not torch.Tensor:
+            return False
         reduce = _reduction(op)
+        group = self.group
         view = group._plain_view(tensor) if reduce is not None else None
-        if view is not None:
-            group._hub.all_reduce(group._rank, view, reduce)
-            return None
-    return _torch_functions["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+        if view is None:
+            return False
+        group._hub.all_reduce(group._rank, view, reduce)
+        return True
 
-
-def _all_gather(tensor_list, tensor, group=None, async_op=False):
-    """``dist.all_gather`` while installed (see the module docstring)."""
-    if type(group) is ThreadGroup and not async_op and type(tensor) is torch.Tensor:
+    def all_gather(self, tensor_list, tensor, async_op: bool) -> bool:
+        if async_op or type(tensor) is not torch.Tensor:
+            return False
+        group = self.group
         view = group._plain_view(tensor)
         outputs = group._gather_outputs(tensor_list) if view is not None else None
-        if outputs is not None and (len(outputs) == 0 or outputs[0].dtype == view.dtype):
-            group._hub.all_gather(group._rank, outputs, view)
-            return None
-    return _torch_functions["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
-
-
-# torch's own dist.all_reduce / dist.all_gather while ours are installed.
-_torch_functions: dict[str, Callable] = {}
-
-
-def install_dist_functions() -> None:
-    """Called when the first of this process's thread runs starts (``emu.cluster.threads``
-    holds the count): ``dist.all_reduce`` / ``dist.all_gather`` become ours."""
-    _torch_functions.update(all_reduce=dist.all_reduce, all_gather=dist.all_gather)
-    dist.all_reduce, dist.all_gather = _all_reduce, _all_gather
-
-
-def restore_dist_functions() -> None:
-    """Called when the last thread run has ended: torch's functions again."""
-    dist.all_reduce, dist.all_gather = (_torch_functions["all_reduce"],
-                                        _torch_functions["all_gather"])
+        if outputs is None or (len(outputs) and outputs[0].dtype != view.dtype):
+            return False
+        group._hub.all_gather(group._rank, outputs, view)
+        return True

@@ -16,7 +16,7 @@ The guard is the process transport's: every rank's ``CollectiveRecorder`` publis
 its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
 launching thread, so a hang or a disagreement is reported naming the ranks exactly as
 with processes. The launching thread supervises: the first rank that raises (a
-``kill`` fault raises ``emu.cluster.faults.RankKilled`` in its rank thread), a watchdog
+``kill`` fault raises ``emu.faults.RankKilled`` in its rank thread), a watchdog
 finding or the run timeout fails the run. Then every rank's Python stack is taken, the
 run is aborted so that every rank unwinds, and the runner is joined (it is a daemon
 thread: a rank stuck outside a collective cannot block the interpreter's exit, and the
@@ -24,14 +24,17 @@ report says it did not stop). SIGINT and SIGTERM stop the run the same way
 (``emu.cluster.launch_scope.StopSignals``, as for rank processes) and raise
 ``emu.cluster.launcher.Interrupted`` with every rank's report.
 
-Process-wide state the ranks would each set in their own process is set once for the
-run instead: the ``dyntra_lb`` logger gets one handler that sends each record to the
-``rank<r>.log`` of the rank that logged it (``route_rank_log``); ``torch.set_num_threads(1)``
-holds while thread runs are under way and is restored afterwards, and so do the
-transport's own ``dist.all_reduce`` and ``dist.all_gather``
-(``emu.cluster.thread_collectives``). Python's and numpy's global RNGs are shared: every
-rank seeds them with the run's seed, and no engine code draws from them (a draw would
-make a result depend on the order the ranks run in).
+Process-wide state the ranks would each set in their own process is either set once for
+the run or kept per rank. Each rank's ``RankContext.host`` is a ``ThreadHost``: a logger a
+rank routes its records of (``route_log``) gets one handler that sends each record to the
+handlers of the rank that logged it; module-level state an engine sets for itself (a
+config singleton) is swapped in and out as the ranks take turns (``keep_per_rank``,
+``RankScheduler.keep``); the DP group's ``PlanMemo`` is shared. ``_ProcessState`` holds
+``torch.set_num_threads(1)`` while thread runs are under way, and restores it and the
+routed loggers afterwards; each rank's groups carry their collectives through
+``emu.rank.collective_hooks`` while the rank runs. Python's and numpy's global RNGs
+are shared: every rank seeds them with the run's seed, and no engine code draws from
+them (a draw would make a result depend on the order the ranks run in).
 """
 
 from __future__ import annotations
@@ -53,19 +56,21 @@ from typing import Any
 import greenlet
 import torch
 
-from emu.cluster.faults import RankKilled
-from emu.cluster.guard import SLOT_BYTES, GuardSlot, Watchdog
 from emu.cluster.launch_scope import Signalled, StopSignals
 from emu.cluster.launcher import ClusterError, Interrupted
-from emu.cluster.rank_process import RankContext
 from emu.cluster.rank_scheduler import CollectiveAborted, RankScheduler
 from emu.cluster.thread_collectives import (
     CollectiveTimeout,
+    GroupCarrier,
     Hub,
+    PlanMemo,
     ThreadGroup,
-    install_dist_functions,
-    restore_dist_functions,
 )
+from emu.cluster.watchdog import Watchdog
+from emu.faults import RankKilled
+from emu.rank import collective_hooks
+from emu.rank.context import RankContext
+from emu.rank.recorder import SLOT_BYTES, GuardSlot
 
 # A rank error that is only the echo of the run failing elsewhere yields to a root cause
 # or a watchdog finding arriving within this long (as in emu.cluster.launcher).
@@ -79,19 +84,22 @@ _STOP_GRACE_S = 5.0
 
 
 class _RankLogRouter(logging.Handler):
-    """The one handler of the ``dyntra_lb`` logger during thread runs: a record logged by
-    a rank thread goes to that rank's handler, any other to the root logger (where it
-    would have gone without thread runs)."""
+    """The one handler of a logger that rank threads route (``ThreadHost.route_log``): a
+    record logged by a rank thread goes to that rank's handlers, any other to the root
+    logger (where it would have gone without thread runs)."""
 
     def __init__(self, fallback_level: int):
         super().__init__()
         self.fallback_level = fallback_level
-        self.by_rank: dict[greenlet.greenlet, logging.Handler] = {}
+        self.by_rank: dict[greenlet.greenlet, list[logging.Handler]] = {}
 
     def handle(self, record: logging.LogRecord) -> bool:
-        handler = self.by_rank.get(greenlet.getcurrent())
-        if handler is not None:
-            return handler.handle(record)
+        handlers = self.by_rank.get(greenlet.getcurrent())
+        if handlers is not None:
+            for handler in handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+            return True
         if record.levelno >= self.fallback_level:
             logging.getLogger().handle(record)
         return True
@@ -100,65 +108,81 @@ class _RankLogRouter(logging.Handler):
         pass
 
 
-_state_lock = threading.Lock()
-_state_users = 0
-_saved: dict[str, Any] = {}
-_router: _RankLogRouter | None = None
+class _ProcessState:
+    """What thread runs change in this process while any of them is under way, each
+    restored after the last one: one intra-op torch thread; the loggers the ranks route
+    (``router``: each gets one ``_RankLogRouter`` as its only handler); and the objects
+    that existed before (torch's, numba's, the trace's; some 250,000) frozen out of the
+    garbage collector's full collections, which the ranks' allocations trigger about
+    once per run at 0.2 s each."""
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.num_threads = 0
+        self.routers: dict[str, tuple[_RankLogRouter, tuple]] = {}
 
-@contextlib.contextmanager
-def _process_state() -> Iterator[_RankLogRouter]:
-    """While any thread run is under way: one intra-op torch thread, the ``dyntra_lb``
-    logger routed per rank thread (yields the router), our ``dist.all_reduce`` /
-    ``dist.all_gather``, and the objects that existed before (torch's, numba's, the
-    trace's; some 250,000) frozen out of the garbage collector's full collections,
-    which the ranks' allocations trigger about once per run at 0.2 s each; all restored
-    after the last run."""
-    global _state_users, _router
-    with _state_lock:
-        if _state_users == 0:
-            log = logging.getLogger("dyntra_lb")
-            _saved.update(num_threads=torch.get_num_threads(), level=log.level,
-                          propagate=log.propagate, handlers=list(log.handlers))
-            install_dist_functions()
-            _router = _RankLogRouter(log.getEffectiveLevel())
-            torch.set_num_threads(1)
-            log.handlers = [_router]
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self.lock:
+            if self.users == 0:
+                self.num_threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                gc.freeze()
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.users -= 1
+                if self.users == 0:
+                    for name, (_, saved) in self.routers.items():
+                        log = logging.getLogger(name)
+                        log.handlers, level, log.propagate = saved
+                        log.setLevel(level)
+                    self.routers.clear()
+                    torch.set_num_threads(self.num_threads)
+                    gc.unfreeze()
+
+    def router(self, logger_name: str) -> _RankLogRouter:
+        """The router of ``logger_name``, installed on first use."""
+        entry = self.routers.get(logger_name)
+        if entry is None:
+            log = logging.getLogger(logger_name)
+            saved = (list(log.handlers), log.level, log.propagate)
+            router = _RankLogRouter(log.getEffectiveLevel())
+            log.handlers = [router]
             log.setLevel(logging.INFO)
             log.propagate = False
-            gc.freeze()
-        _state_users += 1
-    try:
-        yield _router
-    finally:
-        with _state_lock:
-            _state_users -= 1
-            if _state_users == 0:
-                log = logging.getLogger("dyntra_lb")
-                log.handlers = _saved["handlers"]
-                log.setLevel(_saved["level"])
-                log.propagate = _saved["propagate"]
-                torch.set_num_threads(_saved["num_threads"])
-                restore_dist_functions()
-                gc.unfreeze()
-                _router = None
+            entry = self.routers[logger_name] = (router, saved)
+        return entry[0]
+
+    def unroute(self, rank_greenlet: greenlet.greenlet) -> None:
+        """At the end of a rank thread: its handlers are closed."""
+        for router, _ in self.routers.values():
+            for handler in router.by_rank.pop(rank_greenlet, ()):
+                handler.close()
 
 
-def route_rank_log(handler: logging.Handler) -> None:
-    """In a rank thread: the ``dyntra_lb`` records it logs go to ``handler`` until the
-    rank ends (``run_in_threads`` then closes it)."""
-    router = _router
-    if router is None:
-        raise RuntimeError("route_rank_log is for the rank threads of run_in_threads")
-    router.by_rank[greenlet.getcurrent()] = handler
+_state = _ProcessState()
 
 
-def _unroute_rank_log(router: _RankLogRouter) -> None:
-    """At the end of a rank thread (``router``: its run's, which a rank that outlived
-    the run still finds)."""
-    handler = router.by_rank.pop(greenlet.getcurrent(), None)
-    if handler is not None:
-        handler.close()
+class ThreadHost:
+    """What a rank thread is offered (``emu.rank.context.ProcessHost`` for a rank process):
+    its log records routed to its own handlers, the plans its DP group shares
+    (``PlanMemo``), and module-level state kept per rank (``RankScheduler.keep``)."""
+
+    def __init__(self, scheduler: RankScheduler, plan_memo: PlanMemo):
+        self._scheduler = scheduler
+        self.plan_memo = plan_memo
+
+    def route_log(self, logger_name: str, handlers: list[logging.Handler]) -> None:
+        with _state.lock:
+            router = _state.router(logger_name)
+        router.by_rank[greenlet.getcurrent()] = list(handlers)
+
+    def keep_per_rank(self, module, name: str) -> None:
+        self._scheduler.keep(module, name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,8 +236,7 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     changed = threading.Event()
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
 
-    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, \
-            _process_state() as router:
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, _state.held():
         guard_path = os.path.join(tmp, "guard")
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         with open(guard_path, "r+b") as f:
@@ -221,9 +244,12 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
 
         def body(state: _RankThread) -> None:
             rank = state.rank
-            ctx = RankContext(rank, dp_size, rank, ThreadGroup(dp_hub, rank),
-                              ThreadGroup(device_hub, rank), torch.device("cpu"), out_dir,
-                              GuardSlot(guard, rank * SLOT_BYTES))
+            groups = ThreadGroup(dp_hub, rank), ThreadGroup(device_hub, rank)
+            for group in groups:
+                collective_hooks.attach(group, carry=GroupCarrier(group))
+            ctx = RankContext(rank, dp_size, rank, *groups, torch.device("cpu"), out_dir,
+                              GuardSlot(guard, rank * SLOT_BYTES),
+                              ThreadHost(scheduler, dp_hub.plan_memo))
             try:
                 state.result = target(ctx, args)
             except BaseException as exc:  # noqa: BLE001 - reported by the launching thread
@@ -232,7 +258,9 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
                 state.error = (_summary(exc), text, echo)
                 state.aborted = isinstance(exc, CollectiveAborted)
             finally:
-                _unroute_rank_log(router)
+                for group in groups:
+                    collective_hooks.detach(group)
+                _state.unroute(greenlet.getcurrent())
                 state.done = True
                 changed.set()
 

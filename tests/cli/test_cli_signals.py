@@ -122,7 +122,7 @@ def test_sigterm_mid_run_stops_every_rank_reports_and_cleans_up(tmp_path, clikit
     assert report.startswith("interrupted by SIGTERM: every rank was stopped")
     for rank in (0, 1):  # where each rank was: its last collective and its stack
         assert f"--- rank {rank} ---" in report
-    assert "last entered collective" in report and "emu/engine/core.py" in report
+    assert "last entered collective" in report and "emu/impl/kit/engine.py" in report
     assert _launch_files(tmp, proc.pid) == []
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     with pytest.raises(PartialRunError, match="interrupted"):
@@ -155,7 +155,7 @@ def test_sigterm_stops_a_thread_transport_run_and_reports_every_rank(tmp_path, c
     for rank in (0, 1):
         assert f"--- rank {rank} ---" in report
     assert report.count("stopped by the launcher; Python stack:") == 2
-    assert "last entered collective" in report and "emu/engine/core.py" in report
+    assert "last entered collective" in report and "emu/impl/kit/engine.py" in report
     assert list(tmp.iterdir()) == []
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     assert compute_metrics(load_run(out, allow_partial=True))["steps"] > 0

@@ -16,8 +16,8 @@ import pathlib
 import psutil
 import pytest
 
-from emu.cluster.run import RunResult, run_cluster
-from emu.engine.core import RankSummary
+from emu.rank.context import RankSummary
+from emu.run import RunResult, run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
 

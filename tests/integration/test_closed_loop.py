@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 from emu.cli.inputs import WORKLOADS_DIR
-from emu.cluster.run import run_cluster
-from emu.engine.costs import StepCostModel
+from emu.rank.costs import StepCostModel
+from emu.run import run_cluster
 from emu.sites import LOCKSTEP_SITE
 from emu.spec import RunSpec
 from emu.workload import TraceRequest, load_trace

@@ -20,8 +20,9 @@ import random
 import pytest
 
 from emu.cluster.launcher import ClusterError, launch
-from emu.cluster.run import make_engine, run_cluster
-from emu.engine.core import EngineCore
+from emu.impl import make_engine
+from emu.impl.kit.engine import EngineCore
+from emu.run import run_cluster
 from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest
 

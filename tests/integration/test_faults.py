@@ -16,9 +16,9 @@ import time
 import psutil
 import pytest
 
-from emu.cluster.faults import FaultPlan
 from emu.cluster.launcher import ClusterError
-from emu.cluster.run import RunResult, run_cluster
+from emu.faults import FaultPlan
+from emu.run import RunResult, run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest, wave_boundary_trace, wave_ends
 
@@ -216,7 +216,7 @@ def test_never_completing_load_ends_in_a_named_failure(dyntra_cluster, tmp_path,
                        run_timeout_s=240.0, faults=[f"kv_never:request={HANGING},timeout_s=5"])
     err = info.value
     assert err.rank == 1  # the rank holding the request
-    assert err.message.startswith(f"emu.cluster.faults.KVTransferTimeout: request '{HANGING}' on "
+    assert err.message.startswith(f"emu.faults.KVTransferTimeout: request '{HANGING}' on "
                                   "rank 1 has waited for its remote KV since virtual time")
     assert "stopped after 5 s of virtual time" in err.message
     # Rank 1 closed its log on the way out: everything else it held had finished, and
@@ -246,7 +246,7 @@ def test_a_rank_that_schedules_nothing_for_stall_steps_is_named(dyntra_cluster,
                        faults=[f"kv_never:request={HANGING},timeout_s=100000"])
     err = info.value
     assert err.rank == 1
-    assert err.message.startswith("emu.engine.core.StallError: rank 1 is stuck: 1 unfinished "
+    assert err.message.startswith("emu.rank.context.StallError: rank 1 is stuck: 1 unfinished "
                                   "request(s) but no token scheduled for 200 steps")
     assert f"{HANGING} (WAITING_FOR_REMOTE_KVS)" in err.message
 

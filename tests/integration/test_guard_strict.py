@@ -10,8 +10,9 @@ import re
 import pytest
 
 from emu.cluster.launcher import ClusterError, launch
-from emu.cluster.run import make_engine, run_cluster
+from emu.impl import make_engine
 from emu.offline import replay
+from emu.run import run_cluster
 from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest
 
@@ -96,10 +97,10 @@ def _run_sabotaged(spec, broken_rank, kind, request_id=None) -> ClusterError:
                run_timeout_s=spec.run_timeout_s)
     err = info.value
     assert err.rank == broken_rank
-    assert err.message.startswith(f"emu.cluster.guard.InvariantError: strict invariant "
+    assert err.message.startswith(f"emu.rank.invariants.InvariantError: strict invariant "
                                   f"violated on rank {broken_rank} at iteration ")
     # the report also has every rank's collectives, and the failing rank's traceback
-    assert "emu/engine/invariants.py" in err.details[broken_rank]  # raised by the strict checks
+    assert "emu/impl/kit/invariants.py" in err.details[broken_rank]  # raised by the strict checks
     assert all(d.startswith("last entered collective: seq ") for d in err.details.values())
     return err
 
@@ -141,7 +142,7 @@ def test_leaked_kv_blocks_are_named(tmp_path):
     last = [r for r in records if r["kind"] == "step"][-1]
     assert last["finished"] == ["victim"]
     assert re.fullmatch(
-        rf"emu\.cluster\.guard\.InvariantError: strict invariant violated on rank 1 at iteration "
+        rf"emu\.rank\.invariants\.InvariantError: strict invariant violated on rank 1 at iteration "
         rf"{last['iter']} \(wave 0, step_counter {last['step_counter']}\): KV blocks not "
         r"conserved: the pool has \d+ in use, the requests in flight hold \d+; blocks held "
         r"by requests no longer in flight: \['victim'\]",

@@ -1,4 +1,4 @@
-"""``emu.cluster.run.join_cluster`` under torchrun: each rank process runs its part of the
+"""``emu.run.join_cluster`` under torchrun: each rank process runs its part of the
 cluster (strict mode on; the guard records into private memory, as there is no launcher
 to read it) and returns its summary, with the device it used."""
 
@@ -23,7 +23,7 @@ def test_join_cluster_runs_one_rank_per_torchrun_process(tmp_path):
         import dataclasses, json, sys
         sys.path.insert(0, {ROOT!r})
         from emu.spec import RunSpec
-        from emu.cluster.run import join_cluster
+        from emu.run import join_cluster
         from emu.workload import TraceRequest
 
         trace = [TraceRequest(f"r{{i}}", 0.01 * i, 40 + 30 * i, 5 + i % 7) for i in range(12)]

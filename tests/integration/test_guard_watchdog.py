@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.cluster.guard import CollectiveRecorder
 from emu.cluster.launcher import ClusterError, launch
+from emu.rank.recorder import CollectiveRecorder
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from emu.cluster.run import run_cluster
 from emu.offline import replay
+from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.cluster.guard import CollectiveRecorder
 from emu.cluster.launcher import ClusterError, launch
 from emu.cluster.threads import run_in_threads
+from emu.rank.recorder import CollectiveRecorder
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ import pytest
 from dyntra_lb import planners
 from emu.cli.inputs import WORKLOADS_DIR
 from emu.cluster import threads
-from emu.cluster.faults import FaultPlan
 from emu.cluster.launcher import ClusterError
-from emu.cluster.run import run_cluster
+from emu.faults import FaultPlan
 from emu.metrics import compute_metrics, load_run
+from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest, load_trace
 
@@ -193,7 +193,7 @@ def test_rank_error_in_thread_mode_is_named(tmp_path):
             [f"kv_never:request={target},timeout_s=0.5"])))
     err = info.value
     assert err.rank == 1
-    assert err.message.startswith(f"emu.cluster.faults.KVTransferTimeout: request '{target}' "
+    assert err.message.startswith(f"emu.faults.KVTransferTimeout: request '{target}' "
                                   "on rank 1")
     assert not rank_threads()
 

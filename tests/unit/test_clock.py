@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from emu.engine import clock as clock_module
-from emu.engine.clock import LockstepClock
-from emu.engine.costs import StepCostModel
+from emu.rank import clock as clock_module
+from emu.rank.clock import LockstepClock
+from emu.rank.costs import StepCostModel
 
 
 def test_default_costs_in_microseconds():

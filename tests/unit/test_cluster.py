@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from emu.cluster import run as cluster
-from emu.cluster.run import run_cluster
-from emu.engine.costs import PROFILES
+from emu import run as cluster
+from emu.rank.costs import PROFILES
+from emu.run import run_cluster
 from emu.spec import RunSpec, validate
 from emu.workload import TraceError, TraceRequest
 

@@ -1,4 +1,4 @@
-"""Step-cost profiles (emu/engine/costs.py): bundled profiles, profile files, the fit."""
+"""Step-cost profiles (emu/rank/costs.py): bundled profiles, profile files, the fit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from emu.engine.costs import (
+from emu.rank.costs import (
     PROFILES,
     CostProfileError,
     StepCostModel,

@@ -221,7 +221,7 @@ def _failed(directory, reason):
     return directory
 
 
-STALL = "rank 0 failed: emu.engine.core.StallError: rank 0 is stuck"
+STALL = "rank 0 failed: emu.rank.context.StallError: rank 0 is stuck"
 
 
 def test_a_failed_run_against_a_complete_one_diverges_in_its_outcome(tmp_path):

@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emu.engine.eventlog import StepRecord
+from emu.rank.eventlog import StepRecord
 
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 

@@ -1,4 +1,4 @@
-"""emu/cluster/faults.py without rank processes: the --fault syntax, plan validation, what each
+"""emu/faults.py without rank processes: the --fault syntax, plan validation, what each
 fault does to one rank's scheduler, connector, cost model and collective hook, and the
 wave-boundary trace helpers."""
 
@@ -10,9 +10,7 @@ import signal
 
 import pytest
 
-from emu.cluster import fault_injection
-from emu.cluster.fault_injection import FaultInjector, injector_for
-from emu.cluster.faults import (
+from emu.faults import (
     DelayCollective,
     FaultPlan,
     KillRank,
@@ -25,9 +23,11 @@ from emu.cluster.faults import (
     parse_fault,
     plan_problems,
 )
-from emu.engine.costs import StepCostModel
 from emu.impl.kit.request import Request, RequestStatus
 from emu.impl.kit.scheduler import Scheduler
+from emu.rank import fault_injection
+from emu.rank.costs import StepCostModel
+from emu.rank.fault_injection import FaultInjector, injector_for
 from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
 

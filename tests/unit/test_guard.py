@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from emu.cluster.guard import CollectiveRecorder, GuardSlot, Watchdog
+from emu.cluster.watchdog import Watchdog
+from emu.rank.recorder import CollectiveRecorder, GuardSlot
 
 
 def test_records_then_runs_and_numbers_across_takes():

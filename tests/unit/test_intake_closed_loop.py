@@ -1,9 +1,9 @@
-"""Closed-loop intake (``emu.engine.intake.Arrivals`` with ``max_concurrency``), as pure logic:
+"""Closed-loop intake (``emu.rank.intake.Arrivals`` with ``max_concurrency``), as pure logic:
 which requests are due when, and with which send time, as finishes are reported."""
 
 from __future__ import annotations
 
-from emu.engine.intake import Arrivals
+from emu.rank.intake import Arrivals
 from emu.workload import TraceRequest
 
 

@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
+from emu.impl.kit.kv import BlockPool, KVCacheManager
 from emu.impl.kit.request import Request
+from emu.rank.remote_kv import RemoteKVConnector
 
 
 def make_manager(num_blocks=10, block_size=4):

@@ -192,7 +192,7 @@ def test_wall_clock_sections(m, tmp_path):
 
 
 def test_wall_clock_engine_field_names(tmp_path):
-    """emu/engine/core.py writes `dyntra_lb_collectives_s` and `step_wall_s`; a run without
+    """emu/impl/kit/engine.py writes `dyntra_lb_collectives_s` and `step_wall_s`; a run without
     DyntraLB has no planner fields at all."""
     wall = {0: [{"iter": 1, "step_wall_s": 0.010, "planner_s": 0.001,
                  "dyntra_lb_collectives_s": 0.003}],

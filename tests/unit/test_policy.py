@@ -9,9 +9,9 @@ import pytest
 
 from dyntra_lb.planner import Plan
 from dyntra_lb.policy import DyntraLBPolicy, RequestStatus
-from emu.impl.kit.kv import RemoteKVConnector
 from emu.impl.kit.request import Request
 from emu.impl.kit.scheduler import Scheduler
+from emu.rank.remote_kv import RemoteKVConnector
 
 BS = 4
 

@@ -7,9 +7,9 @@ import pytest
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.planner import Plan
-from emu.impl.kit.kv import RemoteKVConnector
 from emu.impl.kit.request import Request, RequestStatus
 from emu.impl.kit.scheduler import Scheduler
+from emu.rank.remote_kv import RemoteKVConnector
 
 BS = 4
 

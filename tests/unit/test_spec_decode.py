@@ -1,4 +1,4 @@
-"""Speculative decoding (MTP): the profile fields (emu/engine/costs.py), the acceptance rule
+"""Speculative decoding (MTP): the profile fields (emu/rank/costs.py), the acceptance rule
 (emu/impl/kit/spec_decode.py) and the kit scheduler's draft tokens
 (emu/impl/kit/scheduler.py)."""
 
@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from emu.engine.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
 from emu.impl.kit.request import Request, RequestStatus
 from emu.impl.kit.scheduler import Scheduler
 from emu.impl.kit.spec_decode import DraftAcceptance
+from emu.rank.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
 
 BS = 4
 MTP = StepCostModel(name="mtp", num_speculative_tokens=3, draft_acceptance_rate=0.6,

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from emu.cluster.run import run_cluster
+from emu.run import run_cluster
 from tests.integration.conftest import spec
 from tests.upstream.conftest import REPO, TREE, upstream_spec
 

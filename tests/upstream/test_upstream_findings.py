@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from emu.cluster.run import run_cluster
+from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
 from tests.upstream.conftest import TREE
@@ -51,7 +51,7 @@ def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp
     report = json.loads(proc.stdout)
     assert report["identical"]
     for failure in report["failures"]:
-        assert failure.startswith("rank 0 failed: emu.engine.core.StallError: rank 0 is stuck: "
+        assert failure.startswith("rank 0 failed: emu.rank.context.StallError: rank 0 is stuck: "
                                   "3 unfinished request(s) but no token scheduled for 30 "
                                   "steps"), failure
         assert "r0 (PREEMPTED, DyntraLB-paused)" in failure

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from emu.cluster.launcher import ClusterError
-from emu.cluster.run import run_cluster
+from emu.run import run_cluster
 from tests.upstream.conftest import TREE, upstream_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]

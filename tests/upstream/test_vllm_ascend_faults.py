@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from emu.cluster.run import run_cluster
 from emu.offline.diff import compare, read_run
+from emu.run import run_cluster
 from tests.integration.test_faults import FAILING, assert_nothing_lost, make_spec, two_wave_trace
 from tests.upstream.conftest import TREE
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
-from emu.impl.kit.kv import BlockPool, KVCacheManager, RemoteKVConnector
+from emu.impl.kit.kv import BlockPool, KVCacheManager
 from emu.impl.kit.request import Request
 from emu.impl.kit.request_queue import (
     SCHEDULING_POLICIES,
@@ -36,6 +36,7 @@ from emu.impl.kit.request_queue import (
     PriorityRequestQueue,
     create_request_queue,
 )
+from emu.rank.remote_kv import RemoteKVConnector
 
 __all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
 

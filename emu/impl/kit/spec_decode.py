@@ -1,7 +1,7 @@
 """Speculative decoding (MTP) in virtual time: which draft tokens the target accepts.
 
 No model runs, so no draft is really checked. A profile with ``num_speculative_tokens``
-k > 0 (``emu.engine.costs``) makes the kit scheduler verify k drafts per decoding request per
+k > 0 (``emu.rank.costs``) makes the kit scheduler verify k drafts per decoding request per
 step, and ``DraftAcceptance`` decides how many of them are accepted: the draft at output
 position p is accepted when a hash of (run seed, request id, p) falls under the
 profile's ``draft_acceptance_rate``, and a step accepts the drafts up to the first

@@ -29,18 +29,10 @@ import logging
 import os
 
 from dyntra_lb.config import check_deployment
+from emu.impl import Implementation, planner_name
 from emu.impl.vllm_ascend.tree import Tree, TreeError, resolve
 
-__all__ = ["Tree", "TreeError", "build", "check"]
-
-
-def check(config, *, dp_size: int, async_scheduling: bool, vllm_ascend=None,
-          faults=None) -> Tree:
-    """Everything that can fail before a rank starts (the startup checks of a decode
-    node, the tree, vLLM); returns the checked tree. Every fault kind runs here as in
-    the kit."""
-    _variant(config, dp_size, async_scheduling)
-    return resolve(vllm_ascend)
+__all__ = ["IMPLEMENTATION", "Tree", "TreeError"]
 
 
 def _variant(config, dp_size: int, async_scheduling: bool) -> str:
@@ -48,63 +40,73 @@ def _variant(config, dp_size: int, async_scheduling: bool) -> str:
                             async_scheduling=async_scheduling)
 
 
-def build(ctx, spec, config, out_dir):
-    """This rank's engine, ready to ``run()``."""
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    from emu.cluster.fault_injection import injector_for
-    from emu.impl.vllm_ascend.engine import EmulatedRank
-    from emu.impl.vllm_ascend.tree import import_tree
-    from emu.impl.vllm_ascend.vllm_config import (
-        build_vllm_config,
-        max_model_len_of,
-        model_dir,
-        preset_ascend_config,
-    )
+class VllmAscendImplementation(Implementation):
+    def check(self, config, *, dp_size: int, async_scheduling: bool,
+              vllm_ascend: str | None) -> None:
+        """Everything that can fail before a rank starts: the startup checks of a decode
+        node, the tree, vLLM."""
+        _variant(config, dp_size, async_scheduling)
+        resolve(vllm_ascend)
 
-    _route_logs(out_dir, ctx.rank, spec)
-    core = import_tree(resolve(spec.vllm_ascend))
-    if config.dyntra_lb.enabled:
-        # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
-        core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
-                           config.dyntra_lb.enable_diagnostics)
-    variant = _variant(config, spec.dp_size, spec.async_scheduling)
-    with model_dir(max_model_len_of(spec)) as model_path:
-        vllm_config = build_vllm_config(
-            spec, rank=ctx.rank, variant=variant, dyntra_lb_enabled=config.dyntra_lb.enabled,
-            model_path=model_path, additional_config=config.raw)
-        preset_ascend_config(vllm_config)
-        return EmulatedRank(
-            ctx, spec, vllm_config=vllm_config, core_module=core,
-            dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
-            event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
-            wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
-            faults=injector_for(spec.faults, ctx.rank))
+    def build(self, ctx, spec, config):
+        """This rank's engine, ready to ``run()``."""
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        from emu.impl.vllm_ascend.engine import EmulatedRank
+        from emu.impl.vllm_ascend.tree import import_tree
+        from emu.impl.vllm_ascend.vllm_config import (
+            build_vllm_config,
+            max_model_len_of,
+            model_dir,
+            preset_ascend_config,
+        )
+
+        _route_logs(ctx, spec)
+        core = import_tree(resolve(spec.vllm_ascend))
+        if config.dyntra_lb.enabled:
+            # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
+            core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
+                               config.dyntra_lb.enable_diagnostics)
+        variant = _variant(config, spec.dp_size, spec.async_scheduling)
+        with model_dir(max_model_len_of(spec)) as model_path:
+            vllm_config = build_vllm_config(
+                spec, rank=ctx.rank, variant=variant,
+                dyntra_lb_enabled=config.dyntra_lb.enabled, model_path=model_path,
+                additional_config=config.raw)
+            preset_ascend_config(vllm_config)
+            return EmulatedRank(
+                ctx, spec, vllm_config=vllm_config, core_module=core,
+                dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
+                planner=planner_name(spec.planner, spec.impl))
+
+    def describe(self, spec) -> dict:
+        return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
+                "planner": planner_name(spec.planner, spec.impl),
+                **resolve(spec.vllm_ascend).describe()}
 
 
-def _route_logs(out_dir, rank: int, spec) -> None:
+IMPLEMENTATION = VllmAscendImplementation()
+
+# The files of vllm-ascend's DyntraLB, whose log lines are the rank's DyntraLB log.
+_DYNTRA_FILES = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",
+                 "recompute_scheduler.py")
+
+
+def _route_logs(ctx, spec) -> None:
     """vLLM's and vllm-ascend's log lines of this rank: the DyntraLB lines (from
     vllm-ascend's DyntraLB modules) into ``rank<r>.log`` with vLLM's prefix minus pid
     and time, as ``dyntra-emu replay`` reads them (after a first line with the engine
     settings the planner needs, which vLLM does not log); everything else at WARNING
     and above into ``rank<r>.vllm.log``."""
-    dyntra_files = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",
-                    "recompute_scheduler.py")
+    rank, out_dir = ctx.rank, ctx.out_dir
     path = out_dir / f"rank{rank}.log"
     path.write_text(f"(EngineCore_DP{rank}) INFO emulated engine: max_num_seqs="
                     f"{spec.max_num_seqs} block_size={spec.block_size}\n")
     lines = logging.FileHandler(path, mode="a")
-    lines.addFilter(lambda record: record.filename in dyntra_files)
+    lines.addFilter(lambda record: record.filename in _DYNTRA_FILES)
     lines.setFormatter(logging.Formatter(
         f"(EngineCore_DP{rank}) %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
     other = logging.FileHandler(out_dir / f"rank{rank}.vllm.log", mode="w")
     other.setLevel(logging.WARNING)
-    other.addFilter(lambda record: record.filename not in dyntra_files)
+    other.addFilter(lambda record: record.filename not in _DYNTRA_FILES)
     other.setFormatter(logging.Formatter("%(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
-    log = logging.getLogger("vllm")
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
-    log.addHandler(lines)
-    log.addHandler(other)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
+    ctx.host.route_log("vllm", [lines, other])

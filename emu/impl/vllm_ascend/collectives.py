@@ -3,17 +3,15 @@
 The kit's code hands every collective to the rank's ``CollectiveRecorder`` itself.
 vLLM's wave sync (``ParallelConfig.sync_dp_state``) and vllm-ascend's DyntraLB
 collectives (``run_balance_load``, ``_do_lb_allgather``) call ``torch.distributed``
-directly, so in a vllm-ascend rank ``torch.distributed.all_reduce`` and ``all_gather``
-are wrapped (module attributes; both projects look them up at call time): each call is
-recorded under the event-log site of the function that issued it, with its source line
-as the origin that hang and mismatch reports show. Calls from the emulator's own code
-(the lockstep clock) are recorded by that code and pass straight through.
+directly, so a vllm-ascend rank hooks its DP group (``emu.rank.collective_hooks``): each
+call on it is recorded under the event-log site of the function that issued it, with its
+source line as the origin that hang and mismatch reports show. Calls from the emulator's
+own code are recorded by that code and pass straight through.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 import emu
+from emu.rank import collective_hooks
 from emu.sites import ALLGATHER_SITE, DP_SYNC_SITE, FLAG_SITE
 
 # Which function issues which collective of the event log's vocabulary.
@@ -29,8 +28,7 @@ _SITES = {
     "run_balance_load": FLAG_SITE,       # vllm-ascend, dynamic-mode flag all-reduce
     "_do_lb_allgather": ALLGATHER_SITE,  # vllm-ascend, the snapshot all-gather
 }
-_OPS = {"all_reduce": {dist.ReduceOp.SUM: "all_reduce_sum", dist.ReduceOp.MAX: "all_reduce_max"},
-        "all_gather": {}}
+_OPS = {"all_reduce": {dist.ReduceOp.SUM: "all_reduce_sum", dist.ReduceOp.MAX: "all_reduce_max"}}
 _EMU_DIR = os.path.dirname(emu.__file__)
 
 
@@ -44,9 +42,10 @@ def _origin(filename: str, lineno: int) -> str:
     return f"{os.path.basename(filename)}:{lineno}"
 
 
-def install(recorder: Callable[..., Any], timed: Callable[[str, float], None]) -> None:
-    """Wrap ``dist.all_reduce`` and ``dist.all_gather`` for the rest of this process;
-    ``timed(site, seconds)`` gets the wall time of each recorded call."""
+def install(group, recorder: Callable[..., Any], timed: Callable[[str, float], None]) -> None:
+    """Record every collective vLLM's and vllm-ascend's code issue on ``group`` (the
+    rank's DP group) through ``recorder``, for as long as the group lives (the rank's
+    process, or its thread run); ``timed(site, seconds)`` gets the wall time of each."""
     sites: dict[tuple[Any, int], tuple[str, str] | None] = {}
 
     def site_of(frame) -> tuple[str, str] | None:
@@ -63,25 +62,15 @@ def install(recorder: Callable[..., Any], timed: Callable[[str, float], None]) -
             sites[key] = found
         return found
 
-    def wrap(name: str, original: Callable[..., Any], tensor_of: Callable[..., Any]):
-        ops = _OPS[name]
+    def record(kind: str, op, tensor, fn: Callable[[], Any], frame) -> Any:
+        where = site_of(frame)
+        if where is None:
+            return fn()
+        name = _OPS[kind].get(op, kind) if op is not None else kind
+        start = time.perf_counter()
+        try:
+            return recorder(where[0], name, tensor, fn, where[1])
+        finally:
+            timed(where[0], time.perf_counter() - start)
 
-        def collective(*args, **kwargs):
-            where = site_of(sys._getframe(1))
-            if where is None:
-                return original(*args, **kwargs)
-            op = ops.get(kwargs.get("op", dist.ReduceOp.SUM), name) if ops else name
-            start = time.perf_counter()
-            try:
-                return recorder(where[0], op, tensor_of(*args, **kwargs),
-                                lambda: original(*args, **kwargs), where[1])
-            finally:
-                timed(where[0], time.perf_counter() - start)
-
-        collective.__wrapped__ = original
-        return collective
-
-    dist.all_reduce = wrap("all_reduce", dist.all_reduce,
-                           lambda tensor, *a, **k: tensor)
-    dist.all_gather = wrap("all_gather", dist.all_gather,
-                           lambda tensor_list, tensor, *a, **k: tensor)
+    collective_hooks.attach(group, record=record)

@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
 )
 
-from emu.impl.kit.kv import RemoteKVConnector
+from emu.rank.remote_kv import RemoteKVConnector
 
 CONNECTOR_NAME = "DyntraEmuRemoteKV"
 
@@ -48,7 +48,7 @@ class EmulatedRemoteKVConnector(KVConnectorBase_V1):
 
     def bind(self, clock, faults=None) -> None:
         """``clock.clock_us`` is read whenever a transfer may start; ``faults`` (the
-        rank's ``emu.cluster.fault_injection.FaultInjector``) installs the not-ready and
+        rank's ``emu.rank.fault_injection.FaultInjector``) installs the not-ready and
         never-completes
         faults into the arrival model, as in the kit."""
         self._clock = clock

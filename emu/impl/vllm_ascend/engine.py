@@ -8,7 +8,7 @@ class production selects, on a real gloo DP group. Emulated are only the parts a
 model:
 
 - the model executor (``executor.EmulatedExecutor``): each forward is priced by the
-  kit's cost model and joins the lockstep collective (``emu.engine.clock``), in virtual time;
+  kit's cost model and joins the lockstep collective (``emu.rank.clock``), in virtual time;
 - the input queue (``TraceInputQueue``): the trace, released as the virtual clock
   passes each arrival, plus the coordinator's ``START_DP_WAVE`` to ranks that are idle
   when a request arrives elsewhere;
@@ -37,15 +37,11 @@ from vllm.v1.request import Request
 
 from dyntra_lb import planners
 from dyntra_lb.blocks import block_counts
-from emu.cluster.guard import CollectiveRecorder
-from emu.engine.clock import LockstepClock
-from emu.engine.core import RankSummary, StallError, describe_stall
-from emu.engine.eventlog import EventLog, StepRecord, WallLog
-from emu.engine.intake import Arrivals
-from emu.impl import planner_name
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
+from emu.rank.eventlog import StepRecord
+from emu.rank.harness import RankHarness
 from emu.sites import ALLGATHER_SITE
 
 # The token every emulated forward samples (any id below the model's vocab size).
@@ -95,7 +91,7 @@ class TraceInputQueue:
 
     def empty(self) -> bool:
         rank = self.rank
-        if rank.iteration >= rank.max_steps:
+        if rank.iteration >= rank.spec.max_steps:
             raise _Truncated
         self._take(rank.clock_us)
         return not self._pending
@@ -217,48 +213,24 @@ def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
     return type("EmulatedDPEngineCore", bases, {})
 
 
-class EmulatedRank:
-    """One rank: builds the engine, runs vLLM's busy loop, writes the logs."""
+class EmulatedRank(RankHarness):
+    """One rank on the rank harness: builds the engine production runs (``engine_class``)
+    and runs vLLM's busy loop; ``planner`` is "vllm-ascend" (production's
+    ``_balance_load``) or one of ``dyntra_lb.planners`` in its place."""
 
     def __init__(self, ctx, spec, *, vllm_config, core_module, dyntra_lb_enabled: bool,
-                 event_log, wall_log, faults=None):
-        self.ctx = ctx
-        self.dp_rank = ctx.rank
-        self.max_steps = spec.max_steps
-        self.stall_steps = spec.stall_steps
-        self.block_size = spec.block_size
-        name = planner_name(spec.planner, spec.impl)
-        self.our_planner = None if name == "vllm-ascend" else planners.get(name)
-        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
-        self.faults = faults
-        cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
-        self.cost = cost_model.cost
-        self.recorder = CollectiveRecorder(ctx.guard, where=self)
-        if faults is not None:
-            self.recorder = faults.wrap_recorder(self.recorder)
-        self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
-                                      device=ctx.device, observe=self.recorder,
-                                      carry_finished=spec.max_concurrency is not None)
-        collectives.install(self.recorder, self._time_collective)
-        self.events = EventLog(event_log, ctx.rank)
-        self.wall = WallLog(wall_log)
+                 planner: str):
+        super().__init__(ctx, spec)
+        self.our_planner = None if planner == "vllm-ascend" else planners.get(planner)
+        collectives.install(ctx.dp_group, self.recorder, self._time_collective)
         self.dyntra_lb = dyntra_lb_enabled
-
-        self.clock_us = 0
-        self.iteration = 0
-        self.truncated = False
-        self.num_dummy_steps = 0
-        self.num_plans = 0
-        self.num_finished = 0
-        self.num_arrived = 0
         self.strict = StrictChecker(self) if spec.strict else None
         self.records: dict[str, _RequestRecord] = {}
-        self._last_progress = 0
         self._running_ids: list[str] = []  # running at the end of the last iteration
         self._new_iteration()
         self.engine = engine_class(core_module, dyntra_lb_enabled)(vllm_config, self)
         self.scheduler = self.engine.scheduler
-        self.scheduler.connector.bind(self, faults)
+        self.scheduler.connector.bind(self, self.faults)
 
     @property
     def step_counter(self) -> int:
@@ -271,27 +243,17 @@ class EmulatedRank:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self) -> RankSummary:
-        start = time.perf_counter()
+    def _run_loop(self) -> None:
         try:
             self.engine.run_busy_loop()
-        except SystemExit:
+        except SystemExit:  # the input queue asked for shutdown: the trace is done
             pass
         except _Truncated:
             self.truncated = True
-        finally:
-            loop_wall_s = time.perf_counter() - start
-            self.events.requests([self.records[rid].to_dict()
-                                  for rid in sorted(self.scheduler.requests)
-                                  if rid in self.records])
-            self.events.close()
-            self.wall.close()
-        return RankSummary(
-            rank=self.dp_rank, steps=self.iteration, dummy_steps=self.num_dummy_steps,
-            waves=self.engine.current_wave, clock_s=self.clock_us / 1e6,
-            num_finished=self.num_finished,
-            num_plans=self.num_plans, num_collectives=self.recorder.seq,
-            truncated=self.truncated, loop_wall_s=loop_wall_s, device=self.ctx.device.type)
+
+    def _request_records(self) -> list[dict]:
+        return [self.records[rid].to_dict() for rid in sorted(self.scheduler.requests)
+                if rid in self.records]
 
     def make_request(self, trace_request) -> Request:
         """The vLLM request of a trace arrival (prompt token ids are placeholders)."""
@@ -332,7 +294,7 @@ class EmulatedRank:
             self._scheduled_tokens = total
             running = scheduler.running
             self._own_cost_us = self.cost(
-                sum(block_counts(running, self.block_size)),
+                sum(block_counts(running, self.spec.block_size)),
                 sum(r.num_tokens for r in running), len(running), total, False)
             self._lockstep(self.num_finished)
         req_ids = list(scheduler_output.num_scheduled_tokens)
@@ -356,13 +318,8 @@ class EmulatedRank:
         self._lockstep(self.num_finished + len(self._finished))
 
     def _lockstep(self, num_finished: int) -> None:
-        """Join the lockstep collective with this rank's cost and counts and advance the
-        clock by the DP step time. ``num_finished``: this rank's finishes up to the
-        step's start, which a concurrency limit turns into the next sends
-        (``emu.engine.intake``)."""
-        self._step_us = self.lockstep.step(self._own_cost_us, self._num_waiting(),
-                                           len(self.scheduler.running), num_finished)
-        self.arrivals.finished(self.lockstep.finished_total, self.clock_us)
+        """Join the lockstep collective and advance the clock by the DP step time."""
+        self._step_us = self.join_lockstep(self._own_cost_us, num_finished, self.clock_us)
         self.clock_us += self._step_us
 
     def _begin_step(self) -> None:
@@ -406,6 +363,9 @@ class EmulatedRank:
     def _num_waiting(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.skipped_waiting)
 
+    def _num_running(self) -> int:
+        return len(self.scheduler.running)
+
     # ------------------------------------------------------------------ records
 
     def end_iteration(self, local_unfinished: bool, plan_applied) -> None:
@@ -416,16 +376,11 @@ class EmulatedRank:
         plan_generated = scheduler.modifications if gathered else None
         if gathered:
             self.num_plans += 1
-        if self._executed or not local_unfinished:
-            self._last_progress = self.iteration
-        elif self.iteration - self._last_progress >= self.stall_steps:
-            self._stalled()
-        self.events.step(self._step_record(plan_applied, plan_generated, collectives_done),
-                         [r.to_dict() for r in self._finished])
-        self.wall.step(self.iteration, time.perf_counter() - self._iter_start,
-                       self.planner_s if self.dyntra_lb else None,
-                       self.collectives_s if self.dyntra_lb else None)
-        self.num_finished += len(self._finished)
+        self.check_progress(self._executed, local_unfinished)
+        self.write_iteration(self._step_record(plan_applied, plan_generated, collectives_done),
+                             [r.to_dict() for r in self._finished], self._iter_start,
+                             self.planner_s if self.dyntra_lb else None,
+                             self.collectives_s if self.dyntra_lb else None)
         if self.strict is not None:
             self.strict.check(self._paused, self._admitted + self._resumed, self._admit_ids)
         self.iteration += 1
@@ -439,7 +394,7 @@ class EmulatedRank:
     def _step_record(self, plan_applied, plan_generated, collectives_done) -> StepRecord:
         scheduler = self.scheduler
         engine = self.engine
-        bs = self.block_size
+        bs = self.spec.block_size
         kv = scheduler.kv_cache_manager
         free = kv.block_pool.get_num_free_blocks()
         paused = getattr(scheduler, "_lb_paused_req_ids", ())
@@ -460,13 +415,11 @@ class EmulatedRank:
                               if rid in scheduler.requests},
             collectives=collectives_done)
 
-    def _stalled(self) -> None:
+    def _stall_state(self) -> tuple[list, object, int]:
         scheduler = self.scheduler
-        raise StallError(describe_stall(
-            self.dp_rank, self.stall_steps, self.iteration, self.engine.current_wave,
-            [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting],
-            getattr(scheduler, "_lb_paused_req_ids", ()),
-            scheduler.kv_cache_manager.block_pool.get_num_free_blocks()))
+        return ([*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting],
+                getattr(scheduler, "_lb_paused_req_ids", ()),
+                scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
 
 
 def _plan_dict(plan) -> dict | None:

@@ -19,7 +19,7 @@ latency count from the send, as in vLLM's numbers.
 
 A slot frees on a finish on any rank. Every rank learns the instance's finished count at
 the same point: the lockstep collective of each non-idle step carries each rank's
-cumulative finished count (``emu.engine.clock.LockstepClock``), covering every finish up to that
+cumulative finished count (``emu.rank.clock.LockstepClock``), covering every finish up to that
 step's start, so the ranks release the same requests with the same send times (the
 finish times). When a wave ends, no rank holds an unfinished request, so nothing sent is
 in flight.

@@ -1,7 +1,7 @@
 """Step-cost profiles: what one forward costs a rank, in virtual time.
 
 No model runs in the emulator, so every rank prices its own step with a
-``StepCostModel`` just before the lockstep collective (emu/engine/clock.py); the slowest rank
+``StepCostModel`` just before the lockstep collective (emu/rank/clock.py); the slowest rank
 sets the DP step time. A profile is a named, documented set of linear coefficients
 (docs/cost-models.md says where each bundled profile's numbers come from):
 
@@ -18,7 +18,7 @@ sets the DP step time. A profile is a named, documented set of linear coefficien
 
 Profiles are picked by name (``PROFILES``) or read from a JSON file
 (``load_profile``); ``fit`` estimates one from step times measured on a real node, and
-``python -m emu.engine.costs fit CSV`` (also ``dyntra-emu fit-cost``) does that from a CSV file.
+``python -m emu.rank.costs fit CSV`` (also ``dyntra-emu fit-cost``) does that from a CSV file.
 Speculative decoding (MTP) is three more fields, all 0 by default (plain decode, one
 token per running request per step):
 
@@ -337,7 +337,7 @@ def fit_report(result: Fit) -> str:
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``fit-cost`` (shared by ``dyntra-emu fit-cost`` and
-    ``python -m emu.engine.costs fit``)."""
+    ``python -m emu.rank.costs fit``)."""
     parser.add_argument("csv", metavar="CSV",
                         help=f"measured steps, one per row, with columns "
                              f"{', '.join(FIT_COLUMNS)} (step time in milliseconds)")
@@ -363,7 +363,7 @@ def run_fit(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emu.engine.costs",
+    parser = argparse.ArgumentParser(prog="python -m emu.rank.costs",
                                      description="step-cost profiles of the emulator")
     sub = parser.add_subparsers(dest="command", required=True)
     fit_parser = sub.add_parser("fit", help="fit a profile to step times measured on a node")
@@ -377,7 +377,7 @@ def main(argv=None) -> int:
     try:
         return run_fit(args)
     except CostProfileError as exc:
-        print(f"python -m emu.engine.costs fit: error: {exc}", file=sys.stderr)
+        print(f"python -m emu.rank.costs fit: error: {exc}", file=sys.stderr)
         return 2
 
 

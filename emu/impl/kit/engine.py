@@ -6,7 +6,7 @@ own (``docs/protocol.md`` describes the step).
 
 - ``_process_input_queue``: when this rank has nothing to do and no wave runs, "block
   on the input queue" — jump the virtual clock to the next arrival; then take every
-  request that has arrived (``emu.engine.intake``). A request while all ranks are idle starts
+  request that has arrived (``emu.rank.intake``). A request while all ranks are idle starts
   a new wave on every rank (in vLLM the DP coordinator wakes the idle ranks);
 - ``_process_engine_step``: ``schedule()`` (which applies the plan made after the
   previous iteration), price the batch, join the lockstep clock collective,
@@ -19,14 +19,14 @@ own (``docs/protocol.md`` describes the step).
 
 Each non-idle iteration appends one step record to the rank's event log (and the
 records of the requests it finished); wall-clock measurements go to the wall log. In
-strict mode the iteration then checks the invariants (``emu.engine.invariants``). Every
-collective goes through the rank's ``emu.cluster.guard.CollectiveRecorder``.
+strict mode the iteration then checks the invariants (``emu.impl.kit.invariants``). Every
+collective goes through the rank's ``emu.rank.recorder.CollectiveRecorder``; the clock, arrivals,
+faults, logs and stall watch are the rank harness's (``emu.rank.harness``).
 """
 
 from __future__ import annotations
 
 import logging
-import pathlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,63 +38,18 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
-from emu.cluster.fault_injection import injector_for
-from emu.cluster.guard import CollectiveRecorder
-from emu.engine.clock import LockstepClock
-from emu.engine.eventlog import EventLog, StepRecord, WallLog
-from emu.engine.intake import Arrivals
-from emu.engine.invariants import StrictChecker
-from emu.impl import planner_name
-from emu.impl.kit.kv import RemoteKVConnector
+from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
 from emu.impl.kit.spec_decode import DraftAcceptance
+from emu.rank.eventlog import StepRecord
+from emu.rank.harness import RankHarness
+from emu.rank.remote_kv import RemoteKVConnector
 from emu.sites import DP_SYNC_SITE
 
 logger = logging.getLogger("dyntra_lb")
 
 # vLLM's DPEngineCoreProc syncs the DP group's unfinished state every 32 steps.
 DP_SYNC_INTERVAL = 32
-
-
-@dataclass(frozen=True)
-class RankSummary:
-    """One rank's totals, returned to the launching process.
-
-    ``steps``: non-idle iterations (step records), ``dummy_steps`` among them;
-    ``waves``: waves completed; ``clock_s``: virtual time at the end; ``num_plans``:
-    DyntraLB plans generated; ``num_collectives``: every collective issued (all groups);
-    ``truncated``: stopped by ``max_steps``; ``loop_wall_s``: wall time of the loop;
-    ``device``: where the lockstep collective ran ("cpu" or "npu").
-    """
-
-    rank: int
-    steps: int
-    dummy_steps: int
-    waves: int
-    clock_s: float
-    num_finished: int
-    num_plans: int
-    num_collectives: int
-    truncated: bool
-    loop_wall_s: float
-    device: str
-
-
-class StallError(RuntimeError):
-    """A rank holds unfinished requests but has scheduled nothing for ``stall_steps``
-    iterations."""
-
-
-def describe_stall(rank: int, stall_steps: int, iteration: int, wave: int, stuck: list,
-                   paused, free_blocks: int) -> str:
-    """The StallError message of either engine: the stuck rank and its requests' states."""
-    described = ", ".join(
-        f"{r.request_id} ({r.status.name}"
-        f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
-    more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
-    return (f"rank {rank} is stuck: {len(stuck)} unfinished request(s) but no token "
-            f"scheduled for {stall_steps} steps (iteration {iteration}, wave {wave}); "
-            f"{described}{more}; KV blocks free: {free_blocks}")
 
 
 @dataclass
@@ -111,34 +66,15 @@ class _Step:
     balance: BalanceStep | None = None
 
 
-class EngineCore:
-    """One rank's engine: scheduler, remote-KV connector, lockstep clock and (when
-    DyntraLB is enabled) the coordinator, over the validated ``spec``
-    (``emu.spec.RunSpec``) and its parsed ``config``. ``ctx`` is the launcher's
-    ``RankContext``; the logs go into ``out_dir`` (None: not written).
+class EngineCore(RankHarness):
+    """One kit rank's engine: scheduler, remote-KV connector and (when DyntraLB is
+    enabled) the coordinator running ``planner``, over the validated ``spec``
+    (``emu.spec.RunSpec``) and its parsed ``config``, on the rank harness (clock,
+    arrivals, recorder, faults, logs)."""
 
-    A rank that holds unfinished requests but has scheduled no token for
-    ``spec.stall_steps`` consecutive iterations raises ``StallError`` (vLLM would spin
-    in dummy steps forever, e.g. when paused requests hold the KV a preempted
-    head-of-line request needs).
-    """
-
-    def __init__(self, ctx: Any, spec: Any, config: Any, out_dir: pathlib.Path | None):
-        self.spec = spec
-        self.dp_rank = ctx.rank
-        self.dp_size = ctx.dp_size
-        self.dp_group = ctx.dp_group
-        self.device = ctx.device.type
-        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
-        # faults: this rank's FaultInjector, or None (then no fault work).
-        faults = injector_for(spec.faults, ctx.rank)
-        self.faults = faults
-        cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
-        self.cost = cost_model.cost
-        self.recorder = CollectiveRecorder(ctx.guard, where=self)
-        if faults is not None:
-            self.recorder = faults.wrap_recorder(self.recorder)
-
+    def __init__(self, ctx: Any, spec: Any, config: Any, planner: str):
+        super().__init__(ctx, spec)
+        faults = self.faults
         lb_config = config.dyntra_lb
         latencies = (spec.kv_latency_fixed_s, spec.kv_latency_per_block_s)
         self.connector = (RemoteKVConnector(*latencies) if faults is None
@@ -154,10 +90,8 @@ class EngineCore:
             policy=spec.scheduling_policy,
             spec_decode=DraftAcceptance.for_profile(spec.cost_model, spec.seed),
         )
-        self.clock = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
-                                   device=ctx.device, observe=self.recorder,
-                                   carry_finished=spec.max_concurrency is not None)
-        self.coordinator = self._make_coordinator(ctx, config) if lb_config.enabled else None
+        self.coordinator = (self._make_coordinator(ctx, config, planner)
+                            if lb_config.enabled else None)
         self.strict = StrictChecker(self) if spec.strict else None
 
         # DPEngineCoreProc state.
@@ -169,19 +103,7 @@ class EngineCore:
         self._sync_tensor = torch.from_numpy(self._sync_array)
         self._balance: BalanceStep | None = None  # DyntraLB's part of this iteration
 
-        self.clock_us = 0
-        self.iteration = 0
-        self.truncated = False
-        self.num_arrived = 0
-        self.num_dummy_steps = 0
-        self.num_plans = 0
-        self.num_finished = 0
-        self._last_progress = 0  # iteration of this rank's last step with tokens
-        self._out_dir = out_dir
-        self._events: EventLog | None = None
-        self._wall: WallLog | None = None
-
-    def _make_coordinator(self, ctx, config) -> DyntraLBCoordinator:
+    def _make_coordinator(self, ctx, config, planner: str) -> DyntraLBCoordinator:
         spec, lb_config = self.spec, config.dyntra_lb
         if ctx.rank == 0 and lb_config.enable_diagnostics:
             logger.info(diagnostics.enable_line())
@@ -193,34 +115,16 @@ class EngineCore:
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=planner_name(spec.planner, spec.impl))
+            planner=planner, plan_memo=ctx.host.plan_memo)
 
     # ------------------------------------------------------------------ loop
 
-    def run(self) -> RankSummary:
-        """Run the busy loop until the trace is exhausted and the last wave has ended
-        (or ``max_steps``); returns this rank's summary."""
-        out = self._out_dir
-        self._events = EventLog(out / f"rank{self.dp_rank}.events.jsonl" if out else None,
-                                self.dp_rank)
-        self._wall = WallLog(out / f"rank{self.dp_rank}.wall.jsonl" if out else None)
-        start = time.perf_counter()
-        try:
-            self.run_busy_loop()
-        finally:
-            # A failed rank writes its requests too (as vllm-ascend's ranks do): the
-            # partial log of a stalled run then shows where each request got to.
-            loop_wall_s = time.perf_counter() - start
-            self._events.requests([self.scheduler.requests[rid].record()
-                                   for rid in sorted(self.scheduler.requests)])
-            self._events.close()
-            self._wall.close()
-        return RankSummary(
-            rank=self.dp_rank, steps=self.iteration, dummy_steps=self.num_dummy_steps,
-            waves=self.current_wave, clock_s=self.clock_us / 1e6,
-            num_finished=self.num_finished, num_plans=self.num_plans,
-            num_collectives=self.recorder.seq, truncated=self.truncated,
-            loop_wall_s=loop_wall_s, device=self.device)
+    def _run_loop(self) -> None:
+        self.run_busy_loop()
+
+    def _request_records(self) -> list[dict]:
+        requests = self.scheduler.requests
+        return [requests[rid].record() for rid in sorted(requests)]
 
     def run_busy_loop(self) -> None:
         """vLLM's ``DPEngineCoreProc.run_busy_loop``, one non-idle iteration per pass."""
@@ -232,7 +136,7 @@ class EngineCore:
                 if not local_unfinished and not self.engines_running:
                     continue  # every engine is idle
                 self._dummy_step(step)
-            self._check_progress(step.executed, local_unfinished)
+            self.check_progress(step.executed, local_unfinished)
             self.engines_running = self._has_global_unfinished_reqs(local_unfinished)
             step.balance = self._balance
             self._end_iteration(step, iter_start)
@@ -256,7 +160,7 @@ class EngineCore:
                 return False
             self.clock_us = max(self.clock_us, self.arrivals.next_arrival_us())
         arrivals = self.arrivals
-        arrived = (arrivals.take(self.clock_us, self.clock.counts)
+        arrived = (arrivals.take(self.clock_us, self.lockstep.counts)
                    if arrivals.due(self.clock_us) else ())
         for trace_request, rank in arrived:
             if rank == self.dp_rank:
@@ -295,7 +199,7 @@ class EngineCore:
         step.own_cost_us = self.cost(scheduler.running_blocks(),
                                      sum(r.num_tokens for r in running), len(running),
                                      output.total_num_scheduled_tokens, False)
-        step.step_us = self._lockstep(step, self.num_finished)
+        step.step_us = self.join_lockstep(step.own_cost_us, self.num_finished, step.clock_us)
         step.finished = tuple(scheduler.update_from_output(
             output, (step.clock_us + step.step_us) / 1e6))
         return step
@@ -308,20 +212,11 @@ class EngineCore:
         """No token ran while the wave goes on: a forward without tokens, so that the
         device group's collective stays matched across ranks."""
         step.own_cost_us = self.cost(0, 0, 0, 0, True)
-        step.step_us = self._lockstep(step, self.num_finished + len(step.finished))
+        step.step_us = self.join_lockstep(step.own_cost_us,
+                                          self.num_finished + len(step.finished), step.clock_us)
         self.num_dummy_steps += 1
         # The KV loads DyntraLB's prefetch starts after this step start once it is done.
         self.connector.set_virtual_time((step.clock_us + step.step_us) / 1e6)
-
-    def _lockstep(self, step: _Step, num_finished: int) -> int:
-        """Join the lockstep collective with this rank's cost and counts; returns the DP
-        step time. ``num_finished``: this rank's finishes up to the step's start (those
-        of an executed step come after its forward), which a concurrency limit turns
-        into the next sends (``emu.engine.intake``)."""
-        step_us = self.clock.step(step.own_cost_us, self._num_waiting(),
-                                  len(self.scheduler.running), num_finished)
-        self.arrivals.finished(self.clock.finished_total, step.clock_us)
-        return step_us
 
     def _has_global_unfinished_reqs(self, local_unfinished: bool) -> bool:
         """The wave/idle sync, with DyntraLB's part right after it (as vllm-ascend's
@@ -353,23 +248,17 @@ class EngineCore:
 
     # ------------------------------------------------------------------ checks
 
-    def _check_progress(self, executed: bool, local_unfinished: bool) -> None:
-        """Name a stuck rank instead of letting it spin in dummy steps."""
-        if executed or not local_unfinished:
-            self._last_progress = self.iteration
-        elif self.iteration - self._last_progress >= self.spec.stall_steps:
-            raise StallError(self._describe_stall())
-
-    def _describe_stall(self) -> str:
+    def _stall_state(self) -> tuple[list, Any, int]:
         scheduler = self.scheduler
-        return describe_stall(
-            self.dp_rank, self.spec.stall_steps, self.iteration, self.current_wave,
-            [*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting],
-            scheduler.lb.paused_req_ids if scheduler.lb is not None else set(),
-            scheduler.kv_cache_manager.pool.get_num_free_blocks())
+        return ([*scheduler.running, *scheduler.skipped_waiting, *scheduler.waiting],
+                scheduler.lb.paused_req_ids if scheduler.lb is not None else set(),
+                scheduler.kv_cache_manager.pool.get_num_free_blocks())
 
     def _num_waiting(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.skipped_waiting)
+
+    def _num_running(self) -> int:
+        return len(self.scheduler.running)
 
     # ------------------------------------------------------------------ logs
 
@@ -379,12 +268,10 @@ class EngineCore:
         plan_generated = balance.plan if balance is not None else None
         if plan_generated is not None:
             self.num_plans += 1
-        self.num_finished += len(step.finished)
-        self._events.step(self._step_record(step, plan_generated),
-                          [r.record() for r in step.finished])
-        self._wall.step(self.iteration, time.perf_counter() - iter_start,
-                        balance.planner_s if balance is not None else None,
-                        balance.collectives_s if balance is not None else None)
+        self.write_iteration(self._step_record(step, plan_generated),
+                             [r.record() for r in step.finished], iter_start,
+                             balance.planner_s if balance is not None else None,
+                             balance.collectives_s if balance is not None else None)
         if self.strict is not None:
             self.strict.check(step.output, step.finished)
 

@@ -1,4 +1,4 @@
-"""Faults inside a rank: what ``emu.cluster.faults.FaultPlan`` means to one rank's engine.
+"""Faults inside a rank: what ``emu.faults.FaultPlan`` means to one rank's engine.
 
 ``injector_for(plan, rank)`` gives the rank's ``FaultInjector`` (None when no fault can
 touch the rank, so the engine does no fault work at all). The engine asks it for the
@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from emu.cluster.faults import (
+from emu.faults import (
     KV_FAULTS,
     DelayCollective,
     Fault,
@@ -31,7 +31,7 @@ from emu.cluster.faults import (
     RankKilled,
     SlowRank,
 )
-from emu.impl.kit.kv import RemoteKVConnector
+from emu.rank.remote_kv import RemoteKVConnector
 
 
 def injector_for(plan: FaultPlan | None, rank: int) -> FaultInjector | None:

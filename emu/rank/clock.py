@@ -1,14 +1,14 @@
 """Virtual time of the emulated cluster: the step-cost model and the lockstep clock.
 
 No model runs, so each rank prices its own batch with a cost profile
-(``emu.engine.costs.StepCostModel``) and then joins
+(``emu.rank.costs.StepCostModel``) and then joins
 one MAX all-reduce on the device group — the stand-in for the MoE collectives inside a
 real forward, which make every DP rank wait for the slowest. The reduced value is the
 DP step time; a rank's bubble is ``step time - own cost``. The same collective carries
 every rank's (waiting, running) counts, which the router of the next intake reads (vLLM's
 front-end also routes on counts that are one step old), and, under a concurrency limit
 (``RunSpec.max_concurrency``), every rank's cumulative finished count, from which each
-rank's intake releases the next requests (``emu.engine.intake``). Without a limit the buffer
+rank's intake releases the next requests (``emu.rank.intake``). Without a limit the buffer
 keeps the two-counts layout, so the recorded collective is unchanged.
 
 Virtual time is integer microseconds throughout the engine.

@@ -11,59 +11,22 @@ iteration (after DyntraLB's hook, which may start KV loads).
   until it resumes;
 - while a plan is present, only its admission set is admitted.
 
-A violation raises ``emu.cluster.guard.InvariantError`` naming the rank, the iteration and the
+A violation raises ``emu.rank.invariants.InvariantError`` naming the rank, the iteration and the
 request. That every rank reaches each collective with the same descriptor,
 ``step_counter`` and ``current_wave`` is checked across ranks by the launcher's
-watchdog (``emu.cluster.guard``).
+watchdog (``emu.cluster.watchdog``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from emu.cluster.guard import InvariantError
 from emu.impl.kit.scheduler import RequestStatus
-
-
-class PausedBlocks:
-    """The KV block ids each DyntraLB-paused request held when it was paused, for the
-    check that it keeps exactly those until it runs again (both impls' strict mode)."""
-
-    def __init__(self):
-        self._held: dict[str, list[int]] = {}
-
-    def problems(self, paused_now, paused, blocks_of) -> list[str]:
-        """After an iteration that paused ``paused_now``, with ``paused`` the ids still
-        paused and ``blocks_of(rid)`` a request's block ids now."""
-        for rid in paused_now:
-            self._held[rid] = blocks_of(rid)
-        for rid in list(self._held):
-            if rid not in paused:
-                del self._held[rid]
-        for rid in paused:
-            self._held.setdefault(rid, blocks_of(rid))
-        return [f"paused request {rid!r} held KV blocks {blocks} when paused, now {now}"
-                for rid, blocks in self._held.items() if (now := blocks_of(rid)) != blocks]
-
-
-def admission_problems(admitted, admit_ids) -> list[str]:
-    """Requests admitted outside the plan's admission set (None: no plan, no limit)."""
-    if admit_ids is None:
-        return []
-    return [f"request {rid!r} was admitted under a plan whose admission set is "
-            f"{sorted(admit_ids)}" for rid in admitted if rid not in admit_ids]
-
-
-def violation(rank: int, iteration: int, wave: int, step_counter: int,
-              what: str) -> InvariantError:
-    """The error of a strict-mode violation, naming where it happened."""
-    return InvariantError(
-        f"strict invariant violated on rank {rank} at iteration {iteration} (wave {wave}, "
-        f"step_counter {step_counter}): {what}")
+from emu.rank.invariants import PausedBlocks, admission_problems, violation
 
 
 class StrictChecker:
-    """The checks of one kit rank (``engine`` is its ``emu.engine.core.EngineCore``)."""
+    """The checks of one kit rank (``engine`` is its ``emu.impl.kit.engine.EngineCore``)."""
 
     def __init__(self, engine: Any):
         self.engine = engine

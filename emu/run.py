@@ -23,17 +23,13 @@ import functools
 import json
 import os
 import pathlib
-import random
 from dataclasses import dataclass
 
-import numpy as np
-
-from dyntra_lb.config import AdditionalConfig
-from emu import impl
 from emu.cluster.launcher import launch
 from emu.cluster.rank_process import join_from_env
 from emu.cluster.threads import run_in_threads
-from emu.engine.core import RankSummary
+from emu.impl import run_rank
+from emu.rank.context import RankSummary
 from emu.run_status import write_status
 from emu.spec import RunSpec, validate
 
@@ -73,7 +69,7 @@ def run_cluster(spec: RunSpec) -> RunResult:
     with _status_recorded(out_dir, spec):
         if spec.transport == "thread":
             summaries = run_in_threads(
-                _rank_main,
+                run_rank,
                 (spec, config),
                 dp_size=spec.dp_size,
                 out_dir=out_dir,
@@ -82,7 +78,7 @@ def run_cluster(spec: RunSpec) -> RunResult:
             )
         else:
             summaries = launch(
-                _rank_main,
+                run_rank,
                 (spec, config),
                 dp_size=spec.dp_size,
                 device=spec.device,
@@ -114,7 +110,7 @@ def join_cluster(spec: RunSpec) -> RankSummary:
     if world is not None and world != str(spec.dp_size):
         raise ValueError(f"RunSpec.dp_size is {spec.dp_size} but this process is one of "
                          f"WORLD_SIZE={world} ranks")
-    join = functools.partial(join_from_env, _rank_main, (spec, config), device=spec.device,
+    join = functools.partial(join_from_env, run_rank, (spec, config), device=spec.device,
                              out_dir=spec.out_dir,
                              collective_timeout_s=spec.collective_timeout_s)
     if os.environ.get("RANK") != "0":
@@ -142,20 +138,3 @@ def _status_recorded(out_dir: pathlib.Path, spec: RunSpec):
                      reason=reason)
         raise
     write_status(out_dir, "complete", dp_size=spec.dp_size, requests=len(spec.trace))
-
-
-def _rank_main(ctx, args) -> RankSummary:
-    """Body of each rank: the launcher's target in a rank process, or the thread
-    transport's in a rank thread."""
-    spec, config = args
-    return make_engine(ctx, spec, config).run()
-
-
-def make_engine(ctx, spec: RunSpec, config: AdditionalConfig):
-    """This rank's engine for ``spec`` (validated), seeded, writing into
-    ``ctx.out_dir``. Tests that need a sabotaged rank start from here. Under the thread
-    transport every rank seeds the same process-wide RNGs with the same seed; no engine
-    code draws from them (a draw would depend on how the threads interleave)."""
-    random.seed(spec.seed)
-    np.random.seed(spec.seed)
-    return impl.get(spec.impl).build(ctx, spec, config, pathlib.Path(ctx.out_dir))

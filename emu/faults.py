@@ -1,6 +1,6 @@
 """The faults an emulated run can be given: a declarative ``FaultPlan`` that
 ``RunSpec.faults`` carries, checked before any rank starts. Inside a rank,
-``emu.cluster.fault_injection`` turns the plan into what the engine consults at a few fixed
+``emu.rank.fault_injection`` turns the plan into what the engine consults at a few fixed
 points.
 
 A plan is a tuple of faults, each a small frozen dataclass (picklable, so it travels to

@@ -1,0 +1,161 @@
+"""What every emulated rank has around its engine, whichever DyntraLB runs in it.
+
+Both engines — the kit's loop (``emu.impl.kit.engine.EngineCore``) and vLLM's own loop
+around vllm-ascend's code (``emu.impl.vllm_ascend.engine.EmulatedRank``) — are a
+``RankHarness``: the trace as it reaches the rank (``intake.Arrivals``), the rank's
+faults (``fault_injection``), its step-cost profile and the lockstep clock that turns
+each step into virtual time (``clock``), the recorder every collective goes through
+(``recorder``), the event and wall logs (``eventlog``), the counters of the summary
+handed back to the launcher, and the stall watch. The engine supplies the loop and
+reads its own scheduler's queues; the harness does the rest the same way for both, so
+both write the same logs from the same virtual clock.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from emu.rank.clock import LockstepClock
+from emu.rank.context import RankContext, RankSummary, StallError
+from emu.rank.eventlog import EventLog, StepRecord, WallLog
+from emu.rank.fault_injection import injector_for
+from emu.rank.intake import Arrivals
+from emu.rank.recorder import CollectiveRecorder
+
+
+class RankHarness(ABC):
+    """The common parts of one rank (see the module docstring), over the validated
+    ``spec`` (``emu.spec.RunSpec``).
+
+    A subclass provides the loop (``_run_loop``), its ``step_counter`` and
+    ``current_wave`` (read by the recorder at every collective), its queue lengths
+    (``_num_waiting``, ``_num_running``), what it knows of a stuck rank
+    (``_stall_state``) and its request records (``_request_records``).
+
+    A rank that holds unfinished requests but has scheduled no token for
+    ``spec.stall_steps`` consecutive iterations raises ``StallError`` (vLLM would spin
+    in dummy steps forever, e.g. when paused requests hold the KV a preempted
+    head-of-line request needs).
+    """
+
+    def __init__(self, ctx: RankContext, spec: Any):
+        self.ctx = ctx
+        self.spec = spec
+        self.dp_rank = ctx.rank
+        self.dp_size = ctx.dp_size
+        self.dp_group = ctx.dp_group
+        self.device = ctx.device.type
+        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
+        # This rank's FaultInjector, or None (then no fault work at all).
+        self.faults = faults = injector_for(spec.faults, ctx.rank)
+        cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
+        self.cost = cost_model.cost
+        recorder = CollectiveRecorder(ctx.guard, where=self)
+        self.recorder = recorder if faults is None else faults.wrap_recorder(recorder)
+        self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
+                                      device=ctx.device, observe=self.recorder,
+                                      carry_finished=spec.max_concurrency is not None)
+        self.events: EventLog | None = None
+        self.wall: WallLog | None = None
+
+        self.clock_us = 0  # this rank's virtual time
+        self.iteration = 0  # non-idle iterations so far
+        self.truncated = False
+        self.num_arrived = 0
+        self.num_dummy_steps = 0
+        self.num_plans = 0
+        self.num_finished = 0
+        self._last_progress = 0  # iteration of this rank's last step with tokens
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> RankSummary:
+        """Run the engine's loop until the trace is exhausted and the last wave has
+        ended (or ``max_steps``); returns this rank's summary."""
+        out = self.ctx.out_dir
+        self.events = EventLog(out / f"rank{self.dp_rank}.events.jsonl" if out else None,
+                               self.dp_rank)
+        self.wall = WallLog(out / f"rank{self.dp_rank}.wall.jsonl" if out else None)
+        start = time.perf_counter()
+        try:
+            self._run_loop()
+        finally:
+            # A failed rank writes its requests too: the partial log of a stalled run
+            # then shows where each request got to.
+            loop_wall_s = time.perf_counter() - start
+            self.events.requests(self._request_records())
+            self.events.close()
+            self.wall.close()
+        return RankSummary(
+            rank=self.dp_rank, steps=self.iteration, dummy_steps=self.num_dummy_steps,
+            waves=self.current_wave, clock_s=self.clock_us / 1e6,
+            num_finished=self.num_finished, num_plans=self.num_plans,
+            num_collectives=self.recorder.seq, truncated=self.truncated,
+            loop_wall_s=loop_wall_s, device=self.device)
+
+    # ------------------------------------------------------------------ each step
+
+    def join_lockstep(self, own_cost_us: int, num_finished: int, step_start_us: int) -> int:
+        """Join the step's lockstep collective with this rank's cost and counts; returns
+        the DP step time. ``num_finished``: this rank's finishes up to the step's start
+        (those of an executed step come after its forward), which a concurrency limit
+        turns into the next sends (``emu.rank.intake``)."""
+        step_us = self.lockstep.step(own_cost_us, self._num_waiting(), self._num_running(),
+                                     num_finished)
+        self.arrivals.finished(self.lockstep.finished_total, step_start_us)
+        return step_us
+
+    def check_progress(self, executed: bool, local_unfinished: bool) -> None:
+        """After each non-idle iteration: name a stuck rank instead of letting it spin
+        in dummy steps."""
+        if executed or not local_unfinished:
+            self._last_progress = self.iteration
+        elif self.iteration - self._last_progress >= self.spec.stall_steps:
+            raise StallError(self._describe_stall())
+
+    def write_iteration(self, record: StepRecord, finished: list[dict], iter_start: float,
+                        planner_s: float | None, collectives_s: float | None) -> None:
+        """The iteration's step record and the records of the requests it finished
+        (event log), and its wall-clock times (wall log)."""
+        self.num_finished += len(finished)
+        self.events.step(record, finished)
+        self.wall.step(self.iteration, time.perf_counter() - iter_start, planner_s,
+                       collectives_s)
+
+    def _describe_stall(self) -> str:
+        stuck, paused, free_blocks = self._stall_state()
+        described = ", ".join(
+            f"{r.request_id} ({r.status.name}"
+            f"{', DyntraLB-paused' if r.request_id in paused else ''})" for r in stuck[:8])
+        more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+        return (f"rank {self.dp_rank} is stuck: {len(stuck)} unfinished request(s) but no "
+                f"token scheduled for {self.spec.stall_steps} steps (iteration "
+                f"{self.iteration}, wave {self.current_wave}); {described}{more}; KV blocks "
+                f"free: {free_blocks}")
+
+    # ------------------------------------------------------------------ the engine's part
+
+    step_counter: int  # vLLM's, of this rank's engine
+    current_wave: int
+
+    @abstractmethod
+    def _run_loop(self) -> None:
+        """vLLM's busy loop, until the trace is exhausted and the last wave has ended."""
+
+    @abstractmethod
+    def _request_records(self) -> list[dict]:
+        """Every request still in the scheduler, as event-log records, by request id."""
+
+    @abstractmethod
+    def _num_waiting(self) -> int:
+        """Requests waiting (including those skipped this step)."""
+
+    @abstractmethod
+    def _num_running(self) -> int:
+        """Requests running."""
+
+    @abstractmethod
+    def _stall_state(self) -> tuple[list, Any, int]:
+        """(the unfinished requests, the DyntraLB-paused ids, the free KV blocks)."""
