@@ -42,7 +42,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from emu.cluster.launcher import ClusterError  # noqa: E402
+from emu.cluster.supervision import ClusterError  # noqa: E402
 from emu.metrics import compute_metrics, load_run  # noqa: E402
 from emu.rank.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
 from emu.run import run_cluster  # noqa: E402

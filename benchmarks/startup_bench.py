@@ -3,7 +3,7 @@ spawned ranks (each a fresh interpreter that imports torch; the NPU path), side 
 
 Each sample is a fresh Python process (``--one``) that imports ``emu.run`` and then
 calls ``run_cluster`` twice on a tiny trace (4 requests per rank, DyntraLB static mode
-from step 0, CPU, 16-token blocks), with ``emu.cluster.launcher._START_METHOD["cpu"]`` set to the
+from step 0, CPU, 16-token blocks), with ``emu.cluster.rank_start.START_METHOD["cpu"]`` set to the
 method under test:
 
 * ``first``: the first ``run_cluster`` of the process, what one ``dyntra-emu run`` pays
@@ -42,12 +42,12 @@ BLOCK_SIZE = 16
 
 def one(method: str, dp: int, out: pathlib.Path) -> dict:
     """One sample in this process: the wall time of two run_cluster calls."""
-    import emu.cluster.launcher
+    import emu.cluster.rank_start
     from emu.run import run_cluster
     from emu.spec import RunSpec
     from emu.workload import TraceRequest
 
-    emu.cluster.launcher._START_METHOD["cpu"] = method
+    emu.cluster.rank_start.START_METHOD["cpu"] = method
     trace = [TraceRequest(f"r{i}", 0.01 * i, 40 + 150 * (i % 3), 8 + 9 * (i % 4))
              for i in range(4 * dp)]
     config = {"scheduler_config": {"dyntra_lb_config": {

@@ -4,10 +4,10 @@ The single entry point the CLI, the pytest plugin, the tests and the benchmarks 
 (under torchrun, each rank process calls ``join_cluster(spec)`` instead).
 The spec (``emu.spec``) is validated here, in the calling process, before any rank
 starts: a bad config or trace is one ``ValueError`` naming the field and what was
-expected. Then the launcher starts ``dp_size`` rank processes (or, with
-``transport="thread"``, ``emu.cluster.threads`` starts ``dp_size`` rank threads), each runs an
-``EngineCore`` over the whole trace, and the result lists every rank's summary and the
-paths of the files it wrote into ``out_dir``:
+expected. Then the spec's transport (``emu.cluster.transport``: rank processes, or rank
+threads with ``transport="thread"``) runs ``dp_size`` ranks, each the implementation's
+engine over the whole trace (``emu.impl.run_rank``), and the result lists every rank's
+summary and the paths of the files it wrote into ``out_dir``:
 
 - ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
 - ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
@@ -19,15 +19,18 @@ paths of the files it wrote into ``out_dir``:
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import pathlib
 from dataclasses import dataclass
 
-from emu.cluster.launcher import launch
-from emu.cluster.rank_process import join_from_env
-from emu.cluster.threads import run_in_threads
+from emu import impl
+from emu.cluster.transport import (
+    ProcessTransport,
+    ThreadTransport,
+    TorchrunTransport,
+    Transport,
+)
 from emu.impl import run_rank
 from emu.rank.context import RankSummary
 from emu.run_status import write_status
@@ -61,31 +64,20 @@ class RunResult:
 
 def run_cluster(spec: RunSpec) -> RunResult:
     """Validate ``spec``, run the cluster to completion and return its result. Raises
-    ValueError before anything starts, ``emu.cluster.launcher.ClusterError`` when a rank fails
-    (every rank is stopped), ``emu.cluster.device.DeviceError`` for an unusable device."""
+    ValueError before anything starts, ``emu.cluster.supervision.ClusterError`` when a
+    rank fails (every rank is stopped), ``emu.cluster.device.DeviceError`` for an
+    unusable device."""
     config = validate(spec)
+    implementation = impl.get(spec.impl)
+    if spec.transport == "thread":
+        implementation.check_rank_threads(spec)
+        transport = ThreadTransport()
+    else:
+        transport = ProcessTransport(spec.device, implementation.preload(spec))
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _status_recorded(out_dir, spec):
-        if spec.transport == "thread":
-            summaries = run_in_threads(
-                run_rank,
-                (spec, config),
-                dp_size=spec.dp_size,
-                out_dir=out_dir,
-                collective_timeout_s=spec.collective_timeout_s,
-                run_timeout_s=spec.run_timeout_s,
-            )
-        else:
-            summaries = launch(
-                run_rank,
-                (spec, config),
-                dp_size=spec.dp_size,
-                device=spec.device,
-                out_dir=out_dir,
-                collective_timeout_s=spec.collective_timeout_s,
-                run_timeout_s=spec.run_timeout_s,
-            )
+        summaries = _run(transport, spec, config)
     ranks = range(spec.dp_size)
     return RunResult(
         out_dir=out_dir,
@@ -99,9 +91,8 @@ def run_cluster(spec: RunSpec) -> RunResult:
 def join_cluster(spec: RunSpec) -> RankSummary:
     """Run this process as one rank of ``spec``'s cluster, started by torchrun (or any
     launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); returns
-    this rank's summary. Validates first (ValueError before any group is made). The
-    launcher's watchdog is not there: torchrun owns the processes, a hang ends with the
-    collective timeout, and failures propagate as exceptions."""
+    this rank's summary. Validates first (ValueError before any group is made); rank 0
+    records ``run.json``."""
     config = validate(spec)
     if spec.transport != "process":
         raise ValueError(f"RunSpec.transport {spec.transport!r}: under torchrun every rank "
@@ -110,15 +101,20 @@ def join_cluster(spec: RunSpec) -> RankSummary:
     if world is not None and world != str(spec.dp_size):
         raise ValueError(f"RunSpec.dp_size is {spec.dp_size} but this process is one of "
                          f"WORLD_SIZE={world} ranks")
-    join = functools.partial(join_from_env, run_rank, (spec, config), device=spec.device,
-                             out_dir=spec.out_dir,
-                             collective_timeout_s=spec.collective_timeout_s)
-    if os.environ.get("RANK") != "0":
-        return join()
+    transport = TorchrunTransport(spec.device)
     out_dir = pathlib.Path(spec.out_dir)
+    if os.environ.get("RANK") != "0":
+        return _run(transport, spec, config)[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     with _status_recorded(out_dir, spec):
-        return join()
+        return _run(transport, spec, config)[0]
+
+
+def _run(transport: Transport, spec: RunSpec, config) -> list[RankSummary]:
+    return transport.run(run_rank, (spec, config), dp_size=spec.dp_size,
+                         out_dir=pathlib.Path(spec.out_dir),
+                         collective_timeout_s=spec.collective_timeout_s,
+                         run_timeout_s=spec.run_timeout_s)
 
 
 @contextlib.contextmanager

@@ -171,9 +171,6 @@ def _check_combinations(spec: RunSpec) -> None:
     if spec.transport == "thread" and spec.device == "npu":
         raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
                          "device must be 'cpu' or 'auto', got 'npu'")
-    if spec.transport == "thread" and spec.impl != "kit":
-        raise ValueError(f"RunSpec.transport 'thread' runs impl 'kit' only; {spec.impl!r} "
-                         "brings vLLM's engine, which keeps per-process state")
 
 
 def kv_fit_problem(request: TraceRequest, block_size: int, num_gpu_blocks: int) -> str | None:

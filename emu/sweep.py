@@ -163,7 +163,7 @@ def _run_point(job: dict) -> dict:
     {"stopped": True} when the sweep stopped before the run started)."""
     if _stop_event.is_set():
         return {"stopped": True}
-    from emu.cluster.launcher import ClusterError
+    from emu.cluster.supervision import ClusterError
     from emu.metrics import compute_metrics, load_run, write_metrics
     from emu.run import run_cluster
     from emu.spec import RunSpec

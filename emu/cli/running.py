@@ -19,7 +19,7 @@ from emu.cluster.device import DeviceError
 def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
     """Run one cluster into out_dir with a progress bar and write its metrics.json;
     returns the metrics (None on the ranks other than 0 under torchrun)."""
-    from emu.cluster.launcher import ClusterError, Interrupted
+    from emu.cluster.supervision import ClusterError, Interrupted
     from emu.metrics import compute_metrics, load_run, write_metrics
 
     spec = build_spec(args, prepared, config, out_dir)

@@ -37,7 +37,9 @@ class LaunchFiles:
 
     def path(self, name: str) -> str:
         """Create the empty file `name` (so that the tracker always finds what it was
-        told about) and return its path."""
+        told about) and return its path; the same path for the same name."""
+        if self._prefix + name in self._names:
+            return os.path.join(self._SHM, self._prefix + name)
         if self._tmp is not None:
             path = os.path.join(self._tmp.name, name)
         else:

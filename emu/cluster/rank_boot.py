@@ -1,7 +1,7 @@
 """First code of a rank process, before the rank imports or runs anything heavy.
 
 `emu.cluster.launcher.launch` starts each rank with this module's `main` as the target, in one
-of two ways (`emu.cluster.launcher._rank_context`): a CPU rank is a fork of the launcher's fork
+of two ways (`emu.cluster.rank_start`): a CPU rank is a fork of the launcher's fork
 server, which has imported torch and the engine already (`emu.cluster.rank_preload`), so the
 rank starts in milliseconds; an NPU rank is spawned (a fresh interpreter, which then
 imports torch, 3-7 s). Spawn unpickles the target and its arguments before calling it,

@@ -1,10 +1,10 @@
-"""Imported once by the launcher's fork server, before it forks any CPU rank
-(`emu.cluster.launcher._rank_context` names this module in the server's preload list); never
-by a rank or the launcher itself.
+"""Imported once by every fork server of CPU ranks, before it forks any
+(`emu.cluster.rank_start` names this module first in each server's preload list, then the
+implementation's own); never by a rank or the launcher itself.
 
 It imports what every rank would otherwise import during its own start-up: torch and
-torch.distributed, the rank side of a launch (`emu.cluster.rank_process`), the cluster's
-rank target with the engine and the kit implementation; and it loads the compiled
+torch.distributed, the rank side of a launch (`emu.cluster.rank_process`) and the rank
+target (`emu.impl.run_rank`); and it loads the compiled
 planner from numba's disk cache (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules
 that each rank of a DyntraLB run would load again). Each rank, a fork of the server,
 then has all of it in memory from its first instruction (`emu.cluster.rank_boot`).
@@ -21,7 +21,7 @@ import signal
 
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
 import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
-import emu.impl.kit.engine  # noqa: F401  the kit's engine, with the rank harness
+import emu.impl  # noqa: F401  the rank target
 from dyntra_lb import planner
 
 planner.warm_up()

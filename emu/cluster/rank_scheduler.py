@@ -105,6 +105,7 @@ class RankScheduler:
         self._running = rank_greenlet
         rank_greenlet.switch()
         self._running = None
+        kept = self._kept.get(rank_greenlet)  # it may have begun keeping just now
         if kept is not None:
             for key in kept:
                 kept[key] = getattr(*key)

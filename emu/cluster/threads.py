@@ -3,10 +3,11 @@ runner thread (``emu.cluster.rank_scheduler``).
 
 ``run_cluster`` picks it with ``RunSpec(transport="thread")``; ``run_in_threads`` is the
 counterpart of ``emu.cluster.launcher.launch``: same target signature (``target(ctx, args)``,
-``ctx`` an ``emu.cluster.rank_process.RankContext``), same results, same ``ClusterError`` on a
-failure. Rank processes spend their time in gloo collectives, and with more ranks than
-cores each collective costs several context switches per rank; a rank thread waiting in
-a collective gives way to the next rank inside the interpreter instead.
+``ctx`` an ``emu.rank.context.RankContext``), same results, same supervision
+(``emu.cluster.supervision``: ``ClusterError`` on a failure). Rank processes spend their
+time in gloo collectives, and with more ranks than cores each collective costs several
+context switches per rank; a rank thread waiting in a collective gives way to the next
+rank inside the interpreter instead.
 
 The collectives, and the plans the ranks of a group share, are
 ``emu.cluster.thread_collectives``: each rank gets a ``ThreadGroup`` of the run's DP and
@@ -15,14 +16,11 @@ device groups; a failed run is aborted (``RankScheduler.abort``), so every rank 
 The guard is the process transport's: every rank's ``CollectiveRecorder`` publishes into
 its ``GuardSlot`` of one shared mapping, and the same ``Watchdog`` reads it from the
 launching thread, so a hang or a disagreement is reported naming the ranks exactly as
-with processes. The launching thread supervises: the first rank that raises (a
-``kill`` fault raises ``emu.faults.RankKilled`` in its rank thread), a watchdog
-finding or the run timeout fails the run. Then every rank's Python stack is taken, the
-run is aborted so that every rank unwinds, and the runner is joined (it is a daemon
-thread: a rank stuck outside a collective cannot block the interpreter's exit, and the
-report says it did not stop). SIGINT and SIGTERM stop the run the same way
-(``emu.cluster.launch_scope.StopSignals``, as for rank processes) and raise
-``emu.cluster.launcher.Interrupted`` with every rank's report.
+with processes. The launching thread supervises (a ``kill`` fault raises
+``emu.faults.RankKilled`` in its rank thread); to stop the run, every rank's Python
+stack is taken, the run is aborted so that every rank unwinds, and the runner is joined
+(it is a daemon thread: a rank stuck outside a collective cannot block the interpreter's
+exit, and the report says it did not stop).
 
 Process-wide state the ranks would each set in their own process is either set once for
 the run or kept per rank. Each rank's ``RankContext.host`` is a ``ThreadHost``: a logger a
@@ -44,11 +42,7 @@ import functools
 import gc
 import logging
 import mmap
-import os
-import signal
-import tempfile
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,9 +50,9 @@ from typing import Any
 import greenlet
 import torch
 
-from emu.cluster.launch_scope import Signalled, StopSignals
-from emu.cluster.launcher import ClusterError, Interrupted
+from emu.cluster.launch_scope import LaunchFiles, StopSignals
 from emu.cluster.rank_scheduler import CollectiveAborted, RankScheduler
+from emu.cluster.supervision import supervise
 from emu.cluster.thread_collectives import (
     CollectiveTimeout,
     GroupCarrier,
@@ -66,15 +60,11 @@ from emu.cluster.thread_collectives import (
     PlanMemo,
     ThreadGroup,
 )
-from emu.cluster.watchdog import Watchdog
 from emu.faults import RankKilled
 from emu.rank import collective_hooks
 from emu.rank.context import RankContext
 from emu.rank.recorder import SLOT_BYTES, GuardSlot
 
-# A rank error that is only the echo of the run failing elsewhere yields to a root cause
-# or a watchdog finding arriving within this long (as in emu.cluster.launcher).
-_ECHO_GRACE_S = 2.0
 # How long rank threads get to unwind after the collectives were aborted.
 _STOP_GRACE_S = 5.0
 
@@ -190,18 +180,25 @@ class ThreadHost:
 
 
 class _RankThread:
-    """The launching thread's view of one rank thread."""
+    """The launching thread's view of one rank thread (a ``supervision.RankHandle``)."""
 
     def __init__(self, rank: int):
         self.rank = rank
-        self.done = False
+        self.done = False  # its body has ended, either way
+        self.returned = False
         self.result: Any = None
         self.error: tuple[str, str, bool] | None = None  # (summary, traceback, is_echo)
         self.aborted = False  # ended by the launcher's abort of the collectives
         self.stack = ""  # taken when the run failed while this rank still ran
         self.held_by: int | None = None  # the rank holding the runner, when this one waits
 
-    def detail(self) -> str:
+    def failure(self) -> tuple[str, bool] | None:
+        return None if self.error is None else (self.error[0], self.error[2])
+
+    def failed_on_its_own(self) -> bool:
+        return self.error is not None and not self.aborted
+
+    def report(self) -> str:
         if self.error is not None and not self.aborted:
             return self.error[1]
         if self.done and self.error is None:
@@ -227,18 +224,31 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     """Run ``target(ctx, args)`` once per rank, each in its own rank thread of this
     process, and return the results ordered by rank; raise ``ClusterError`` when a rank
     fails, the watchdog finds a hang or a disagreement, or the run lasts longer than
-    ``run_timeout_s``, and ``Interrupted`` on SIGINT or SIGTERM. Every rank has ended
-    (or is reported as not stopping) when this returns or raises."""
-    scheduler = RankScheduler()
-    dp_hub = Hub("dp", dp_size, collective_timeout_s, scheduler)
-    device_hub = Hub("device", dp_size, collective_timeout_s, scheduler)
-    ranks = [_RankThread(r) for r in range(dp_size)]
-    changed = threading.Event()
-    deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
+    ``run_timeout_s``, and ``Interrupted`` on SIGINT or SIGTERM
+    (``emu.cluster.supervision``). Every rank has ended (or is reported as not stopping)
+    when this returns or raises."""
+    with _state.held():
+        def start(files: LaunchFiles, signals: StopSignals) -> _RankThreads:
+            ranks = _RankThreads(target, args, dp_size, out_dir, collective_timeout_s,
+                                 files.path("guard"))
+            ranks.runner.start()
+            return ranks
 
-    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, _state.held():
-        guard_path = os.path.join(tmp, "guard")
-        watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
+        return supervise(start, dp_size=dp_size, collective_timeout_s=collective_timeout_s,
+                         run_timeout_s=run_timeout_s)
+
+
+class _RankThreads:
+    """The rank threads of one run, as the supervision sees them
+    (``emu.cluster.supervision.Ranks``): one greenlet per rank, all run by ``runner``."""
+
+    def __init__(self, target, args, dp_size: int, out_dir, collective_timeout_s: float,
+                 guard_path: str):
+        self.scheduler = scheduler = RankScheduler()
+        dp_hub = Hub("dp", dp_size, collective_timeout_s, scheduler)
+        device_hub = Hub("device", dp_size, collective_timeout_s, scheduler)
+        self.handles = [_RankThread(r) for r in range(dp_size)]
+        self._changed = threading.Event()
         with open(guard_path, "r+b") as f:
             guard = mmap.mmap(f.fileno(), 0)
 
@@ -252,6 +262,7 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
                               ThreadHost(scheduler, dp_hub.plan_memo))
             try:
                 state.result = target(ctx, args)
+                state.returned = True
             except BaseException as exc:  # noqa: BLE001 - reported by the launching thread
                 text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 echo = isinstance(exc, (CollectiveTimeout, CollectiveAborted))
@@ -262,110 +273,36 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
                     collective_hooks.detach(group)
                 _state.unroute(greenlet.getcurrent())
                 state.done = True
-                changed.set()
+                self._changed.set()
 
-        runner = threading.Thread(target=scheduler.run, daemon=True, name="dyntra-emu-ranks",
-                                  args=([functools.partial(body, s) for s in ranks],))
-        def stop(reason: str) -> dict[int, tuple[str, dict]]:
-            """End the run early: what each rank was doing (the watchdog's view and its
-            stack), taken before the ranks unwind; then every rank stopped."""
-            _take_stacks(ranks, scheduler)
-            where = {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
-            _stop(ranks, runner, scheduler, reason)
-            return where
+        # A daemon thread: a rank stuck outside a collective cannot block the
+        # interpreter's exit (the report says it did not stop).
+        self.runner = threading.Thread(
+            target=scheduler.run, daemon=True, name="dyntra-emu-ranks",
+            args=([functools.partial(body, state) for state in self.handles],))
 
-        with StopSignals() as signals:
-            try:
-                with signals.armed():
-                    runner.start()
-                    failure = _supervise(ranks, changed, watchdog, deadline, run_timeout_s)
-            except Signalled as exc:  # SIGINT or SIGTERM
-                where = stop("the launcher was interrupted")
-                error = Interrupted(signal.Signals(exc.signum).name, _details(ranks, where))
-            except BaseException:
-                stop("the launcher failed")
-                watchdog.close()
-                raise
-            else:
-                if failure is None:
-                    runner.join()
-                    error = None
-                else:
-                    error = _cluster_error(ranks, failure, stop("another rank failed"))
-            watchdog.close()  # the slots' views keep `guard` mapped until they are gone
-    if error is not None:
-        raise error
-    return [state.result for state in ranks]
+    def wait(self, timeout_s: float) -> None:
+        self._changed.wait(timeout_s)
+        self._changed.clear()
 
+    def release(self) -> None:
+        """Every rank returned: the runner ends with the last one."""
+        self.runner.join()
 
-def _supervise(ranks: list[_RankThread], changed: threading.Event, watchdog: Watchdog,
-               deadline: float | None, run_timeout_s: float | None):
-    """Wait until every rank has returned; returns None, or (rank or None, message) of
-    the failure: a rank's own error, a watchdog finding, the run timeout, or a
-    collective error (the echo of a failure) nothing else explained within the grace."""
-    echo_since: float | None = None
-    while True:
-        changed.clear()
-        now = time.monotonic()
-        failed = [s for s in ranks if s.error is not None]
-        root = next((s for s in failed if not s.error[2]), None)
-        if root is not None:
-            return root.rank, root.error[0]
-        if all(s.done for s in ranks):
-            finding = watchdog.finish()
-            if finding is not None:
-                return None, finding
-            return (failed[0].rank, failed[0].error[0]) if failed else None
-        if deadline is not None and now >= deadline:
-            return None, f"run exceeded run_timeout_s={run_timeout_s} and was stopped"
-        finding = watchdog.poll(now, {s.rank for s in ranks if s.done and s.error is None})
-        if finding is not None:
-            return None, finding
-        if failed:
-            echo_since = now if echo_since is None else echo_since
-            if now - echo_since >= _ECHO_GRACE_S:
-                return failed[0].rank, failed[0].error[0]
-        timeouts = [watchdog.POLL_S]
-        if deadline is not None:
-            timeouts.append(deadline - now)
-        changed.wait(max(0.0, min(timeouts)))
-
-
-def _take_stacks(ranks: list[_RankThread], scheduler: RankScheduler) -> None:
-    """The Python stack of every rank still running (for the report)."""
-    for state in ranks:
-        frame = None if state.done else scheduler.frame(state.rank)
-        if frame is not None:
-            state.stack = "".join(traceback.format_stack(frame)).rstrip()
-
-
-def _stop(ranks: list[_RankThread], runner: threading.Thread, scheduler: RankScheduler,
-          reason: str) -> None:
-    """Abort the run and join the runner (each rank unwinds at its next collective); a
-    rank still running then names the rank that holds the runner."""
-    scheduler.abort(reason)
-    runner.join(_STOP_GRACE_S)
-    holder = scheduler.running_rank()
-    for state in ranks:
-        if not state.done and holder != state.rank:
-            state.held_by = holder
-
-
-def _details(ranks: list[_RankThread], where: dict[int, tuple[str, dict]]) -> dict[int, str]:
-    """Every rank's report: where the watchdog saw it (``where``: each rank's
-    ``Watchdog.describe`` and ``records``) and how it ended."""
-    return {s.rank: f"{where[s.rank][0]}\n{s.detail()}" if where[s.rank][0] else s.detail()
-            for s in ranks}
-
-
-def _cluster_error(ranks: list[_RankThread], failure,
-                   where: dict[int, tuple[str, dict]]) -> ClusterError:
-    """``failure``: ``_supervise``'s (rank or None, message)."""
-    rank, message = failure
-    failed = [s.rank for s in ranks if s.error is not None and not s.aborted]
-    if rank is not None:
-        if rank in failed:
-            failed.remove(rank)
-        failed.insert(0, rank)
-    collectives = {r: records for r, (text, records) in where.items() if text}
-    return ClusterError(rank, message, _details(ranks, where), failed, collectives)
+    def stop(self, reason: str) -> None:
+        """Take the stack of every rank still running, abort the run and join the runner
+        (each rank unwinds at its next collective); a rank still running then names the
+        rank that holds the runner."""
+        scheduler = self.scheduler
+        for state in self.handles:
+            frame = None if state.done else scheduler.frame(state.rank)
+            if frame is not None:
+                state.stack = "".join(traceback.format_stack(frame)).rstrip()
+        if not self.runner.is_alive():
+            return
+        scheduler.abort(reason)
+        self.runner.join(_STOP_GRACE_S)
+        holder = scheduler.running_rank()
+        for state in self.handles:
+            if not state.done and holder != state.rank:
+                state.held_by = holder

@@ -20,7 +20,7 @@ import numpy as np
 
 from dyntra_lb import planners
 from dyntra_lb.config import AdditionalConfig
-from emu.rank.context import RankContext, RankSummary
+from emu.rank.context import Preload, RankContext, RankSummary
 
 if TYPE_CHECKING:  # the harness imports torch, which the CLI's parser must not wait for
     from emu.rank.harness import RankHarness
@@ -50,6 +50,16 @@ class Implementation(ABC):
         """In the launching process, before any rank starts: the decode node's startup
         checks and whatever else the implementation needs; raises ValueError naming what
         cannot run."""
+
+    @abstractmethod
+    def preload(self, spec: Any) -> Preload:
+        """What a rank process of ``spec`` imports before it starts (its fork server's)."""
+
+    def check_rank_threads(self, spec: Any) -> None:
+        """In the launching process, before the ranks of ``spec`` start as threads of this
+        process (the thread transport): raises ValueError naming what cannot share it.
+        Nothing, unless the implementation says otherwise."""
+        return None
 
     @abstractmethod
     def build(self, ctx: RankContext, spec: Any, config: AdditionalConfig) -> RankHarness:

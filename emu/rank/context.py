@@ -90,3 +90,13 @@ class RankContext:
 
 # A rank's target: what a transport runs in each rank with the rank's context.
 RankTarget = Callable[[RankContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class Preload:
+    """What a rank process of an implementation imports before its run starts: a fork
+    server imports ``modules`` once, with ``environ`` set, and every rank forked from it
+    has them in memory from its first instruction (``emu.cluster.rank_start``)."""
+
+    modules: tuple[str, ...] = ()
+    environ: tuple[tuple[str, str], ...] = ()

@@ -25,8 +25,8 @@ from emu.metrics import PartialRunError, compute_metrics, load_run
 
 pytestmark = pytest.mark.integration
 
-# `python -m emu` with spawned CPU ranks (emu.cluster.launcher._START_METHOD).
-SPAWN = ["-c", "import sys, emu.cluster.launcher as l; l._START_METHOD['cpu'] = 'spawn'; "
+# `python -m emu` with spawned CPU ranks (emu.cluster.rank_start.START_METHOD).
+SPAWN = ["-c", "import sys, emu.cluster.rank_start as l; l.START_METHOD['cpu'] = 'spawn'; "
                "from emu.cli.main import main; sys.exit(main())"]
 
 

@@ -19,7 +19,8 @@ import random
 
 import pytest
 
-from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.launcher import launch
+from emu.cluster.supervision import ClusterError
 from emu.impl import make_engine
 from emu.impl.kit.engine import EngineCore
 from emu.run import run_cluster

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from emu.cluster.launcher import ClusterError
+from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan
 from emu.run import RunResult, run_cluster
 from emu.spec import RunSpec

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.launcher import launch
+from emu.cluster.supervision import ClusterError
 from emu.impl import make_engine
 from emu.offline import replay
 from emu.run import run_cluster

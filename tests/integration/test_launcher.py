@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.launcher import launch
+from emu.cluster.supervision import ClusterError
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from emu.cluster.launcher import ClusterError, launch
+from emu.cluster.launcher import launch
+from emu.cluster.supervision import ClusterError
 from emu.cluster.threads import run_in_threads
 from emu.rank.recorder import CollectiveRecorder
 

@@ -16,7 +16,7 @@ import pytest
 from dyntra_lb import planners
 from emu.cli.inputs import WORKLOADS_DIR
 from emu.cluster import threads
-from emu.cluster.launcher import ClusterError
+from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan
 from emu.metrics import compute_metrics, load_run
 from emu.run import run_cluster

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from emu import run as cluster
+from emu.cluster import transport
 from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec, validate
@@ -22,7 +22,8 @@ def no_launch(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a rank was started for an invalid spec")
 
-    monkeypatch.setattr(cluster, "launch", forbidden)
+    monkeypatch.setattr(transport, "launch", forbidden)
+    monkeypatch.setattr(transport, "run_in_threads", forbidden)
 
 
 def _spec(tmp_path, **kwargs):

@@ -2,7 +2,7 @@
 
 import pickle
 
-from emu.cluster.launcher import ClusterError
+from emu.cluster.supervision import ClusterError
 
 
 def test_report_puts_the_failing_rank_first():

@@ -127,3 +127,29 @@ def test_a_rank_that_timed_out_has_left_its_collective():
         0: "rank 0 waited 0.2 s (collective_timeout_s) in a collective on the dp group; "
            "1 peer(s) never arrived",
         1: [3, 3, 3]}
+
+
+def test_module_state_a_rank_keeps_is_its_own_whenever_it_runs_and_restored_after():
+    """``keep``: two ranks set one module attribute each for themselves; whenever a rank
+    runs it finds its own value, whatever the other set meanwhile; afterwards the value
+    from before the run is back."""
+    import types
+
+    module = types.ModuleType("singleton_holder")
+    module.config = "before"
+    scheduler = RankScheduler()
+    seen = []
+    hub = Hub("dp", 2, 60.0, scheduler)
+
+    def rank(r):
+        def body():
+            scheduler.keep(module, "config")
+            module.config = f"rank {r}"
+            for _ in range(3):
+                hub.all_reduce(r, np.zeros(1), np.add)  # parks: the other rank runs
+                seen.append((r, module.config))
+        return body
+
+    scheduler.run([rank(0), rank(1)])
+    assert sorted(seen) == [(0, "rank 0")] * 3 + [(1, "rank 1")] * 3
+    assert module.config == "before"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from emu.cluster.launcher import ClusterError
+from emu.cluster.supervision import ClusterError
 from emu.run import run_cluster
 from tests.upstream.conftest import TREE, upstream_spec
 

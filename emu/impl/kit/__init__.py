@@ -6,6 +6,7 @@ import logging
 
 from dyntra_lb.config import check_deployment
 from emu.impl import Implementation, planner_name
+from emu.rank.context import Preload
 
 
 class KitImplementation(Implementation):
@@ -22,6 +23,9 @@ class KitImplementation(Implementation):
                 f"the kit runs vLLM's plain synchronous scheduler; the additional config "
                 f"selects the {variant!r} scheduler (scheduler_config."
                 "recompute_scheduler_enable runs with --impl vllm-ascend)")
+
+    def preload(self, spec) -> Preload:
+        return Preload(("emu.impl.kit.engine",))
 
     def build(self, ctx, spec, config):
         """This rank's kit engine; its ``dyntra_lb`` log goes to ``rank<r>.log`` with a

@@ -31,6 +31,10 @@ import os
 from dyntra_lb.config import check_deployment
 from emu.impl import Implementation, planner_name
 from emu.impl.vllm_ascend.tree import Tree, TreeError, resolve
+from emu.rank.context import Preload
+
+# The tree a fork server of vllm-ascend ranks imports ("": the installed vllm_ascend).
+PRELOAD_TREE_VAR = "DYNTRA_EMU_PRELOAD_TREE"
 
 __all__ = ["IMPLEMENTATION", "Tree", "TreeError"]
 
@@ -48,9 +52,22 @@ class VllmAscendImplementation(Implementation):
         _variant(config, dp_size, async_scheduling)
         resolve(vllm_ascend)
 
+    def preload(self, spec) -> Preload:
+        """vLLM, the tree and the engine (``emu.impl.vllm_ascend.preload``)."""
+        root = resolve(spec.vllm_ascend).root
+        return Preload(("emu.impl.vllm_ascend.preload",),
+                       ((PRELOAD_TREE_VAR, "" if root is None else str(root)),))
+
+    def check_rank_threads(self, spec) -> None:
+        """One vllm-ascend tree per process (``rank_state``)."""
+        from emu.impl.vllm_ascend.rank_state import check_one_tree
+
+        check_one_tree(resolve(spec.vllm_ascend))
+
     def build(self, ctx, spec, config):
         """This rank's engine, ready to ``run()``."""
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        from emu.impl.vllm_ascend import rank_state
         from emu.impl.vllm_ascend.engine import EmulatedRank
         from emu.impl.vllm_ascend.tree import import_tree
         from emu.impl.vllm_ascend.vllm_config import (
@@ -62,6 +79,7 @@ class VllmAscendImplementation(Implementation):
 
         _route_logs(ctx, spec)
         core = import_tree(resolve(spec.vllm_ascend))
+        rank_state.keep_per_rank(ctx.host)
         if config.dyntra_lb.enabled:
             # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
             core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,

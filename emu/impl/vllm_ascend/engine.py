@@ -25,6 +25,8 @@ The rank observes the loop at two points — the executor's forward and the end 
 
 from __future__ import annotations
 
+import copy
+import inspect
 import queue
 import time
 from collections import deque
@@ -191,15 +193,45 @@ class _EmulatedEngine:
         """The planner of ``_do_lb_allgather``, timed for the wall log: vllm-ascend's
         own, or with another ``RunSpec.planner`` ours from ``dyntra_lb.planners`` (same
         arguments), its plans handed back as the ``{"out_blk", "in_blk", "freeze"}``
-        dicts vllm-ascend reads."""
+        dicts vllm-ascend reads.
+
+        Ranks that share a process and a pure planner share its plans
+        (``EmulatedRank.plan_memo``): the first rank to plan a snapshot runs the planner,
+        every rank gets its own copy of the result, keyed on the planner and every
+        argument (the gathered snapshot included)."""
+        rank = self._emu_rank
         start = time.perf_counter()
         try:
-            ours = self._emu_rank.our_planner
-            if ours is not None:
-                return [plan.to_dict() for plan in ours(*args, **kwargs)]
-            return super()._balance_load(*args, **kwargs)
+            if rank.plan_memo is None:
+                return self._plans(*args, **kwargs)
+            key = (_frozen(args), _frozen(sorted(kwargs.items())))
+            plans = rank.plan_memo(key, lambda: self._plans(*args, **kwargs))
+            return copy.deepcopy(plans)
         finally:
-            self._emu_rank.planner_s += time.perf_counter() - start
+            rank.planner_s += time.perf_counter() - start
+
+    def _plans(self, *args, **kwargs):
+        ours = self._emu_rank.our_planner
+        if ours is not None:
+            return [plan.to_dict() for plan in ours(*args, **kwargs)]
+        return super()._balance_load(*args, **kwargs)
+
+
+def _frozen(value):
+    """``value`` with its lists as tuples, so that it can key the plan memo."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _pure_planner(core_module, our_planner) -> bool:
+    """Whether the planner's plans depend on its arguments alone: ours are pure, and so is
+    production's ``_balance_load`` while it stays a ``staticmethod`` (a contributor's tree
+    that makes it an instance method may read the rank's state)."""
+    if our_planner is not None:
+        return True
+    found = inspect.getattr_static(core_module.DyntraLBDPEngineCoreProc, "_balance_load", None)
+    return isinstance(found, staticmethod)
 
 
 def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
@@ -222,6 +254,9 @@ class EmulatedRank(RankHarness):
                  planner: str):
         super().__init__(ctx, spec)
         self.our_planner = None if planner == "vllm-ascend" else planners.get(planner)
+        # Plans shared by rank threads (None in a rank process, or with an impure planner).
+        self.plan_memo = (ctx.host.plan_memo if dyntra_lb_enabled
+                          and _pure_planner(core_module, self.our_planner) else None)
         collectives.install(ctx.dp_group, self.recorder, self._time_collective)
         self.dyntra_lb = dyntra_lb_enabled
         self.strict = StrictChecker(self) if spec.strict else None

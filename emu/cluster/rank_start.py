@@ -1,0 +1,111 @@
+"""How a rank process comes to exist: forked from a fork server that has imported what
+the rank needs (CPU), or spawned (NPU).
+
+A rank that imports torch, vLLM and a vllm-ascend tree itself spends 1 s (the kit) to
+6-10 s (vllm-ascend) of CPU before its first step, and with more ranks than cores they
+all import at once. So CPU ranks are forks of a multiprocessing fork server that has
+imported it all once: ``emu.cluster.rank_preload`` (torch, the rank's side of a launch,
+the compiled planner) plus the implementation's ``Preload`` (``emu.impl``: the kit's
+engine; vLLM, vllm-ascend's tree and its engine). One server per ``Preload``, started by
+the first launch that needs it and reused by every later one of this process (a pytest
+worker, a CLI command that runs twice); at most ``MAX_SERVERS`` are kept, the least
+recently used is stopped. A server's environment is the launcher's at the time it
+started plus the preload's variables; a forked rank takes the launcher's environment as
+of its own launch (``emu.cluster.rank_boot``).
+
+NPU ranks are spawned, each a fresh interpreter that imports torch_npu itself: whether
+torch_npu survives a fork once imported cannot be checked without the hardware, and a
+device runtime does not once initialised (vLLM, too, spawns its workers when CUDA is).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from multiprocessing import forkserver
+
+from dyntra_lb import planner
+from emu.rank.context import Preload
+
+MAX_SERVERS = 3
+# How ranks start, per device kind (see the module docstring).
+START_METHOD = {"cpu": "forkserver", "npu": "spawn"}
+
+_servers: collections.OrderedDict[Preload, forkserver.ForkServer] = collections.OrderedDict()
+
+
+class RankStarter:
+    """Where the ranks of one launch come from: ``context`` makes their processes and
+    pipes, ``parent_pid`` is their parent (the fork server, or this process), and
+    ``starting()`` is held while a rank process starts."""
+
+    def __init__(self, context, parent_pid: int, server: forkserver.ForkServer | None = None):
+        self.context = context
+        self.parent_pid = parent_pid
+        self._server = server
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """multiprocessing asks its one module-level fork server for every new process
+        (``multiprocessing.forkserver.connect_to_new_process``); while a rank starts, that
+        is this launch's server."""
+        if self._server is None:
+            yield
+            return
+        default = forkserver.connect_to_new_process
+        forkserver.connect_to_new_process = self._server.connect_to_new_process
+        try:
+            yield
+        finally:
+            forkserver.connect_to_new_process = default
+
+
+def rank_starter(device_kind: str, preload: Preload) -> RankStarter:
+    """The starter of a launch's ranks (see the module docstring)."""
+    if START_METHOD[device_kind] == "forkserver":
+        try:
+            server = _server(preload)
+            return RankStarter(multiprocessing.get_context("forkserver"),
+                               server._forkserver_pid, server)  # no public accessor
+        except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if long
+            pass
+    # A spawned rank loads the compiled planner from numba's disk cache: fill the cache
+    # here, once, rather than have every rank compile it while its peers wait.
+    planner.warm_up()
+    return RankStarter(multiprocessing.get_context("spawn"), os.getpid())
+
+
+def _server(preload: Preload) -> forkserver.ForkServer:
+    """The running fork server of ``preload``, started if needed."""
+    server = _servers.pop(preload, None)
+    if server is None:
+        while len(_servers) >= MAX_SERVERS:
+            _servers.popitem(last=False)[1]._stop()
+        server = forkserver.ForkServer()
+        # "__main__" as in multiprocessing's default: a rank need not import the launching
+        # script (e.g. the dyntra-emu console script) again.
+        server.set_forkserver_preload(
+            ["__main__", "emu.cluster.rank_preload", *preload.modules])
+    with _environment(dict(preload.environ)):
+        server.ensure_running()  # restarts a server that died
+    _servers[preload] = server
+    return server
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process's environment (which a server started now takes
+    over), as they were afterwards."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

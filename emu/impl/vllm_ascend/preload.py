@@ -1,0 +1,16 @@
+"""Imported once by a fork server of vllm-ascend ranks (``emu.cluster.rank_start``), never
+by a rank or the launcher: vLLM (6-10 s of CPU), the tree named by
+``DYNTRA_EMU_PRELOAD_TREE`` with its patches applied, and the rank's engine. Every rank
+forked from the server has them, so a vllm-ascend run starts in about the time of one
+import, whatever its number of ranks.
+"""
+
+import os
+
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # as a rank sets it, before vLLM
+
+import emu.impl.vllm_ascend.engine  # noqa: E402, F401  vLLM's engine core and scheduler
+from emu.impl.vllm_ascend import PRELOAD_TREE_VAR  # noqa: E402
+from emu.impl.vllm_ascend.tree import import_tree, resolve  # noqa: E402
+
+import_tree(resolve(os.environ.get(PRELOAD_TREE_VAR) or None))
