@@ -195,20 +195,24 @@ def test_timeline_of_a_dp4_run(cli, tmp_path, clikit):
                            for s in steps if s["step_time_s"] > s["own_cost_s"]]
         assert sum(d for _, d in bubbles) == sum(
             _us(s["step_time_s"]) - _us(s["own_cost_s"]) for s in steps)
-        for name, key in (("pause", "paused"), ("resume", "resumed"), ("admit", "admitted"),
-                          ("finish", "finished")):
-            shown = [(e["args"]["iter"], e["args"]["requests"])
+        # What schedule() did at the step's start; finishes and plans at its end.
+        start = {s["iter"]: _us(s["clock_s"]) for s in steps}
+        end = {s["iter"]: _us(s["clock_s"]) + _us(s["step_time_s"]) for s in steps}
+        for name, key, at in (("pause", "paused", start), ("resume", "resumed", start),
+                              ("admit", "admitted", start), ("finish", "finished", end)):
+            shown = [(e["ts"], e["args"]["iter"], e["args"]["requests"])
                      for e in scheduler if e["name"] == name]
-            assert shown == [(s["iter"], s[key]) for s in steps if s[key]], name
-        for name, key, events in (("plan generated", "plan_generated", engine),
-                                  ("plan applied", "plan_applied", scheduler)):
-            shown = [(e["args"]["iter"], e["args"]["out_blk"], e["args"]["in_blk"])
+            assert shown == [(at[s["iter"]], s["iter"], s[key]) for s in steps if s[key]], name
+        for name, key, events, at in (("plan generated", "plan_generated", engine, end),
+                                      ("plan applied", "plan_applied", scheduler, start)):
+            shown = [(e["ts"], e["args"]["iter"], e["args"]["out_blk"], e["args"]["in_blk"])
                      for e in events if e["name"] == name]
-            assert shown == [(s["iter"], s[key]["out_blk"], s[key]["in_blk"])
+            assert shown == [(at[s["iter"]], s["iter"], s[key]["out_blk"], s[key]["in_blk"])
                              for s in steps if s[key] is not None], name
-        collectives = [(e["args"]["seq"], e["name"]) for e in engine if e["cat"] == "collective"]
-        assert collectives == [(c["seq"], c["site"]) for s in steps for c in s["collectives"]
-                               if c["site"] != "engine.lockstep"]
+        collectives = [(e["ts"], e["args"]["seq"], e["name"])
+                       for e in engine if e["cat"] == "collective"]
+        assert collectives == [(end[s["iter"]], c["seq"], c["site"]) for s in steps
+                               for c in s["collectives"] if c["site"] != "engine.lockstep"]
         load = [(e["ts"], e["args"]["running"]) for e in tracks[rank]["counters"]
                 if e["name"] == "KV blocks"]
         assert load[0] == (0, steps[0]["running_blocks"])
