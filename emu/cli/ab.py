@@ -38,7 +38,9 @@ examples:
   dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
-a/ and b/ with each run's event logs and metrics.json.
+a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
+ab.json (every run's metrics and the deltas; a baseline for `dyntra-emu gate`) and
+seed<s>/a, seed<s>/b.
 """
 
 

@@ -33,7 +33,8 @@ Without --out it is runs/<date>-<time>-run under the current directory.
 def cmd_run(args) -> int:
     prepared = prepare(args, config_sources(args))
     warn_ignored_keys(args, prepared)
-    timeline = check_timeline_path(args.timeline, "--timeline") if args.timeline else None
+    timeline = (check_timeline_path(args.timeline, "--timeline", args.out) if args.timeline
+                else None)
     if args.torchrun is not None and args.torchrun[0] != 0:
         # Rank 0 prepares the directory; every rank writes after the rendezvous.
         out_dir = Path(args.out)

@@ -30,14 +30,16 @@ How to read it: docs/timeline.md.
 """
 
 
-def check_timeline_path(value: str, flag: str) -> Path:
+def check_timeline_path(value: str, flag: str, out_dir: str | None = None) -> Path:
     """The path a timeline will be written to, refused before anything runs when it is a
-    directory or its directory does not exist."""
+    directory or its directory does not exist (and is not ``out_dir``, the run's output
+    directory, which the run creates)."""
     path = Path(value)
     if path.is_dir():
         raise UsageError(f"{flag} {value}: is a directory; give a file name, e.g. "
                          f"{path / DEFAULT_NAME}")
-    if not path.parent.is_dir():
+    in_out_dir = out_dir is not None and path.parent.resolve() == Path(out_dir).resolve()
+    if not (path.parent.is_dir() or in_out_dir):
         raise UsageError(f"{flag} {value}: the directory {path.parent} does not exist")
     return path
 

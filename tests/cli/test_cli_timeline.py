@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.integration
+
+# Chrome DevTools' trace engine (npm @paulirish/trace_engine), the parser behind its
+# Performance panel: a real consumer of the format, installed by `npm ci --prefix
+# tests/js`. Without it (or node) its test is skipped with the reason, unless
+# DYNTRA_TRACE_ENGINE_REQUIRED=1 (what .ci/run sets) makes that an error.
+JS = Path(__file__).resolve().parent.parent / "js"
+TRACE_ENGINE = JS / "node_modules" / "@paulirish" / "trace_engine"
 
 STATIC = json.dumps({"scheduler_config": {"dyntra_lb_config": {
     "enabled": True, "mode": "static", "start_step": 0}}})
@@ -164,7 +175,9 @@ def test_timeline_of_a_dp4_run(cli, tmp_path, clikit):
         {"request_id": f"req-{i}", "arrival_s": round(0.01 * i, 3),
          "prompt_tokens": 40 + 300 * (i % 5), "output_tokens": 10 + 7 * (i % 6)}
         for i in range(16)])
-    run_dir, path = tmp_path / "run", tmp_path / "timeline.json"
+    # The timeline into the run's output directory, which the run creates.
+    run_dir = tmp_path / "run"
+    path = run_dir / "lockstep.json"
     proc = cli("run", "--workload", trace, *DP4, "--cost-model", "planner-heuristic",
                "--additional-config", STATIC, "--out", run_dir, "--timeline", path)
     assert proc.returncode == 0, proc.stderr
@@ -270,3 +283,41 @@ def test_schema_check_catches_broken_events():
     ]
     for event in broken:
         assert schema_problems({"traceEvents": [*meta, good, event]}), event
+
+
+def test_devtools_trace_engine_reads_the_timeline(cli, tiny_trace, tmp_path, clikit):
+    """A real consumer: Chrome DevTools' trace engine parses a run's timeline and finds
+    every rank's engine thread with exactly the event log's steps and bubbles, each
+    slice a root of the thread's slice tree (none overlaps another)."""
+    missing = ("node is not on PATH" if shutil.which("node") is None else
+               None if TRACE_ENGINE.is_dir() else "run `npm ci --prefix tests/js`")
+    if missing is not None:
+        if os.environ.get("DYNTRA_TRACE_ENGINE_REQUIRED") == "1":
+            pytest.fail(f"DevTools' trace engine is required here: {missing}")
+        pytest.skip(f"DevTools' trace engine not installed: {missing}")
+    run_dir = tmp_path / "run"
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--transport", "thread",
+               "--quiet", "--additional-config", STATIC, "--out", run_dir,
+               "--timeline", run_dir / "timeline.json")
+    assert proc.returncode == 0, proc.stderr
+    read = subprocess.run(["node", str(JS / "read_trace.mjs"), str(run_dir / "timeline.json")],
+                          capture_output=True, text=True, timeout=120, cwd=JS)
+    assert read.returncode == 0, read.stderr
+    parsed = json.loads(read.stdout)
+
+    assert parsed["generic"] is True
+    assert sorted(parsed["processes"].values()) == ["rank 0", "rank 1"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert parsed["bounds"]["max"] == _us(metrics["virtual_time_s"])
+    for rank in (0, 1):
+        pid = next(int(p) for p, name in parsed["processes"].items() if name == f"rank {rank}")
+        (engine,) = [t for t in parsed["threads"] if t["pid"] == pid and t["name"] == "engine"]
+        steps = _steps(run_dir, rank)
+        expected = []
+        for s in steps:
+            start, own, step = _us(s["clock_s"]), _us(s["own_cost_s"]), _us(s["step_time_s"])
+            expected.append(["dummy step" if s["dummy"] else "step", start, own])
+            if step > own:
+                expected.append(["bubble", start + own, step - own])
+        assert engine["slices"] == expected
+        assert engine["roots"] == len(expected)
