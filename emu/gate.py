@@ -65,6 +65,9 @@ _TOLERANCE = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(%?)")
 
 PASS, REGRESSION, NOT_APPLICABLE = "pass", "REGRESSION", "n/a"
 
+# How a tolerance's direction is written.
+_SIGNS = {"down": "-", "up": "+", "both": "±"}
+
 
 class GateInputError(ValueError):
     """A run, a baseline or a --tol the gate cannot use; the message names it."""
@@ -96,8 +99,7 @@ class Tolerance:
     def __str__(self) -> str:
         if self.amount == 0 and self.direction == "both":
             return "exact"
-        sign = {"down": "-", "up": "+", "both": "±"}[self.direction]
-        return f"{sign}{self.amount:g}{'%' if self.relative else ''}"
+        return f"{_SIGNS[self.direction]}{self.amount:g}{'%' if self.relative else ''}"
 
     def bounds(self, base: float) -> tuple[float | None, float | None]:
         """The lowest and highest passing value around ``base`` (None: no limit). A
@@ -140,8 +142,8 @@ def plan_checks(tol_args: list[str], known: set[str]) -> list[tuple[str, Toleran
             close = difflib.get_close_matches(metric, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise GateInputError(f"--tol {arg}: unknown metric {metric!r}{hint}; metrics are "
-                                 "the dotted names of `dyntra-emu ab`'s table, with a number "
-                                 "in both the run and the baseline (docs/metrics.md)")
+                                 "the dotted names of `dyntra-emu ab`'s table that both the "
+                                 "run and the baseline have (docs/metrics.md)")
         try:
             tolerance = parse_tolerance(text)
         except ValueError as exc:
@@ -335,8 +337,7 @@ def _spread_tolerance(samples, default: Tolerance) -> tuple[Tolerance | None, st
         return None, "95 % PI"
     _, half = mean_pi(samples)
     tolerance = Tolerance(half, False, default.direction)
-    sign = {"down": "-", "up": "+", "both": "±"}[default.direction]
-    return tolerance, f"{sign}95 % PI of {len(samples)} seeds"
+    return tolerance, f"{_SIGNS[default.direction]}95 % PI of {len(samples)} seeds"
 
 
 def _check(metric, base, value, tolerance: Tolerance | None, shown: str) -> Check:

@@ -5,6 +5,7 @@ it made worse, an `ab --seeds` baseline, partial runs and bad input refused (exi
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from junitparser import Failure, JUnitXml
@@ -62,6 +63,15 @@ def test_gate_passes_a_run_against_itself_and_catches_a_worse_config(cli, tiny_t
         assert {cells[-1] for cells in rows.values()} == {"pass"}
         assert "PASS: 14 metrics checked, none regressed" in proc.stdout
         assert _junit_failures(tmp_path / "self.xml") == (14, set())
+
+    # A run directory without metrics.json (the pytest plugin writes none): its metrics
+    # come from its event logs.
+    bare = tmp_path / "bare"
+    shutil.copytree(tmp_path / "off", bare)
+    (bare / "metrics.json").unlink()
+    proc = cli("gate", bare, "--baseline", tmp_path / "off")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS: 14 metrics checked, none regressed" in proc.stdout
 
     # The worse config against the better baseline.
     proc = cli("gate", tmp_path / "static", "--baseline", tmp_path / "off",
