@@ -20,7 +20,8 @@ examples:
   dyntra-emu timeline runs/ab/b --out b.json     # one run of an A/B
   dyntra-emu run --workload longtail --timeline lt.json   # written right after the run
 
-Open the file in https://ui.perfetto.dev ("Open trace file") or chrome://tracing ("Load").
+Open the file in https://ui.perfetto.dev ("Open trace file"), chrome://tracing ("Load")
+or the Performance panel of Chrome's DevTools ("Load profile").
 Each rank is a process with an engine thread (each step's own cost, then the bubble: the
 wait for the slowest rank; the collectives; the plans DyntraLB generated) and a scheduler
 thread (plans applied, admits, pauses, resumes, preemptions, finishes), with counters of
