@@ -3,7 +3,8 @@
 ``--workload recipe:NAME[,n=N][,rate=R]`` makes the CLI generate its trace with a recipe
 of fixtures/generate.py (``RECIPES`` there), seeded with the run's ``--seed``.
 ``dyntra-emu ab --seeds N`` then runs the A/B on N workload seeds and summarises each
-key delta as a mean with a 95 % confidence interval (``seed_summary``).
+key delta as a mean with a 95 % confidence interval (``seed_summary``);
+``dyntra-emu gate`` takes such a run as its baseline (``mean_pi``).
 """
 
 from __future__ import annotations
@@ -81,11 +82,27 @@ def _value(metrics: dict, path: tuple):
     return metrics
 
 
+def _t95(n: int) -> float:
+    """The two-sided 95 % quantile of Student's t for a sample of n (n - 1 degrees of
+    freedom; the normal quantile beyond 30)."""
+    return _T95[n - 2] if n - 1 <= len(_T95) else _Z95
+
+
 def mean_ci(values: list[float]) -> tuple[float, float]:
     """Mean and half-width of its 95 % confidence interval (Student's t); needs 2+."""
     n = len(values)
-    t = _T95[n - 2] if n - 1 <= len(_T95) else _Z95
-    return statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(n)
+    return statistics.fmean(values), _t95(n) * statistics.stdev(values) / math.sqrt(n)
+
+
+def mean_pi(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % prediction interval of one more sample from the
+    same population (Student's t; needs 2+): where a single new run's value falls 95 %
+    of the time. ``dyntra-emu gate`` compares one run against an ``ab --seeds``
+    baseline with it; the confidence interval of the mean (``mean_ci``) narrows with
+    more seeds and would flag an ordinary seed."""
+    n = len(values)
+    return (statistics.fmean(values),
+            _t95(n) * statistics.stdev(values) * math.sqrt(1 + 1 / n))
 
 
 def seed_summary(pairs: list[tuple[int, dict, dict]]) -> list[tuple[str, list, tuple]]:

@@ -73,7 +73,7 @@ def ab_wall_table(metrics_a: dict, metrics_b: dict, labels=("A", "B")) -> str | 
 
 
 def _wall_rows(a: dict, b: dict, names=None) -> list[tuple] | None:
-    flat = [_flatten(m, ["wall"]) if "wall" in m else {} for m in (a, b)]
+    flat = [flat_metrics(m, ["wall"]) if "wall" in m else {} for m in (a, b)]
     if all(v is None for f in flat for v in f.values()):
         return None
     keys = list(flat[0]) + [k for k in flat[1] if k not in flat[0]]
@@ -222,7 +222,7 @@ def _rank_rows(m: dict) -> list[tuple]:
 
 
 def _ab_rows(a: dict, b: dict) -> list[tuple]:
-    flat_a, flat_b = _flatten(a), _flatten(b)
+    flat_a, flat_b = flat_metrics(a), flat_metrics(b)
     rows = []
     for name in _ab_names(flat_a, flat_b):
         va, vb = flat_a.get(name), flat_b.get(name)
@@ -236,10 +236,11 @@ def _ab_rows(a: dict, b: dict) -> list[tuple]:
     return rows
 
 
-def _flatten(metrics: dict, keys: list[str] | None = None) -> dict:
+def flat_metrics(metrics: dict, keys: list[str] | None = None) -> dict:
     """Numeric leaves as dotted names ('ttft_ms.p50', 'per_rank.2.utilisation') of the
     top-level `keys` (default: every metric the A/B table compares, in its display
-    order); None leaves are kept (shown as '-')."""
+    order); None leaves are kept (shown as '-'). These names are also the metrics
+    `dyntra-emu gate` checks (emu/gate.py)."""
     out: dict = {}
 
     def walk(prefix, value):

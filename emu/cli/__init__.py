@@ -12,7 +12,10 @@ Commands:
 - ``replay`` / ``explain``: offline tools over diagnostics logs (emu/offline/replay.py,
   emu/offline/explain.py);
 - ``diff``: kit against vllm-ascend (or two vllm-ascend trees, or two run directories)
-  step by step (emu/cli/diff.py, emu/offline/diff.py).
+  step by step (emu/cli/diff.py, emu/offline/diff.py);
+- ``gate``: a run's metrics against a baseline's within per-metric tolerances, for
+  nightly jobs and CI (emu/gate.py);
+- ``timeline``: a run directory's timeline in the Trace Event Format (emu/timeline.py).
 
 ``emu.cli.main`` builds the parser and runs a command (the ``dyntra-emu`` console script
 and ``python -m emu``). Each command is a module with ``add_parser(subparsers)`` and its

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 from dyntra_lb.config import unknown_keys
+from emu.ab_seeds import FILE_NAME as AB_FILE
+from emu.ab_seeds import write_ab_json
 from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
 from emu.cli.inputs import (
@@ -36,7 +38,9 @@ examples:
   dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
-a/ and b/ with each run's event logs and metrics.json.
+a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
+ab.json (every run's metrics and the deltas; a baseline for `dyntra-emu gate`) and
+seed<s>/a, seed<s>/b.
 """
 
 
@@ -182,8 +186,11 @@ def _ab_seeds(args, sources, labels) -> int:
         f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={args.dp}\n\n"
         f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
         "mean with its 95 % confidence interval (Student's t)\n\n```\n" + table + "\n```\n")
-    print(f"\nOutputs in {out_dir}/: summary.md, seed<s>/a and seed<s>/b (metrics.json and "
-          "event logs of each run)")
+    write_ab_json(out_dir / AB_FILE, workload=args.workload, dp_size=args.dp, labels=labels,
+                  pairs=pairs)
+    print(f"\nOutputs in {out_dir}/: summary.md, {AB_FILE} (every run's metrics, for "
+          "`dyntra-emu gate --baseline`), seed<s>/a and seed<s>/b (metrics.json and event "
+          "logs of each run)")
     return 0
 
 

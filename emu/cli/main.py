@@ -8,7 +8,7 @@ import difflib
 import signal
 import sys
 
-from emu.cli import ab, diff, fit_cost, run, sweep, validate
+from emu.cli import ab, diff, fit_cost, gate, run, sweep, timeline, validate
 from emu.cli.errors import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -32,6 +32,8 @@ examples:
   dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
   dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
   dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
+  dyntra-emu gate runs/x --baseline runs/base    # regression gate for nightly jobs and CI
+  dyntra-emu timeline runs/x                     # the run's timeline, for Perfetto
   dyntra-emu <command> --help                    # options of one command
 
 Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
@@ -39,7 +41,7 @@ Metrics are documented in docs/metrics.md.
 """
 
 # The subcommands, in the order --help lists them.
-COMMANDS = (run, ab, validate, fit_cost, replay, explain, sweep, diff)
+COMMANDS = (run, ab, validate, fit_cost, replay, explain, sweep, diff, gate, timeline)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,8 @@ from emu.cli.errors import UsageError
 # Files a run leaves in its directory; --overwrite removes exactly these.
 RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
               "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
-              "load_ab.png", "bubble_ab.png", "tpot_ab.png", "load_diff.png", "diff.json")
+              "load_ab.png", "bubble_ab.png", "tpot_ab.png", "load_diff.png", "diff.json",
+              "ab.json", "timeline.json")
 
 
 def _default_out_dir(command: str) -> Path:

@@ -9,6 +9,7 @@ from emu.cli.flags import Formatter, add_fault_option, add_input_options, add_ru
 from emu.cli.inputs import config_sources, prepare, warn_ignored_keys
 from emu.cli.outdir import prepare_out_dir
 from emu.cli.running import run_one
+from emu.cli.timeline import check_timeline_path, save_timeline
 
 EPILOG = """\
 examples:
@@ -32,6 +33,8 @@ Without --out it is runs/<date>-<time>-run under the current directory.
 def cmd_run(args) -> int:
     prepared = prepare(args, config_sources(args))
     warn_ignored_keys(args, prepared)
+    timeline = (check_timeline_path(args.timeline, "--timeline", args.out) if args.timeline
+                else None)
     if args.torchrun is not None and args.torchrun[0] != 0:
         # Rank 0 prepares the directory; every rank writes after the rendezvous.
         out_dir = Path(args.out)
@@ -45,13 +48,17 @@ def cmd_run(args) -> int:
     from emu.plots import write_plots
     from emu.report import summary_table, write_summary_md
 
-    plots = write_plots(load_run(out_dir), out_dir)
+    run = load_run(out_dir)
+    plots = write_plots(run, out_dir)
+    if timeline is not None:
+        save_timeline(run, out_dir, timeline)
     write_summary_md(out_dir / "summary.md", metrics,
                      title=f"dyntra-emu run: {prepared.workload_label}, dp={args.dp}",
                      plots=plots)
     print(summary_table(metrics))
     print(f"\nOutputs in {out_dir}/: summary.md, metrics.json, "
-          f"{', '.join(p.name for p in plots)}, rank<r>.events.jsonl")
+          f"{', '.join(p.name for p in plots)}, rank<r>.events.jsonl"
+          + (f"; timeline in {timeline}" if timeline is not None else ""))
     return 0
 
 
@@ -64,5 +71,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_input_options(parser, single_config=True)
     add_run_options(parser)
     add_fault_option(parser)
+    parser.add_argument("--timeline", metavar="FILE",
+                        help="also write the run's timeline to FILE (Trace Event Format, for "
+                             "Perfetto and chrome://tracing; `dyntra-emu timeline` writes it "
+                             "from a run directory)")
     parser.set_defaults(func=cmd_run)
     return parser
