@@ -6,10 +6,10 @@ Two ways in, one per-rank setup (`emu.cluster.rank_process`: the groups, the
 * `launch(target, args, dp_size=...)` — the normal mode (the CLI, tests, benchmarks):
   this process starts the dp_size ranks on this machine and supervises them (CPU ranks
   are forks of a fork server that has torch imported, NPU ranks are spawned; see
-  `_rank_context`). It hosts the rendezvous TCPStore on a free port (so parallel runs
-  never collide), and it turns any rank failure into one `ClusterError`: a rank that
-  raises sends its traceback, a rank that dies is seen through its process sentinel, a
-  run that exceeds `run_timeout_s` is stopped, and the collective watchdog
+  `_rank_context`). It hosts the rendezvous TCPStore on 127.0.0.1 only, at a free port
+  (so parallel runs never collide), and it turns any rank failure into one `ClusterError`:
+  a rank that raises sends its traceback, a rank that dies is seen through its process
+  sentinel, a run that exceeds `run_timeout_s` is stopped, and the collective watchdog
   (`emu.cluster.guard`) reads what every rank publishes about its collectives and stops a run
   that hangs or whose ranks disagree on a collective. The first failure is reported,
   except that an error raised inside a torch.distributed call (how a rank sees a peer
@@ -45,14 +45,13 @@ from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
-import torch.distributed as dist
-
 from dyntra_lb import planner
 from emu.cluster import rank_boot
 from emu.cluster.device import select_device
 from emu.cluster.guard import Watchdog
 from emu.cluster.launch_scope import LaunchFiles, Signalled, StopSignals
 from emu.cluster.rank_boot import RankSpec
+from emu.cluster.rendezvous import loopback_store
 from emu.knobs import is_int
 
 # How long a SIGTERM-ed rank gets to dump its stack and exit before SIGKILL.
@@ -225,7 +224,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         out_dir.mkdir(parents=True, exist_ok=True)
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = loopback_store()  # 127.0.0.1 only; see emu.cluster.rendezvous
     ranks: list[_Rank] = []
     resource_tracker.ensure_running()  # see StopSignals.deferred and LaunchFiles
     with StopSignals() as signals, LaunchFiles() as files:
