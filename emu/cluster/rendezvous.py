@@ -76,8 +76,8 @@ def _loopback_interface() -> str | None:
 def warn_if_master_addr_exposed(rank: int, world_size: int) -> None:
     """Under torchrun, once per run (rank 0): warn when every rank is on this machine
     (``LOCAL_WORLD_SIZE`` equals ``WORLD_SIZE``) but ``MASTER_ADDR`` is not a loopback
-    address, i.e. the run's rendezvous is announced at an address other machines can
-    reach."""
+    address: the ranks find each other through a network address although none is on
+    another machine."""
     address = os.environ.get("MASTER_ADDR", "")
     if rank != 0 or os.environ.get("LOCAL_WORLD_SIZE") != str(world_size):
         return
@@ -85,11 +85,11 @@ def warn_if_master_addr_exposed(rank: int, world_size: int) -> None:
         return
     logger.warning(
         "warning: MASTER_ADDR=%s is not a loopback address, but all %d ranks of this run "
-        "are on this machine: the run's rendezvous (torchrun's TCPStore, which has no "
-        "authentication) is announced at an address other machines can reach. On one "
-        "machine, give torchrun --local-addr 127.0.0.1 (with --standalone) or "
-        "--master-addr 127.0.0.1, or start dyntra-emu without torchrun, which keeps "
-        "everything on 127.0.0.1 (docs/security.md).", address, world_size)
+        "are on this machine: they meet through a network address, at torchrun's "
+        "rendezvous store, which has no authentication (and listens on every interface "
+        "whatever MASTER_ADDR says). On one machine, dyntra-emu started without torchrun "
+        "keeps the rendezvous and gloo on 127.0.0.1 (docs/security.md).",
+        address, world_size)
 
 
 def is_loopback(host: str) -> bool:

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -27,7 +30,7 @@ import pytest
 
 from emu import limits, workload
 from emu.cli import inputs
-from tests.exposure import LOOPBACK, watch_run
+from tests.exposure import watch_run
 
 pytestmark = pytest.mark.integration
 
@@ -58,14 +61,14 @@ def test_a_process_run_listens_on_loopback_only(process_run):
     assert process_run.exposed() == []
 
 
-def _network_interface() -> str | None:
-    """An interface with an IPv4 address other than loopback, if this machine has one."""
+def _network_interface() -> tuple[str, str] | None:
+    """(name, IPv4 address) of an interface other than loopback, if this machine has one."""
     stats = psutil.net_if_stats()
     for name, addresses in sorted(psutil.net_if_addrs().items()):
-        if name in stats and stats[name].isup and any(
-                a.family.name == "AF_INET" and a.address not in LOOPBACK
-                and not a.address.startswith("127.") for a in addresses):
-            return name
+        for a in addresses:
+            if (name in stats and stats[name].isup and a.family == socket.AF_INET
+                    and not a.address.startswith("127.")):
+                return name, a.address
     return None
 
 
@@ -78,10 +81,28 @@ def test_gloo_stays_on_loopback_when_the_environment_names_a_network_interface(
     if interface is None:
         pytest.skip("this machine has no network interface besides loopback")
     seen = watch_run(_argv(clikit, tiny_trace), tmp_path, tmp_path / "out",
-                     env={"GLOO_SOCKET_IFNAME": interface})
+                     env={"GLOO_SOCKET_IFNAME": interface[0]})
     assert seen.returncode == 0, seen.stderr
     assert len(seen.listening("rank")) == 2
     assert seen.exposed() == []
+
+
+def test_torchrun_warns_once_when_a_run_on_one_machine_has_a_network_master_addr(
+        tmp_path, tiny_trace, clikit):
+    """Under torchrun the rendezvous is torchrun's, at the user's MASTER_ADDR (here made
+    from --local-addr): rank 0 says once that a network address exposes it."""
+    interface = _network_interface()
+    if interface is None:
+        pytest.skip("this machine has no network interface besides loopback")
+    address = interface[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr",
+         address, "--nproc-per-node", "2", "-m", "emu", "run", "--workload", tiny_trace,
+         *clikit.SMALL, "--out", tmp_path / "out"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(f"warning: MASTER_ADDR={address} is not a loopback address, "
+                             "but all 2 ranks of this run are on this machine") == 1
 
 
 def test_a_thread_run_listens_on_nothing(tmp_path, tiny_trace, clikit):
