@@ -14,9 +14,9 @@ the spawned ranks with the spec). On the command line a fault is one ``--fault``
   Under the thread transport the rank's thread raises ``RankKilled`` instead ("killed by
   fault kill:rank=R,step=S at step S"), with the same outcome.
 - ``slow:rank=R,extra_ms=X`` (``SlowRank``): every step of rank R (real or dummy) costs
-  X ms more virtual time, as a throttled device would. The lockstep clock makes every
-  rank wait for it: the run completes with the same requests, the other ranks' bubble
-  grows.
+  X ms (at most a minute) more virtual time, as a throttled device would. The lockstep
+  clock makes every rank wait for it: the run completes with the same requests, the
+  other ranks' bubble grows.
 - ``kv_fail:request=ID`` (``KVLoadFail``): the request's remote-KV load completes at its
   modelled time but every block of it is reported invalid. The emulator follows vLLM's
   ``kv_load_failure_policy="recompute"``: ``num_computed_tokens`` is truncated at the
@@ -63,6 +63,9 @@ from emu.sites import COLLECTIVE_SITES, FLAG_SITE
 from emu.workload import TraceRequest
 
 DEFAULT_KV_TIMEOUT_S = 30.0
+# A slowed rank's extra cost per step: at most a forward as a cost profile may price one
+# (emu.engine.costs.MAX_FORWARD_S), so the step cost stays within the int64 clock.
+MAX_EXTRA_MS = 60_000.0
 
 SYNTAX = "KIND:KEY=VALUE,..."
 
@@ -130,6 +133,9 @@ class SlowRank:
     def __post_init__(self) -> None:
         _int("rank", self.rank, 0)
         _positive("extra_ms", self.extra_ms)
+        if self.extra_ms > MAX_EXTRA_MS:
+            raise ValueError(f"extra_ms must be at most {MAX_EXTRA_MS:g} (a minute per "
+                             f"step), got {self.extra_ms!r}")
 
     def spec(self) -> str:
         return f"slow:rank={self.rank},extra_ms={_num(self.extra_ms)}"

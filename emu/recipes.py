@@ -15,6 +15,8 @@ import statistics
 from functools import cache
 from pathlib import Path
 
+from emu.limits import MAX_TRACE_REQUESTS
+
 PREFIX = "recipe:"
 GENERATOR = Path(__file__).resolve().parent.parent / "fixtures" / "generate.py"
 _PARAMS = {"n": int, "rate": float}
@@ -65,6 +67,9 @@ def parse_recipe(value: str) -> tuple[str, dict]:
             kwargs[key] = _PARAMS[key](text)
         except ValueError:
             raise ValueError(f"{param!r}: {key} must be a number") from None
+    if kwargs.get("n", 0) > MAX_TRACE_REQUESTS:
+        raise ValueError(f"n={kwargs['n']}: at most {MAX_TRACE_REQUESTS:,} requests, the "
+                         "limit for a trace")
     return name, kwargs
 
 

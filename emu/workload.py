@@ -23,7 +23,8 @@ Trace format (JSON Lines, UTF-8): one JSON object per line,
   it (token counts come from `prompt_tokens`).
 
 Blank (whitespace-only) lines are skipped; line numbers in errors are physical line
-numbers. Any other key is an error.
+numbers. Any other key is an error. A trace holds at most `MAX_TRACE_REQUESTS` requests
+in at most `MAX_TRACE_BYTES` (emu.limits).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emu.knobs import is_int, is_number
+from emu.limits import MAX_TRACE_BYTES, MAX_TRACE_REQUESTS, FileTooLarge, read_limited
 
 MAX_TOKENS = 10_000_000
 MAX_ARRIVAL_S = 1_000_000.0
@@ -117,12 +119,15 @@ def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[st
     if dp_size is not None:
         _check_dp_size(dp_size)
     try:
-        raw = path.read_bytes()
+        raw = read_limited(path, MAX_TRACE_BYTES)
+    except FileTooLarge as exc:
+        return [], [f"{path}: cannot read trace: {exc}"]
     except OSError as exc:
         return [], [f"{path}: cannot read trace: {exc.strerror or exc}"]
     requests: list[TraceRequest] = []
     problems: list[str] = []
     first_line_of: dict[str, int] = {}
+    count = 0  # request lines so far
     prev_arrival: tuple[float, int] | None = None  # (arrival_s, line)
     for lineno, raw_line in enumerate(raw.split(b"\n"), start=1):
         where = f"{path}:{lineno}"
@@ -133,6 +138,11 @@ def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[st
             continue
         if not line.strip():
             continue
+        count += 1
+        if count > MAX_TRACE_REQUESTS:
+            problems.append(f"{where}: more than {MAX_TRACE_REQUESTS:,} requests, the limit "
+                            "for a trace")
+            break
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -24,6 +24,7 @@ from dyntra_lb.config import (
 from emu.cli.errors import PROG, UsageError
 from emu.cluster.device import DeviceError, select_device
 from emu.faults import FaultPlan, plan_problems
+from emu.limits import MAX_SMALL_FILE_BYTES, FileTooLarge, read_limited
 from emu.rank.costs import CostProfileError, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
 from emu.spec import RunSpec, knobs, kv_fit_problem, validate
@@ -75,10 +76,11 @@ def read_config_arg(value: str, flag: str = "--additional-config") -> tuple[str,
     if not path:
         raise UsageError(f"{flag} @: expected a file name after '@'")
     try:
-        return Path(path).read_text(encoding="utf-8"), f"{flag} {value}"
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_limited(path, MAX_SMALL_FILE_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError, FileTooLarge) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise UsageError(f"{flag} {value}: cannot read {path}: {reason}") from None
+    return text, f"{flag} {value}"
 
 
 def describe_config(cfg) -> str:

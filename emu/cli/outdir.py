@@ -2,7 +2,8 @@
 
 `run`, `ab`, `diff` and `sweep` write into ``--out DIR`` (default runs/<date>-<time>-<command>).
 An earlier run's files are never mixed with a new run's: they are refused, or with
---overwrite removed first (exactly the files a run writes, nothing else).
+--overwrite removed first (exactly the files a run writes, nothing else, and never
+through a symbolic link: docs/security.md).
 """
 
 from __future__ import annotations
@@ -34,27 +35,46 @@ def _existing_run_files(directory: Path) -> list[Path]:
     return sorted(p for pattern in RUN_FILES for p in directory.glob(pattern))
 
 
+def _first_link(out: Path, subdir: str) -> Path | None:
+    """The first component of out/subdir that is a symbolic link, if any."""
+    path = out
+    for part in Path(subdir).parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
 def prepare_out_dir(value: str | None, overwrite: bool, command: str,
                     subdirs: tuple[str, ...] = ()) -> Path:
     """Create the output directory. An existing directory that holds a previous run's
     files is refused unless --overwrite, which deletes exactly those files (so stale
-    rank logs of a larger DP size can never mix into this run)."""
+    rank logs of a larger DP size can never mix into this run). No symbolic link inside
+    the directory is followed: one named like a run file, or standing where a run's
+    subdirectory goes, counts as an earlier run's and --overwrite removes the link."""
     out = _default_out_dir(command) if value is None else Path(value)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
-    dirs = [out, *(out / s for s in subdirs)]
-    stale = [p for d in dirs if d.is_dir() for p in _existing_run_files(d)]
+    links = {s: link for s in subdirs if (link := _first_link(out, s)) is not None}
+    dirs = [out, *(out / s for s in subdirs if s not in links)]
+    stale = [*sorted(set(links.values())),
+             *(p for d in dirs if d.is_dir() for p in _existing_run_files(d))]
     if stale and not overwrite:
         shown = ", ".join(str(p.relative_to(out)) for p in stale[:3])
         more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
         raise UsageError(f"--out {out}: already holds a run ({shown}{more}); choose a new "
                          "directory or pass --overwrite to replace it")
+    _make_dirs(out, dirs)
+    for p in stale:
+        p.unlink()
+    _make_dirs(out, [out / s for s in links])
+    return out
+
+
+def _make_dirs(out: Path, dirs: list[Path]) -> None:
     try:
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot create the directory: "
                          f"{exc.strerror or exc}") from None
-    for p in stale:
-        p.unlink()
-    return out

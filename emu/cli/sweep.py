@@ -51,15 +51,15 @@ EPILOG = """examples:
 
 
 def _check_out(value: str | None, overwrite: bool) -> Path:
+    """As ``prepare_out_dir``, for the sweep's own files and its runs/ tree (removed
+    whole; a symbolic link is removed, never followed)."""
     out = prepare_out_dir(value, overwrite, "sweep")
-    stale = [out / f for f in SWEEP_FILES if (out / f).exists()]
-    if (out / "runs").exists():
-        stale.append(out / "runs")
+    stale = [out / f for f in (*SWEEP_FILES, "runs") if os.path.lexists(out / f)]
     if stale and not overwrite:
         raise UsageError(f"--out {out}: already holds a sweep ({stale[0].name}); choose "
                              "a new directory or pass --overwrite to replace it")
     for p in stale:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     return out
 
 

@@ -19,7 +19,8 @@ class LaunchFiles:
     removed when the launch ends. On Linux they live in /dev/shm and are registered with
     multiprocessing's resource tracker as shared memory: should this process die
     without cleaning up (SIGKILL), the tracker, which outlives it, unlinks them once the
-    ranks are gone too. Elsewhere: a temporary directory."""
+    ranks are gone too. Elsewhere: a temporary directory (mode 0700). Either way each
+    file has mode 0600: the guard records and the stack dumps are this user's only."""
 
     _SHM = "/dev/shm"
 
@@ -37,7 +38,9 @@ class LaunchFiles:
 
     def path(self, name: str) -> str:
         """Create the empty file `name` (so that the tracker always finds what it was
-        told about) and return its path; the same path for the same name."""
+        told about) and return its path; the same path for the same name. The file is
+        readable and writable by this user only, and new (O_EXCL: never a file another
+        user made in the shared /dev/shm)."""
         if self._prefix + name in self._names:
             return os.path.join(self._SHM, self._prefix + name)
         if self._tmp is not None:
@@ -47,7 +50,7 @@ class LaunchFiles:
             resource_tracker.register(f"/{shm_name}", "shared_memory")
             self._names.append(shm_name)
             path = os.path.join(self._SHM, shm_name)
-        open(path, "ab").close()
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         return path
 
     def __exit__(self, *exc) -> None:

@@ -1,8 +1,8 @@
 """The process transport: one process per DP rank on this machine, real gloo groups.
 
 ``launch(target, args, dp_size=...)`` is how the CLI, tests and benchmarks run ranks as
-processes: this process hosts the rendezvous TCPStore on a free port (so parallel runs
-never collide), starts ``dp_size`` rank processes (``emu.cluster.rank_start``: CPU ranks
+processes: this process hosts the rendezvous TCPStore on 127.0.0.1 only, at a free port
+(so parallel runs never collide; ``emu.cluster.rendezvous``), starts ``dp_size`` rank processes (``emu.cluster.rank_start``: CPU ranks
 forked from a fork server that has imported what they need, NPU ranks spawned), and
 supervises them with the policy every transport shares (``emu.cluster.supervision``):
 the first failure is reported as ``ClusterError``, SIGINT and SIGTERM as
@@ -28,13 +28,12 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
-import torch.distributed as dist
-
 from emu.cluster import rank_boot
 from emu.cluster.device import select_device
 from emu.cluster.launch_scope import LaunchFiles, StopSignals
 from emu.cluster.rank_boot import RankSpec
 from emu.cluster.rank_start import rank_starter
+from emu.cluster.rendezvous import loopback_store
 from emu.cluster.supervision import supervise
 from emu.knobs import is_int
 from emu.rank.context import Preload
@@ -76,7 +75,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         out_dir = pathlib.Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = loopback_store()  # 127.0.0.1 only; see emu.cluster.rendezvous
     resource_tracker.ensure_running()  # see StopSignals.deferred and LaunchFiles
     ranks = _RankProcesses()
     try:

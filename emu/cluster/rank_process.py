@@ -29,6 +29,11 @@ import torch.distributed as dist
 
 from emu.cluster.device import bind_rank_device, select_device
 from emu.cluster.rank_boot import RankSpec
+from emu.cluster.rendezvous import (
+    LOOPBACK_HOST,
+    pin_gloo_to_loopback,
+    warn_if_master_addr_exposed,
+)
 from emu.rank.context import RankContext
 from emu.rank.recorder import GuardSlot
 
@@ -70,9 +75,10 @@ def rank_main(spec: RankSpec, payload: bytes, conn) -> None:
     try:
         _limit_threads()
         target, args = pickle.loads(payload)
+        pin_gloo_to_loopback()
         device, dp_group, device_group = _make_groups(
             spec.device_kind, spec.rank, timedelta(seconds=spec.collective_timeout_s),
-            store=dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
+            store=dist.TCPStore(LOOPBACK_HOST, spec.store_port, is_master=False,
                                 timeout=timedelta(seconds=spec.collective_timeout_s)),
             rank=spec.rank, world_size=spec.dp_size,
         )
@@ -129,11 +135,15 @@ def join_from_env(target, args, *, device: str = "auto",
                   out_dir: pathlib.Path | str | None = None,
                   collective_timeout_s: float = 60.0):
     """Run this process as one rank of a cluster started by torchrun; returns this rank's
-    `target(ctx, args)`. Failures propagate as exceptions and torchrun stops the others."""
+    `target(ctx, args)`. Failures propagate as exceptions and torchrun stops the others.
+    Where the rendezvous and gloo listen is torchrun's and the user's choice (MASTER_ADDR,
+    GLOO_SOCKET_IFNAME), not pinned to loopback as under `launch`: rank 0 warns when a
+    run on one machine is given a network MASTER_ADDR (emu.cluster.rendezvous)."""
     rank, world_size, local_rank = (_env_int(n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise RuntimeError(f"join_from_env needs the {name} environment variable")
+    warn_if_master_addr_exposed(rank, world_size)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
     device_kind = select_device(device, local_ranks=local_world)
     if out_dir is not None:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from emu.knobs import is_number
+from emu.limits import MAX_SMALL_FILE_BYTES, FileTooLarge, read_limited
 
 # The coefficient fields of a profile, in the order of the cost formula.
 TERMS = ("fixed_s", "per_kv_token_s", "per_scheduled_token_s", "per_running_request_s",
@@ -55,6 +56,12 @@ TERMS = ("fixed_s", "per_kv_token_s", "per_scheduled_token_s", "per_running_requ
 # The columns a measured CSV must have (one row per step), and the term each one prices.
 # vLLM accepts more, but past this a draft chain is not a decode-node setting.
 MAX_SPEC_TOKENS = 16
+# What a profile file may say (``profile_from_dict``): a forward (``fixed_s``, and
+# ``draft_step_s``) of at most a minute, at most a second per token, request or block.
+# Within these, the costliest step the run limits allow (emu.limits, workload.MAX_TOKENS)
+# stays below 2**63 microseconds, the lockstep collective's int64.
+MAX_FORWARD_S = 60.0
+MAX_PER_UNIT_S = 1.0
 FIT_COLUMNS = ("running_requests", "kv_tokens", "scheduled_tokens", "step_ms")
 # The speculative-decoding fields (all 0: plain decode), after the coefficients.
 MTP_FIELDS = ("num_speculative_tokens", "draft_acceptance_rate", "draft_step_s")
@@ -210,6 +217,12 @@ def profile_from_dict(data, source: str) -> StepCostModel:
         if not is_number(value) or not math.isfinite(value) or value < 0:
             raise CostProfileError(f"{source}: key {key!r} must be a finite number >= 0 "
                                    f"(seconds), got {value!r}")
+    for key in (*TERMS, "draft_step_s"):
+        limit = MAX_FORWARD_S if key in ("fixed_s", "draft_step_s") else MAX_PER_UNIT_S
+        value = values.get(key, 0.0)
+        if is_number(value) and value > limit:
+            raise CostProfileError(f"{source}: key {key!r} must be at most {limit:g} "
+                                   f"seconds, got {value!r}")
     try:
         return StepCostModel(**values)
     except ValueError as exc:
@@ -225,8 +238,8 @@ def load_profile(value: str) -> StepCostModel:
         raise CostProfileError(f"{value!r}: not a bundled profile ({', '.join(PROFILES)}) "
                                "and not a .json file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_limited(path, MAX_SMALL_FILE_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError, FileTooLarge) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise CostProfileError(f"{value}: cannot read the profile file: {reason}") from None
     try:
