@@ -64,7 +64,7 @@ from emu.workload import TraceRequest
 
 DEFAULT_KV_TIMEOUT_S = 30.0
 # A slowed rank's extra cost per step: at most a forward as a cost profile may price one
-# (emu.engine.costs.MAX_FORWARD_S), so the step cost stays within the int64 clock.
+# (emu.rank.costs.MAX_FORWARD_S), so the step cost stays within the int64 clock.
 MAX_EXTRA_MS = 60_000.0
 
 SYNTAX = "KIND:KEY=VALUE,..."

@@ -2,8 +2,9 @@
 
 ``launch(target, args, dp_size=...)`` is how the CLI, tests and benchmarks run ranks as
 processes: this process hosts the rendezvous TCPStore on 127.0.0.1 only, at a free port
-(so parallel runs never collide; ``emu.cluster.rendezvous``), starts ``dp_size`` rank processes (``emu.cluster.rank_start``: CPU ranks
-forked from a fork server that has imported what they need, NPU ranks spawned), and
+(so parallel runs never collide; ``emu.cluster.rendezvous``), starts ``dp_size`` rank
+processes (``emu.cluster.rank_start``: CPU ranks forked from a fork server that has
+imported what they need, NPU ranks spawned), and
 supervises them with the policy every transport shares (``emu.cluster.supervision``):
 the first failure is reported as ``ClusterError``, SIGINT and SIGTERM as
 ``Interrupted``, once every rank is stopped — SIGTERM, which makes a rank dump its
