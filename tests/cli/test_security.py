@@ -111,9 +111,9 @@ def test_a_thread_run_listens_on_nothing(tmp_path, tiny_trace, clikit):
     assert seen.returncode == 0, seen.stderr
     assert seen.samples_under_way > 0
     assert seen.listeners == set()
-    # its scratch: the private directory of the watchdog's guard file, gone after
-    assert any(Path(s.top).name.startswith("dyntra-emu-threads-")
-               for s in seen.scratch.values())
+    # its scratch: the watchdog's guard file in /dev/shm (private), gone after
+    assert any(Path(s.path).name.startswith("dyntra-emu-launch-")
+               and s.path.endswith("-guard") for s in seen.scratch.values())
     assert seen.shared() == []
     assert seen.left == []
 

@@ -66,9 +66,13 @@ VARIANTS = {
 
 def upstream_spec(name: str, dp_size: int, out_dir: pathlib.Path, **fields) -> RunSpec:
     """The integration tier's named run (or a scheduler variant of the static one), on
-    vllm-ascend's DyntraLB."""
-    fields = {"vllm_ascend": str(TREE), "run_timeout_s": 600.0, **VARIANTS.get(name, {}),
-              **fields}
+    vllm-ascend's DyntraLB. The shared runs are rank threads, which give the event logs
+    of rank processes byte for byte (``test_vllm_ascend_threads.py``); "static-again",
+    the static run again, is rank processes, so the tests that compare the two check
+    that too."""
+    transport = "process" if name == "static-again" else "thread"
+    fields = {"vllm_ascend": str(TREE), "run_timeout_s": 600.0, "transport": transport,
+              **VARIANTS.get(name, {}), **fields}
     base = spec("static" if name in VARIANTS else name, dp_size, out_dir)
     return dataclasses.replace(base, impl="vllm-ascend", **fields)
 

@@ -43,8 +43,10 @@ def broken_tree(tmp_path: pathlib.Path) -> tuple[pathlib.Path, int]:
 def test_a_rank_skipping_the_all_gather_is_named_at_vllm_ascends_line(
         tmp_path, no_leftover_processes):
     tree, gather_line = broken_tree(tmp_path)
+    # Rank processes: a tree other than the shared one is never imported by rank threads
+    # of a process that has the shared tree (emu.impl.vllm_ascend.rank_state).
     spec = upstream_spec("static", 2, tmp_path / "run", vllm_ascend=str(tree),
-                         collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+                         collective_timeout_s=COLLECTIVE_TIMEOUT_S, transport="process")
     start = time.monotonic()
     with pytest.raises(ClusterError) as info:
         run_cluster(spec)
