@@ -25,8 +25,8 @@ The rank observes the loop at two points — the executor's forward and the end 
 
 from __future__ import annotations
 
-import copy
 import inspect
+import pickle
 import queue
 import time
 from collections import deque
@@ -204,9 +204,11 @@ class _EmulatedEngine:
         try:
             if rank.plan_memo is None:
                 return self._plans(*args, **kwargs)
-            key = (_frozen(args), _frozen(sorted(kwargs.items())))
-            plans = rank.plan_memo(key, lambda: self._plans(*args, **kwargs))
-            return copy.deepcopy(plans)
+            # The planner's arguments as bytes: lists of ints, one C call to make and compare.
+            key = pickle.dumps((args, sorted(kwargs.items())), pickle.HIGHEST_PROTOCOL)
+            plans = rank.plan_memo(key, lambda: pickle.dumps(self._plans(*args, **kwargs),
+                                                             pickle.HIGHEST_PROTOCOL))
+            return pickle.loads(plans)  # this rank's own copy
         finally:
             rank.planner_s += time.perf_counter() - start
 
@@ -215,13 +217,6 @@ class _EmulatedEngine:
         if ours is not None:
             return [plan.to_dict() for plan in ours(*args, **kwargs)]
         return super()._balance_load(*args, **kwargs)
-
-
-def _frozen(value):
-    """``value`` with its lists as tuples, so that it can key the plan memo."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
 
 
 def _pure_planner(core_module, our_planner) -> bool:

@@ -6,7 +6,8 @@ scheduler state, checked at the end of every non-idle iteration.
   until it is scheduled again (vllm-ascend's pause must not free or move its KV);
 - while a plan is present, only its admission set is admitted.
 
-A violation raises ``emu.cluster.watchdog.InvariantError`` naming the rank, iteration and request.
+A violation raises ``emu.rank.invariants.InvariantError`` naming the rank, iteration and
+request.
 """
 
 from __future__ import annotations
