@@ -4,8 +4,10 @@ vLLM's ``EngineCore`` builds its executor from the config and calls it for the K
 setup and then once per step. This one declares a small full-attention KV spec (the
 pool size is fixed by ``num_gpu_blocks_override``), and hands every forward — real or
 dummy — to the rank (``emu.impl.vllm_ascend.engine.EmulatedRank``), which prices it,
-joins the lockstep collective and returns what the worker would: one sampled token per
-request that completed its prompt, and the remote-KV loads finished by then.
+joins the lockstep collective and returns what the worker would: the tokens sampled by
+each request that completed its prompt (``sampler``: one, or with MTP the accepted drafts
+plus one), and the remote-KV loads finished by then. With MTP the engine then takes the
+drafts the forward proposed (``take_draft_token_ids``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ _PLENTY_OF_MEMORY = 1 << 40
 
 
 class EmulatedExecutor(Executor):
-    """``rank`` provides ``forward(scheduler_output)`` and ``dummy_forward()``."""
+    """``rank`` provides ``forward(scheduler_output)``, ``dummy_forward()`` and its
+    ``sampler``."""
 
     def __init__(self, vllm_config, rank):
         self.rank = rank
@@ -70,7 +73,7 @@ class EmulatedExecutor(Executor):
         self.rank.dummy_forward()
 
     def take_draft_token_ids(self):
-        return None
+        return self.rank.sampler.take_draft_token_ids()
 
     def check_health(self) -> None:
         pass
