@@ -37,7 +37,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 from dyntra_lb import planners
-from dyntra_lb.blocks import block_counts
+from dyntra_lb.blocks import block_counts, num_blocks
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
@@ -227,6 +227,7 @@ class EmulatedRank(RankHarness):
         self.strict = StrictChecker(self) if spec.strict else None
         self.records: dict[str, _RequestRecord] = {}
         self._running_ids: list[str] = []  # running at the end of the last iteration
+        self.output_clock_us = 0  # when the forward whose output vLLM processes ended
         self.sampler = EmulatedSampler(DraftAcceptance.for_profile(spec.cost_model, spec.seed))
         self._new_iteration()
         self.engine = engine_class(core_module, dyntra_lb_enabled)(vllm_config, self)
@@ -293,10 +294,12 @@ class EmulatedRank(RankHarness):
         if total > 0:
             self._executed = True
             self._scheduled_tokens = total
-            running = scheduler.running
+            # Each running request's tokens as the worker has them (the scheduler's
+            # count lags by the step in flight under async scheduling).
+            tokens = [self.sampler.num_tokens(r) for r in scheduler.running]
             self._own_cost_us = self.cost(
-                sum(block_counts(running, self.spec.block_size)),
-                sum(r.num_tokens for r in running), len(running), total, False)
+                sum(num_blocks(t, self.spec.block_size) for t in tokens), sum(tokens),
+                len(tokens), total, False)
             self._lockstep(self.num_finished)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled = self.sampler.sample(scheduler_output, scheduler.requests)
@@ -351,9 +354,11 @@ class EmulatedRank(RankHarness):
         self._admit_ids = set(admit) if admit is not None else None
 
     def on_output(self, output) -> None:
-        """A request's output of this step (``OutputSink``)."""
+        """A request's output (``OutputSink``), stamped with the end of the forward that
+        produced it (``output_clock_us``, which the executor sets when vLLM's engine reads
+        that forward's output: this step's, or with async scheduling the previous one's)."""
         record = self.records[output.request_id]
-        now_s = self.clock_us / 1e6
+        now_s = self.output_clock_us / 1e6
         record.token_times_s.extend([now_s] * len(output.new_token_ids))
         if output.finish_reason is not None:
             record.finish_s = now_s

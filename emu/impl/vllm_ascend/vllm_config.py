@@ -97,7 +97,7 @@ def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
     )
     parallel = ParallelConfig(data_parallel_size=spec.dp_size, data_parallel_rank=rank,
                               data_parallel_rank_local=rank)
-    return VllmConfig(
+    config = VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=spec.block_size, enable_prefix_caching=False,
                                  num_gpu_blocks_override=spec.num_gpu_blocks + 1),
@@ -113,6 +113,12 @@ def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
         device_config=DeviceConfig(device="cpu"),
         additional_config=additional_config,
     )
+    # vLLM's CPU platform turns async scheduling off while the config is built (its
+    # check_and_update_config); vllm-ascend's NPU platform keeps it, and so does the
+    # node emulated here: with it, vLLM's engine overlaps each step with the next
+    # (its batch queue), as on the node.
+    config.scheduler_config.async_scheduling = spec.async_scheduling
+    return config
 
 
 def speculative_config(profile, model, parallel):
