@@ -144,11 +144,6 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if not isinstance(spec.cost_model, StepCostModel):
         raise ValueError(f"RunSpec.cost_model must be a StepCostModel, "
                          f"got {type(spec.cost_model).__name__}")
-    if spec.cost_model.num_speculative_tokens and spec.impl != "kit":
-        raise ValueError(
-            f"cost model {spec.cost_model.name!r} has num_speculative_tokens="
-            f"{spec.cost_model.num_speculative_tokens} (MTP); speculative decoding runs "
-            f"with impl 'kit' only, {spec.impl!r} schedules one token per request per step")
     if spec.out_dir is None:
         raise ValueError("RunSpec.out_dir must be a directory path, got None")
     _validate_trace(spec)
