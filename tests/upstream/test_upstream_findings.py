@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from emu.cluster.launcher import ClusterError
+from emu.cluster.supervision import ClusterError
 from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec
