@@ -51,7 +51,7 @@ from dyntra_lb import planner
 from emu.cluster import rank_boot
 from emu.cluster.device import select_device
 from emu.cluster.launch_scope import LaunchFiles, Signalled, StopSignals
-from emu.cluster.rank_boot import RankSpec
+from emu.cluster.rank_spec import RankSpec
 from emu.cluster.watchdog import Watchdog
 from emu.knobs import is_int
 
