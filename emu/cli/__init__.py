@@ -10,7 +10,7 @@ Commands:
 - ``fit-cost``: a step-cost profile fitted to step times measured on a node;
 - ``sweep``: a grid of DyntraLB configs on the thread transport (emu/sweep.py);
 - ``replay`` / ``explain``: offline tools over diagnostics logs (emu/offline/replay.py,
-  emu/offline/explain.py);
+  emu/offline/explain.py underneath);
 - ``diff``: kit against vllm-ascend (or two vllm-ascend trees, or two run directories)
   step by step (emu/cli/diff.py, emu/offline/diff.py).
 

@@ -8,7 +8,7 @@ import difflib
 import signal
 import sys
 
-from emu.cli import ab, diff, fit_cost, run, sweep, validate
+from emu.cli import ab, diff, explain, fit_cost, replay, run, sweep, validate
 from emu.cli.errors import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -21,7 +21,6 @@ from emu.cli.errors import (
 )
 from emu.cli.flags import Formatter, wrap
 from emu.cli.running import resolve_dp
-from emu.offline import explain, replay
 
 EPILOG = """\
 examples:
