@@ -20,7 +20,6 @@ from emu.cli.errors import (
     raise_terminated,
 )
 from emu.cli.flags import Formatter, wrap
-from emu.cli.running import resolve_dp
 
 EPILOG = """\
 examples:
@@ -66,8 +65,6 @@ def main(argv=None) -> int:
     # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message.
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        if args.command in ("run", "ab", "validate"):
-            resolve_dp(args)
         return args.func(args)
     except UsageError as exc:
         _print_problems(prog, exc.problems)

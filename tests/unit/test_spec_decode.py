@@ -226,8 +226,8 @@ def test_vllm_ascend_refuses_a_profile_with_drafts(tmp_path):
     trace = [TraceRequest("a", 0.0, 100, 10)]
     spec = RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
                    cost_model=PROFILES["kv-token-mtp3"])
-    with pytest.raises(ValueError, match="cost model 'kv-token-mtp3' has "
-                                         "num_speculative_tokens=3 .MTP.; speculative "
-                                         "decoding runs with impl 'kit' only"):
+    with pytest.raises(ValueError, match="RunSpec.cost_model 'kv-token-mtp3': speculative "
+                                         "decoding .num_speculative_tokens=3. runs with "
+                                         "impl='kit' only"):
         validate(spec)
     validate(replace(spec, impl="kit"))

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from emu.spec import RunSpec, check
 from emu.workload import (
     MAX_ARRIVAL_S,
     MAX_PRIORITY,
@@ -20,7 +21,6 @@ from emu.workload import (
     REQUIRED_FIELDS,
     TraceError,
     TraceRequest,
-    check_ranks,
     load_trace,
     validate_trace,
 )
@@ -93,6 +93,12 @@ objects = st.dictionaries(st.one_of(st.sampled_from(FIELDS), st.text(max_size=5)
 lines_of_values = st.lists(st.one_of(objects, json_values), min_size=0, max_size=6)
 
 
+def _rank_problems(requests, dp_size: int) -> list[str]:
+    """What the RunSpec's check says about the requests' pinned ranks for ``dp_size``."""
+    _, problems = check(RunSpec(trace=requests, dp_size=dp_size, out_dir="."))
+    return [str(p) for p in problems if "field 'rank'" in p.message]
+
+
 def dump(value) -> str:
     """JSON text of any generated value; NaN/Infinity as Python writes them (the
     loader must reject them, they are not JSON numbers)."""
@@ -107,7 +113,8 @@ def test_arbitrary_json_values(trace_path, values, dp_size):
     if requests is not None:
         assert len(requests) == len(values)
         if dp_size is not None:
-            check_ranks(requests, dp_size)  # loading with dp_size checked the ranks already
+            # loading with dp_size checked the ranks already
+            assert _rank_problems(requests, dp_size) == []
 
 
 # Found by this fuzzing: json.loads raises RecursionError on a deeply nested line.
@@ -169,7 +176,7 @@ def test_valid_traces_round_trip(trace_path, generated, newline, blank_lines):
                         for o in objs]
     assert [r.prompt_text for r in requests] == [o.get("prompt_text") for o in objs]
     assert all(isinstance(r.arrival_s, float) for r in requests)
-    check_ranks(requests, dp_size)
+    assert _rank_problems(requests, dp_size) == []
 
 
 BAD_VALUES = {
