@@ -20,6 +20,13 @@ transport (``emu.cluster.threads``), ``--jobs`` at a time, each in a process of 
 - ``runs/baseline``, ``runs/p01`` ...: each run's ``metrics.json`` and event logs.
 
 The best config is printed as a ready ``--additional-config`` JSON.
+
+This module is the sweep itself, below the CLI: the grid, each point's RunSpec (the
+base spec with the point's config), the runs (``emu.run.run`` in job processes, so each
+run records its config as any other run of that spec), the table and the plots. The
+command (``emu.cli.sweep``) checks the specs, shows progress through ``run_points``'s
+callback and turns its errors (ValueError, ``SweepFailed``, ``SweepInterrupted``) into
+the CLI's.
 """
 
 from __future__ import annotations
