@@ -123,9 +123,9 @@ def arrival_us(req: TraceRequest) -> int:
 
 
 def validate_trace(path, dp_size: int | None = None) -> list[str]:
-    """Every problem of the trace at `path` (empty list when it is valid). With
-    `dp_size`, pinned ranks are checked against it too. Used by `dyntra-emu validate`,
-    which prints them all."""
+    """Every problem of the trace at `path` (empty list when it is valid), for a tool
+    that lists them all (fixtures/README.md). With `dp_size`, pinned ranks are checked
+    against it too. `load_trace` raises the same problems as a TraceError."""
     _, problems = _parse(Path(path), dp_size)
     return problems
 

@@ -30,10 +30,10 @@ from emu.rank.costs import CostProfileError, StepCostModel, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
 from emu.spec import RunSpec, check, knobs
 from emu.workload import (
+    TraceError,
     TraceRequest,
     load_trace,
     resolve_workload,
-    validate_trace,
     workload_label,
 )
 
@@ -137,12 +137,13 @@ def read_workload(value: str, seed: int, dp: int) -> tuple[Workload | None, list
 
 def _read_trace(value: str, path: Path, dp: int, label: str
                 ) -> tuple[Workload | None, list[str]]:
-    problems = validate_trace(path, dp_size=dp)
-    if problems:
-        return None, problems
+    try:
+        trace = load_trace(path, dp_size=dp)
+    except TraceError as exc:  # every problem of every line
+        return None, exc.problems
     lines = path.read_bytes().split(b"\n")
     numbers = [i for i, line in enumerate(lines, start=1) if line.strip()]
-    return Workload(value, load_trace(path, dp_size=dp), label, path, numbers), []
+    return Workload(value, trace, label, path, numbers), []
 
 
 def read_cost_model(value: str | None) -> tuple[StepCostModel | None, list[str]]:
