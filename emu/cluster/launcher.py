@@ -32,7 +32,7 @@ from typing import Any
 from emu.cluster import rank_boot
 from emu.cluster.device import select_device
 from emu.cluster.launch_scope import LaunchFiles, StopSignals
-from emu.cluster.rank_boot import RankSpec
+from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rank_start import rank_starter
 from emu.cluster.rendezvous import loopback_store
 from emu.cluster.supervision import supervise

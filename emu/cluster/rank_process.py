@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from emu.cluster.device import bind_rank_device, select_device
-from emu.cluster.rank_boot import RankSpec
+from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rendezvous import (
     LOOPBACK_HOST,
     pin_gloo_to_loopback,

@@ -13,6 +13,7 @@ from emu.cluster.launcher import launch
 from emu.cluster.supervision import ClusterError
 from emu.impl import make_engine
 from emu.offline import replay
+from emu.offline.logscan import read_log
 from emu.run import run_cluster
 from emu.spec import RunSpec, validate
 from emu.workload import TraceRequest
@@ -123,7 +124,7 @@ def test_shared_workloads_run_clean_in_strict_mode(kit, tmp_path):
     assert any(s["paused"] for s in steps)
     assert any(s["admitted"] and s["plan_applied"] is not None for s in steps)
     # the rank log says max_num_seqs, so replaying it needs no flag
-    report = replay.replay(replay.read_log(static.logs[0]))
+    report = replay.replay(read_log(static.logs[0]))
     assert report.assumptions == []
     assert {r.max_num_seqs for r in report.results} == {2}
     assert report.summary()["reproduced"] == report.summary()["snapshots"] > 0
