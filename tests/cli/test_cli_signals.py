@@ -209,6 +209,44 @@ def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, cli
     assert _launch_files(tmp, proc.pid) == []
 
 
+def _still_running(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `processes` still running (not gone, not a zombie) after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in processes:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def test_sigkill_mid_run_leaves_no_process_and_no_temporary_file(tmp_path, clikit):
+    """SIGKILL of the launcher mid-run (CPU ranks, forks of its fork server): the ranks
+    die with it, the fork server and the resource tracker exit, and nothing is left in
+    TMPDIR or /dev/shm. The fork server's socket lives in a `pymp-*` directory that
+    the killed launcher could not remove; the fork server removes it as it exits."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp)
+    log = out / "rank1.events.jsonl"
+    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
+    helpers = psutil.Process(proc.pid).children()  # the fork server, the resource tracker
+    ranks = _ranks(proc)
+    assert len(ranks) == 2
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]  # the server's
+    proc.kill()
+    proc.communicate()
+
+    assert _still_running(ranks + helpers, timeout=30) == []
+    assert sorted(p.name for p in tmp.iterdir()) == []
+    assert _launch_files(tmp, proc.pid) == []
+    assert json.loads((out / "run.json").read_text())["state"] == "running"
+
+
 _SUBREAPER_SCRIPT = textwrap.dedent("""
     import ctypes, json, os, signal, subprocess, sys, time
     import psutil
