@@ -200,10 +200,19 @@ class _EmulatedEngine:
         try:
             ours = self._emu_rank.our_planner
             if ours is not None:
-                return [plan.to_dict() for plan in ours(*args, **kwargs)]
-            return super()._balance_load(*args, **kwargs)
+                plans = [plan.to_dict() for plan in ours(*args, **kwargs)]
+            else:
+                plans = super()._balance_load(*args, **kwargs)
         finally:
             self._emu_rank.planner_s += time.perf_counter() - start
+        self._emu_rank.plans = plans  # what strict mode holds the next schedule() to
+        return plans
+
+    def _do_lb_allgather(self, admission_candidates):
+        """Production's method runs unchanged; strict mode keeps the admission candidates
+        it publishes (the plan's admission set is matched against them)."""
+        self._emu_rank.candidates = admission_candidates
+        return super()._do_lb_allgather(admission_candidates)
 
 
 def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
@@ -316,7 +325,8 @@ class EmulatedRank:
         self._finished: list[_RequestRecord] = []
         self.planner_s = 0.0
         self.collectives_s = 0.0
-        self._admit_ids = None  # the admission set schedule() ran under (None: no plan)
+        self.plans = None  # the plans _balance_load returned in this iteration
+        self.candidates: list = []  # the admission candidates _do_lb_allgather published
 
     # ------------------------------------------------------------------ forward
 
@@ -325,6 +335,8 @@ class EmulatedRank:
         self._begin_step()
         now_s = self.clock_us / 1e6
         self._note_schedule(scheduler_output, now_s)
+        if self.strict is not None:
+            self.strict.scheduled(scheduler_output)
         scheduler = self.scheduler
         total = scheduler_output.total_num_scheduled_tokens
         if total > 0:
@@ -391,8 +403,6 @@ class EmulatedRank:
                 if pauses and pauses[-1][1] is None:
                     pauses[-1][1] = now_s
         self._preempted = sorted(scheduler_output.preempted_req_ids or ())
-        admit = getattr(self.scheduler, "_lb_admit_req_ids", None)
-        self._admit_ids = set(admit) if admit is not None else None
 
     def on_output(self, output) -> None:
         """A request's output of this step (``OutputSink``)."""
@@ -427,7 +437,8 @@ class EmulatedRank:
                        self.collectives_s if self.dyntra_lb else None)
         self.num_finished += len(self._finished)
         if self.strict is not None:
-            self.strict.check(self._paused, self._admitted + self._resumed, self._admit_ids)
+            self.strict.check(None if self.plans is None else self.plans[self.dp_rank],
+                              self.candidates)
         self.iteration += 1
         self._running_ids = [r.request_id for r in scheduler.running]
         self._new_iteration()
