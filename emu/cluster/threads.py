@@ -212,13 +212,8 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     changed = threading.Event()
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
 
-    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp, \
-            _process_state() as router:
-        guard_path = os.path.join(tmp, "guard")
-        watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
-        with open(guard_path, "r+b") as f:
-            guard = mmap.mmap(f.fileno(), 0)
-
+    watchdog, guard = _guard_record(dp_size, collective_timeout_s)
+    with _process_state() as router:
         def body(state: _RankThread) -> None:
             rank = state.rank
             ctx = RankContext(rank, dp_size, rank, ThreadGroup(dp_hub, rank),
@@ -268,6 +263,28 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     if error is not None:
         raise error
     return [state.result for state in ranks]
+
+
+def _guard_record(dp_size: int, timeout_s: float) -> tuple[Watchdog, mmap.mmap]:
+    """The watchdog and the rank threads' view of the guard record it reads: one file
+    mapped twice, with no name once both mappings exist (every rank is a thread of this
+    process), so that nothing is left behind whatever ends the process, SIGKILL
+    included. On Linux the file is a memfd, which never has a name; elsewhere a file in
+    a temporary directory removed at once."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("dyntra-emu-guard")
+        try:
+            return _map_twice(f"/proc/self/fd/{fd}", dp_size, timeout_s)
+        finally:
+            os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-threads-") as tmp:
+        return _map_twice(os.path.join(tmp, "guard"), dp_size, timeout_s)
+
+
+def _map_twice(path: str, dp_size: int, timeout_s: float) -> tuple[Watchdog, mmap.mmap]:
+    watchdog = Watchdog(path, dp_size, timeout_s)
+    with open(path, "r+b") as f:
+        return watchdog, mmap.mmap(f.fileno(), 0)
 
 
 def _supervise(ranks: list[_RankThread], changed: threading.Event, watchdog: Watchdog,

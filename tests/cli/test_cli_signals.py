@@ -225,19 +225,24 @@ def _still_running(processes: list[psutil.Process], timeout: float) -> list[psut
         time.sleep(0.05)
 
 
-def test_sigkill_mid_run_leaves_no_process_and_no_temporary_file(tmp_path, clikit):
-    """SIGKILL of the launcher mid-run (CPU ranks, forks of its fork server): the ranks
-    die with it, the fork server and the resource tracker exit, and nothing is left in
-    TMPDIR or /dev/shm. The fork server's socket lives in a `pymp-*` directory that
-    the killed launcher could not remove; the fork server removes it as it exits."""
+@pytest.mark.parametrize("transport", ["process", "thread"])
+def test_sigkill_mid_run_leaves_no_process_and_no_temporary_file(tmp_path, clikit,
+                                                                 transport):
+    """SIGKILL of the launcher mid-run. Rank processes (forks of its fork server) die
+    with it, the fork server and the resource tracker exit, and nothing is left in
+    TMPDIR or /dev/shm: the fork server's socket lives in a `pymp-*` directory that the
+    killed launcher could not remove, the fork server removes it as it exits. Rank
+    threads die with the process; their guard record has no name to leave behind."""
     out, tmp = tmp_path / "out", tmp_path / "tmp"
-    proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp)
+    proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp,
+                  flags=("--transport", transport))
     log = out / "rank1.events.jsonl"
     _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
     helpers = psutil.Process(proc.pid).children()  # the fork server, the resource tracker
     ranks = _ranks(proc)
-    assert len(ranks) == 2
-    assert [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]  # the server's
+    assert len(ranks) == (2 if transport == "process" else 0)
+    if transport == "process":  # the fork server's socket directory, to be removed
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
     proc.kill()
     proc.communicate()
 
