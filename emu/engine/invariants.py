@@ -12,8 +12,9 @@ which may start KV loads):
   hold, and a request holds blocks only while it runs, is paused, loads remote KV or
   has computed tokens.
 
-DyntraLB's promises (docs/protocol.md, "Plan application"), checked on what the
-scheduler did, not on what DyntraLB's state says about itself:
+DyntraLB's promises (docs/protocol.md, "Plan application"; docs/strict-mode.md has each
+one broken on purpose and the message it produced), checked on what the scheduler did,
+not on what DyntraLB's state says about itself:
 
 - a plan generated at iteration k is applied at iteration k+1: exactly the running
   requests its ``out_blk`` matches (by block count, in running order, each value once)
