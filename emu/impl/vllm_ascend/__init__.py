@@ -68,17 +68,16 @@ def build(ctx, spec, config, out_dir):
         core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
                            config.dyntra_lb.enable_diagnostics)
     variant = _variant(config, spec.dp_size, spec.async_scheduling)
-    with model_dir(max_model_len_of(spec)) as model_path:
-        vllm_config = build_vllm_config(
-            spec, rank=ctx.rank, variant=variant, dyntra_lb_enabled=config.dyntra_lb.enabled,
-            model_path=model_path, additional_config=config.raw)
-        preset_ascend_config(vllm_config)
-        return EmulatedRank(
-            ctx, spec, vllm_config=vllm_config, core_module=core,
-            dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
-            event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
-            wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
-            faults=injector_for(spec.faults, ctx.rank))
+    vllm_config = build_vllm_config(
+        spec, rank=ctx.rank, variant=variant, dyntra_lb_enabled=config.dyntra_lb.enabled,
+        model_path=model_dir(out_dir, max_model_len_of(spec)), additional_config=config.raw)
+    preset_ascend_config(vllm_config)
+    return EmulatedRank(
+        ctx, spec, vllm_config=vllm_config, core_module=core,
+        dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
+        event_log=out_dir / f"rank{ctx.rank}.events.jsonl",
+        wall_log=out_dir / f"rank{ctx.rank}.wall.jsonl",
+        faults=injector_for(spec.faults, ctx.rank))
 
 
 def _route_logs(out_dir, rank: int, spec) -> None:
