@@ -40,6 +40,7 @@ import os
 import pathlib
 import pickle
 import signal
+import tempfile
 import time
 from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import wait
@@ -233,7 +234,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         watchdog = Watchdog(guard_path, dp_size, collective_timeout_s)
         try:
             with signals.armed():
-                with signals.deferred():  # a fork server started here ignores SIGINT
+                with signals.deferred():  # a fork server started here blocks SIGINT
                     mp, parent_pid = _rank_context(device_kind)
                 environ = dict(os.environ)
                 for rank in range(dp_size):
@@ -279,7 +280,7 @@ def _rank_context(device_kind: str):
     spawned, each a fresh interpreter that imports torch_npu itself: whether torch_npu
     survives a fork once imported cannot be checked without the hardware, and a device
     runtime does not once initialised (vLLM, too, spawns its workers when CUDA is)."""
-    if _START_METHOD[device_kind] == "forkserver":
+    if _START_METHOD[device_kind] == "forkserver" and _fork_server_socket_fits():
         context = multiprocessing.get_context("forkserver")
         # "__main__" as in multiprocessing's default: a rank need not import the launching
         # script (e.g. the dyntra-emu console script) again. No effect once the server runs.
@@ -287,12 +288,26 @@ def _rank_context(device_kind: str):
         try:
             forkserver.ensure_running()
             return context, forkserver._forkserver._forkserver_pid  # no public accessor
-        except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if long
+        except OSError:  # no Unix socket to be had: spawn
             pass
     # A spawned rank loads the compiled planner from numba's disk cache: fill the cache
     # here, once, rather than have every rank compile it while its peers wait.
     planner.warm_up()
     return multiprocessing.get_context("spawn"), os.getpid()
+
+
+# The fork server's socket: <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX (multiprocessing's
+# names, 8 random characters each); a Unix socket's path holds at most 107 bytes (Linux).
+_FORK_SERVER_SOCKET = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SOCKET_PATH_MAX = 107
+
+
+def _fork_server_socket_fits() -> bool:
+    """Whether the fork server's socket path fits a Unix socket address. When it does
+    not (a long TMPDIR, as pytest's under xdist), ranks are spawned; multiprocessing
+    would otherwise make its temporary directory, fail to bind the socket in it, and
+    leave the directory for this process's exit to remove, which a SIGKILL skips."""
+    return len(os.fsencode(tempfile.gettempdir())) + _FORK_SERVER_SOCKET <= _SOCKET_PATH_MAX
 
 
 def _interrupted(ranks: list[_Rank], signum: int, watchdog: Watchdog) -> Interrupted:
