@@ -94,15 +94,17 @@ class Case:
     expect_code: int = 0
     expect_state: tuple[str, ...] = ("complete",)  # run.json's state, any of these
     named_rank: int | None = None  # the failing rank the report must name
+    named_peer_of: int | None = None  # or a rank that waited for this one (torchrun)
     collective_timeout_s: float | None = None  # None: the CLI's default
 
 
 def cases(path: RunPath) -> list[Case]:
     """The cases of a path: the faults inside the ranks everywhere, the signals to the
     launcher except under torchrun. Under torchrun a hang is found by the collective
-    timeout of the rank that waits (there is no watchdog), so that rank is the one
-    named; and when rank 1 fails, rank 0 (which writes run.json) either fails too or is
-    stopped by torchrun first (run.json "interrupted"), whichever comes first.
+    timeout of the ranks that wait for the stuck one (there is no watchdog), so one of
+    them is named, whichever failed first; and when rank 1 fails, rank 0 (which writes
+    run.json) either fails too or is stopped by torchrun first (run.json
+    "interrupted"), whichever comes first.
 
     The hang of `delay` must be found in seconds, not the default 60: 3 s for the kit.
     A vllm-ascend rank imports vLLM after its groups are up (5-10 s of CPU each, more
@@ -120,7 +122,8 @@ def cases(path: RunPath) -> list[Case]:
              expect_state=peer_failed, named_rank=1),
         Case("not_ready", (f"not_ready:request={VICTIM},lookups=25",)),
         Case("delay", (f"delay:rank=1,site=engine.lockstep,step=20,seconds={delay}",),
-             expect_code=1, expect_state=("failed",), named_rank=0 if torchrun else 1,
+             expect_code=1, expect_state=("failed",), named_rank=None if torchrun else 1,
+             named_peer_of=1 if torchrun else None,
              collective_timeout_s=timeout),
     ]
     if torchrun:
@@ -340,13 +343,15 @@ def _named(path: RunPath, case: Case, dp: int, stderr: str, out: Path) -> tuple[
     signal, nothing when nothing failed."""
     error = out / "error.txt"
     report = error.read_text() if error.exists() else ""
+    if path.transport == "torchrun" and case.expect_code != 0:
+        root = re.search(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)",
+                         stderr, re.S)
+        r = int(root.group(1)) if root else None
+        named = r is not None and (r == case.named_rank if case.named_rank is not None
+                                   else r != case.named_peer_of)
+        return named, (f"rank {r} (torchrun)" if named else "NO")
     if case.named_rank is not None:
         r = case.named_rank
-        if path.transport == "torchrun":
-            root = re.search(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)",
-                             stderr, re.S)
-            named = root is not None and int(root.group(1)) == r
-            return named, (f"rank {r} (torchrun)" if named else "NO")
         section = report.split(f"--- rank {r} ---", 1)[1] if f"--- rank {r} ---" in report \
             else ""
         named = (f"rank {r} failed" in report.splitlines()[0] if report else False) or \
