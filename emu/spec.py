@@ -25,6 +25,7 @@ from emu.impl.kit.scheduler import SCHEDULING_POLICIES
 from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
 from emu.knobs import Choice, Int, Knob, NonNegativeSeconds, Seconds, Switch, Text, knob
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
+from emu.rank.control_costs import PLANNER_COSTS
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.workload import ROUTERS, TraceRequest, check_ranks
 
@@ -89,6 +90,11 @@ class RunSpec:
         "(in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
         "_balance_load, --impl vllm-ascend only)",
         shown_default="the impl's own: reference for kit, vllm-ascend for vllm-ascend")
+    planner_cost: str = knob(
+        "model", Choice(PLANNER_COSTS),
+        "how DyntraLB's planner is charged in virtual time: model (the cost profile's "
+        "control_plane terms, deterministic) or measured (each planner call's measured "
+        "wall time, the slowest rank's; not deterministic, a what-if)")
     async_scheduling: bool = knob(
         False, Switch(),
         "vLLM's async scheduling (the Async* DyntraLB scheduler; --impl vllm-ascend only)")
@@ -149,6 +155,10 @@ def validate(spec: RunSpec) -> AdditionalConfig:
             f"cost model {spec.cost_model.name!r} has num_speculative_tokens="
             f"{spec.cost_model.num_speculative_tokens} (MTP); speculative decoding runs "
             f"with impl 'kit' only, {spec.impl!r} schedules one token per request per step")
+    if spec.planner_cost == "measured" and spec.cost_model.control_plane is None:
+        raise ValueError(f"RunSpec.planner_cost 'measured' charges the planner's wall time "
+                         f"to the control plane, but cost model {spec.cost_model.name!r} "
+                         "has the control plane off (control_plane null)")
     if spec.out_dir is None:
         raise ValueError("RunSpec.out_dir must be a directory path, got None")
     _validate_trace(spec)
