@@ -12,6 +12,9 @@ compared as far as every rank logged; the row says whether both failed the same 
     DYNTRA_VLLM_ASCEND=../shared/upstream/vllm-ascend \\
         .venv-upstream/bin/python benchmarks/diff_matrix.py --out runs/diff-matrix
 
+``--cost-model NAME`` runs every cell with that step-cost profile (e.g. ``kv-token-mtp3``:
+MTP with 3 draft tokens on both impls).
+
 ``--grid full`` runs every combination of the four bundled workloads, static and
 dynamic mode, the default config and ``bubble_threshold`` 0.2, with and without KV
 pressure (32 cells per DP size); the default runs the 10 cells listed in ``CELLS``.
@@ -82,6 +85,8 @@ def main() -> int:
     parser.add_argument("--grid", choices=("listed", "full"), default="listed")
     parser.add_argument("--stall-steps", type=int, default=2000,
                         help="steps without a token after which a rank counts as stuck")
+    parser.add_argument("--cost-model", default=None,
+                        help="the step-cost profile of every run (default: kv-token)")
     parser.add_argument("--whole", action="store_true",
                         help="whole workloads, outputs uncapped (ignores --n, --max-output)")
     args = parser.parse_args()
@@ -102,6 +107,8 @@ def main() -> int:
                "--device", "cpu", "--quiet", "--overwrite",
                "--additional-config", json.dumps(config(mode, variant)),
                "--out", str(args.out / name)]
+        if args.cost_model is not None:
+            cmd += ["--cost-model", args.cost_model]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         report_path = args.out / name / "diff.json"
         if proc.returncode not in (0, 1) or not report_path.exists():

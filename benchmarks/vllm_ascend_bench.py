@@ -94,7 +94,8 @@ TABLES = {"startup": (startup, ("per-rank", "preloaded"), ("first", "again")),
 def sample(table: str, side: str, dp: int, out: pathlib.Path) -> dict:
     """One sample in a fresh process; its results and peak memory (MB)."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--one", table, side, str(dp), str(out)],
+    proc = subprocess.run([sys.executable, __file__, table, "--one", table, side, str(dp),
+                           str(out)],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"sample {table} {side} dp={dp} failed:\n{proc.stderr[-3000:]}")

@@ -150,11 +150,6 @@ def validate(spec: RunSpec) -> AdditionalConfig:
     if not isinstance(spec.cost_model, StepCostModel):
         raise ValueError(f"RunSpec.cost_model must be a StepCostModel, "
                          f"got {type(spec.cost_model).__name__}")
-    if spec.cost_model.num_speculative_tokens and spec.impl != "kit":
-        raise ValueError(
-            f"cost model {spec.cost_model.name!r} has num_speculative_tokens="
-            f"{spec.cost_model.num_speculative_tokens} (MTP); speculative decoding runs "
-            f"with impl 'kit' only, {spec.impl!r} schedules one token per request per step")
     if spec.planner_cost == "measured" and spec.cost_model.control_plane is None:
         raise ValueError(f"RunSpec.planner_cost 'measured' charges the planner's wall time "
                          f"to the control plane, but cost model {spec.cost_model.name!r} "

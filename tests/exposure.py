@@ -134,7 +134,8 @@ def _sample(launcher_pid: int, tmp: Path, tmp_path: Path, observed: Observed) ->
 
 def _processes(launcher_pid: int) -> list[tuple[psutil.Process, str]]:
     """The launcher and its descendants, each with its role. A rank is a child of the
-    fork server (whose command line it shares, being its fork)."""
+    fork server (whose command line it shares, being its fork), or a spawned child of the
+    launcher (the fork server's socket does not fit a long TMPDIR)."""
     try:
         launcher = psutil.Process(launcher_pid)
         descendants = [(p, " ".join(p.cmdline()), p.ppid())
@@ -145,7 +146,7 @@ def _processes(launcher_pid: int) -> list[tuple[psutil.Process, str]]:
                if parent == launcher_pid and "forkserver" in cmdline}
     out = [(launcher, "launcher")]
     for process, cmdline, parent in descendants:
-        if parent in servers:
+        if parent in servers or (parent == launcher_pid and "spawn_main" in cmdline):
             role = "rank"
         elif process.pid in servers:
             role = "fork server"

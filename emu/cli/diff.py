@@ -165,7 +165,8 @@ def _sides(args) -> list[tuple[str, str, str | None]]:
     if tree_a is None and tree_b is None:
         if args.async_scheduling:
             raise UsageError("--async-scheduling: run A is the kit, which emulates "
-                                 "synchronous scheduling only; compare two vllm-ascend "
+                                 "synchronous scheduling only (what async changes: "
+                                 "docs/upstream-findings.md); compare two vllm-ascend "
                                  "trees (--vllm-ascend-a/--vllm-ascend-b) instead")
         return [("kit", "kit", None), ("vllm-ascend", "vllm-ascend", args.vllm_ascend)]
     if tree_a is None or tree_b is None:

@@ -243,11 +243,6 @@ def check_cost_model(args) -> list[str]:
         args.cost_profile = load_profile(args.cost_model)
     except CostProfileError as exc:
         return [f"--cost-model {exc}"]
-    k = args.cost_profile.num_speculative_tokens
-    if k and getattr(args, "impl", "kit") != "kit":
-        return [f"--cost-model {args.cost_model}: speculative decoding "
-                f"(num_speculative_tokens={k}) runs with --impl kit only; --impl "
-                f"{args.impl} schedules one token per request per step"]
     return []
 
 

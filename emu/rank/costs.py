@@ -27,7 +27,7 @@ token per running request per step):
   tokens per decoding request (priced by ``per_scheduled_token_s``);
 - ``draft_acceptance_rate``: the chance that a draft token is accepted given that the
   drafts before it were; a step emits the accepted prefix plus one token
-  (``emu.impl.kit.spec_decode``);
+  (``emu.rank.spec_decode``);
 - ``draft_step_s``: one forward of the draft model (the MTP layer); the drafter runs k of
   them in every step that runs tokens.
 

@@ -1,5 +1,5 @@
 """Speculative decoding (MTP): the profile fields (emu/rank/costs.py), the acceptance rule
-(emu/impl/kit/spec_decode.py) and the kit scheduler's draft tokens
+(emu/rank/spec_decode.py) and the kit scheduler's draft tokens
 (emu/impl/kit/scheduler.py)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 
 from emu.impl.kit.request import Request, RequestStatus
 from emu.impl.kit.scheduler import Scheduler
-from emu.impl.kit.spec_decode import DraftAcceptance
 from emu.rank.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
+from emu.rank.remote_kv import RemoteKVConnector
+from emu.rank.spec_decode import DraftAcceptance
 
 BS = 4
 MTP = StepCostModel(name="mtp", num_speculative_tokens=3, draft_acceptance_rate=0.6,
@@ -219,15 +220,64 @@ def test_preemption_drops_the_drafts():
     assert preempted
 
 
-def test_vllm_ascend_refuses_a_profile_with_drafts(tmp_path):
-    from emu.spec import RunSpec, validate
-    from emu.workload import TraceRequest
+def step(scheduler, t):
+    output = scheduler.schedule(float(t))
+    scheduler.update_from_output(output, t + 1.0)
+    return output
 
-    trace = [TraceRequest("a", 0.0, 100, 10)]
-    spec = RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
-                   cost_model=PROFILES["kv-token-mtp3"])
-    with pytest.raises(ValueError, match="cost model 'kv-token-mtp3' has "
-                                         "num_speculative_tokens=3 .MTP.; speculative "
-                                         "decoding runs with impl 'kit' only"):
-        validate(spec)
-    validate(replace(spec, impl="kit"))
+
+def test_a_request_from_the_waiting_queue_is_padded_while_only_decodes_run():
+    """vLLM 0.27.1: a request that leaves the waiting queue with one token to compute (on
+    a decode node: its prompt's KV has landed) is scheduled with k placeholder drafts
+    when the running requests scheduled in the same step are all decodes. The
+    placeholders are never accepted, even at acceptance rate 1, and its KV slots
+    include the drafter's k lookahead slots."""
+    scheduler = make_scheduler(1.0, connector=RemoteKVConnector(0.0, 0.0))
+    a, b = Request("a", 8, 40), Request("b", 8, 40)
+    scheduler.add_request(a)
+    step(scheduler, 0)  # a's prompt KV loads
+    alone = step(scheduler, 1)
+    assert alone.num_scheduled_tokens == {"a": 1}  # nothing else runs: no padding
+    assert not alone.padded_spec_decode_req_ids
+    scheduler.add_request(b)
+    step(scheduler, 2)  # a verifies 3 drafts; b's KV loads
+    out = step(scheduler, 3)
+    assert out.num_scheduled_tokens == {"a": 4, "b": 4}
+    assert out.scheduled_spec_decode_tokens == {"a": 3, "b": 3}
+    assert out.padded_spec_decode_req_ids == {"b"}
+    assert (a.num_output_tokens, b.num_output_tokens) == (1 + 4 + 4, 1)
+    assert b.num_computed_tokens == b.num_tokens - 1  # the 3 placeholders rolled back
+    kv = scheduler.kv_cache_manager
+    # computed 7 + scheduled 4 + lookahead 3 = 14 tokens of slots, 4 blocks of 4
+    assert kv.num_blocks_of(b) == 4
+    assert kv.num_blocks_of(a) == -(-(12 + 4 + 3) // BS)
+    out = step(scheduler, 4)  # b's own drafts now: all accepted
+    assert b.num_output_tokens == 5 and not out.padded_spec_decode_req_ids
+
+
+def test_no_padding_in_a_step_whose_running_requests_include_a_prompt_chunk():
+    scheduler = make_scheduler(1.0, max_num_batched_tokens=30)
+    d, p = Request("d", 4, 40), Request("p", 30, 5)
+    scheduler.add_request(d)
+    step(scheduler, 0)  # d's prompt
+    scheduler.add_request(p)
+    assert step(scheduler, 1).num_scheduled_tokens == {"d": 4, "p": 26}  # p: a chunk
+    scheduler.add_request(Request("q", 1, 5))
+    out = step(scheduler, 2)  # p's last chunk runs: q is scheduled unpadded
+    assert out.num_scheduled_tokens == {"d": 4, "p": 4, "q": 1}
+    assert not out.padded_spec_decode_req_ids
+    scheduler.add_request(Request("r", 1, 5))
+    out = step(scheduler, 3)  # only decodes run: r is padded
+    assert out.num_scheduled_tokens == {"d": 4, "p": 4, "q": 4, "r": 4}
+    assert out.padded_spec_decode_req_ids == {"r"}
+
+
+def test_a_request_whose_padding_does_not_fit_the_budget_waits():
+    scheduler = make_scheduler(1.0, max_num_batched_tokens=6)
+    d = Request("d", 4, 40)
+    scheduler.add_request(d)
+    step(scheduler, 0)
+    scheduler.add_request(Request("q", 1, 5))
+    out = step(scheduler, 1)  # d takes 4 of 6: q's 1 + 3 does not fit, 1 alone would
+    assert out.num_scheduled_tokens == {"d": 4}
+    assert [r.request_id for r in scheduler.waiting] == ["q"]

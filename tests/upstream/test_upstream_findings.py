@@ -4,6 +4,7 @@ Our kit reproduces each one; the tests fail when vllm-ascend's behaviour changes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -11,6 +12,8 @@ import sys
 
 import pytest
 
+from emu.cluster.supervision import ClusterError
+from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
@@ -73,3 +76,26 @@ def test_without_dyntra_lb_the_kv_stall_trace_finishes(tmp_path):
                    vllm_ascend=str(TREE), run_timeout_s=600.0)
     result = run_cluster(spec)
     assert sum(r.num_finished for r in result.ranks) == len(KV_STALL_TRACE)
+
+
+def test_the_recompute_scheduler_fails_at_the_first_verified_draft(tmp_path):
+    """vllm-ascend's recompute scheduler reads ``request.async_tokens_to_discard`` when a
+    step verified drafts, an attribute vLLM 0.27.1's ``Request`` does not have: with MTP
+    (DyntraLB off, synchronous scheduling) the run fails at the first decode step, naming
+    the attribute and vllm-ascend's line. Without drafts the same run finishes."""
+    trace = [TraceRequest("r0", 0.0, 20, 8, rank=0)]
+    spec = RunSpec(trace=trace, dp_size=2, out_dir=tmp_path / "mtp", block_size=4,
+                   num_gpu_blocks=64, max_num_seqs=2, device="cpu", impl="vllm-ascend",
+                   vllm_ascend=str(TREE), run_timeout_s=600.0,
+                   additional_config={"scheduler_config": {"recompute_scheduler_enable": True}},
+                   cost_model=PROFILES["kv-token-mtp3"])
+    with pytest.raises(ClusterError) as failed:
+        run_cluster(spec)
+    error = failed.value
+    assert error.rank == 0
+    assert error.message == ("AttributeError: 'Request' object has no attribute "
+                             "'async_tokens_to_discard'")
+    assert "vllm_ascend/core/recompute_scheduler.py" in error.details[0]
+    plain = run_cluster(dataclasses.replace(spec, out_dir=tmp_path / "plain",
+                                            cost_model=PROFILES["kv-token"]))
+    assert sum(r.num_finished for r in plain.ranks) == 1

@@ -16,6 +16,7 @@ from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan
 from emu.impl.vllm_ascend.tree import TreeError
 from emu.metrics import compute_metrics, load_run
+from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from tests.integration.test_faults import HANGING, make_spec
 from tests.integration.test_transport_thread import (
@@ -37,11 +38,19 @@ def upstream_case(name: str, dp_size: int, out_dir, **fields):
 RANK_FILES = ("rank{r}.events.jsonl", "rank{r}.log", "rank{r}.vllm.log")
 
 
-@pytest.mark.parametrize("dp_size", [2, 4])
-@pytest.mark.parametrize("name", ["static", "dynamic", "off"])
+# MTP drafts through vLLM's spec-decode path, and vLLM's async scheduling with them.
+VARIANTS = {"static-mtp": {"cost_model": PROFILES["kv-token-mtp3"]},
+            "static-async-mtp": {"cost_model": PROFILES["kv-token-mtp3"],
+                                 "async_scheduling": True}}
+
+
+@pytest.mark.parametrize("name,dp_size", [
+    *[(name, dp) for name in ("static", "dynamic", "off") for dp in (2, 4)],
+    ("static-mtp", 2), ("static-async-mtp", 2)])
 def test_vllm_ascend_rank_threads_are_byte_identical_to_processes(tmp_path, name, dp_size,
                                                                    no_leftover_processes):
-    spec = upstream_case(name, dp_size, tmp_path / "process")
+    spec = upstream_case(name.split("-")[0], dp_size, tmp_path / "process",
+                         **VARIANTS.get(name, {}))
     processes = run_cluster(spec)
     threads = run_cluster(dataclasses.replace(spec, transport="thread",
                                               out_dir=tmp_path / "thread"))
@@ -61,6 +70,9 @@ def test_vllm_ascend_rank_threads_are_byte_identical_to_processes(tmp_path, name
         assert a["plan_churn"]["active_steps"] > 0
         for rank in range(dp_size):
             assert "patch_dyntra_lb_core.py" in (threads.out_dir / f"rank{rank}.log").read_text()
+    if name.endswith("mtp"):  # decoding requests ran drafts: more tokens than requests
+        steps = [e for r in range(dp_size) for e in threads.events(r) if e["kind"] == "step"]
+        assert any(s["scheduled_tokens"] > s["num_running"] > 0 for s in steps)
 
 
 def test_every_rank_thread_logs_vllms_once_warnings_as_a_process_would(tmp_path):

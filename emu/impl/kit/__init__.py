@@ -16,7 +16,8 @@ class KitImplementation(Implementation):
         synchronous scheduler only."""
         if async_scheduling:
             raise ValueError("the kit emulates synchronous scheduling only; async "
-                             "scheduling runs with --impl vllm-ascend")
+                             "scheduling runs with --impl vllm-ascend (what it changes: "
+                             "docs/upstream-findings.md, 'Async scheduling')")
         variant = check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size)
         if variant != "plain":
             raise ValueError(

@@ -40,11 +40,11 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
-from emu.impl.kit.spec_decode import DraftAcceptance
 from emu.rank.control_plane import PlannerCall
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.remote_kv import RemoteKVConnector
+from emu.rank.spec_decode import DraftAcceptance
 from emu.sites import DP_SYNC_SITE
 
 logger = logging.getLogger("dyntra_lb")

@@ -21,7 +21,7 @@ class Request:
     __slots__ = ("request_id", "prompt_tokens", "output_tokens", "arrival_time",
                  "priority", "num_tokens", "num_computed_tokens", "num_output_tokens", "status",
                  "num_preemptions", "first_scheduled_s", "token_times_s", "finish_s",
-                 "pauses", "num_spec_tokens")
+                 "pauses", "num_spec_tokens", "is_prefill_chunk")
 
     def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int,
                  arrival_time: float = 0.0, priority: int = 0):
@@ -47,6 +47,9 @@ class Request:
         self.pauses: list[list[float | None]] = []
         # Draft tokens proposed for the next step (vLLM's len(spec_token_ids)).
         self.num_spec_tokens = 0
+        # Whether its last schedule() left part of its tokens to compute (vLLM's flag;
+        # a running prefill keeps the next waiting request from being padded).
+        self.is_prefill_chunk = False
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED

@@ -8,11 +8,15 @@ requests run is kept: running requests first, preemption of the last running req
 on KV exhaustion, the waiting loop with blocked-status promotion, remote KV loads
 through the connector, the token budget and ``max_num_seqs``.
 
-With speculative decoding (``spec_decode``, an ``emu.impl.kit.spec_decode.DraftAcceptance``) a
+With speculative decoding (``spec_decode``, an ``emu.rank.spec_decode.DraftAcceptance``) a
 decoding request holds k draft tokens after each step, as vLLM's after
 ``update_draft_token_ids``; the next ``schedule()`` schedules them with its one real
 token, and ``update_from_output`` rolls back the rejected ones and emits the accepted
-ones plus one, never past the request's output length.
+ones plus one, never past the request's output length. As vLLM 0.27.1 with an MTP
+drafter, every allocation also reserves k lookahead slots (``num_lookahead_tokens``),
+and a request that comes back from the waiting queue with one token to compute is
+padded to 1 + k tokens with placeholder drafts, which are never accepted, when only
+decodes run.
 
 With ``dyntra_lb=True`` a ``DyntraLBPolicy`` is attached as ``lb`` and hooked in where
 the DyntraLB scheduler hooks vLLM's: ``apply_plan()`` first in ``schedule()``, the
@@ -54,7 +58,8 @@ class SchedulerOutput:
     are the requests DyntraLB paused at the start of this step, ``preempted`` those the
     running loop preempted for KV; ``scheduled_spec_decode_tokens`` counts the draft
     tokens scheduled per request (vLLM keeps their ids), included in its
-    ``num_scheduled_tokens``."""
+    ``num_scheduled_tokens``; ``padded_spec_decode_req_ids`` are the requests among them
+    whose drafts are placeholders (vLLM's -1 ids), which the target never accepts."""
 
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
@@ -63,6 +68,7 @@ class SchedulerOutput:
     paused_req_ids: list[str] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     scheduled_spec_decode_tokens: dict[str, int] = field(default_factory=dict)
+    padded_spec_decode_req_ids: set[str] = field(default_factory=set)
 
 
 class Scheduler:
@@ -70,7 +76,7 @@ class Scheduler:
     ``DyntraLBPolicy`` reads it through the same surface as a real one.
 
     ``policy`` is "fcfs" (default) or "priority"; ``spec_decode`` (an
-    ``emu.impl.kit.spec_decode.DraftAcceptance``, or None for plain decode) turns on speculative
+    ``emu.rank.spec_decode.DraftAcceptance``, or None for plain decode) turns on speculative
     decoding.
     """
 
@@ -92,6 +98,10 @@ class Scheduler:
         self.connector = connector
         self.policy = policy
         self.spec_decode = spec_decode
+        # vLLM's num_spec_tokens, and the KV slots an MTP drafter needs beyond the
+        # scheduled tokens (its num_lookahead_tokens: k, as for every EAGLE-type drafter).
+        self.num_spec_tokens = self.num_lookahead_tokens = (
+            spec_decode.num_speculative_tokens if spec_decode is not None else 0)
         self.scheduler_reserve_full_isl = False
         self.waiting = create_request_queue(policy)
         self.skipped_waiting = create_request_queue(policy)
@@ -157,6 +167,8 @@ class Scheduler:
         num_scheduled_tokens: dict[str, int] = {}
         scheduled_spec: dict[str, int] = {}
         preempted: list[Request] = []
+        lookahead = self.num_lookahead_tokens
+        prefill_scheduled = False  # a running request still in its prompt was scheduled
 
         # Running requests first, in list order.
         req_index = 0
@@ -170,7 +182,8 @@ class Scheduler:
                 req_index += 1
                 continue
             while True:
-                new_blocks = allocate_slots(request, num_new_tokens)
+                new_blocks = allocate_slots(request, num_new_tokens,
+                                            num_lookahead_tokens=lookahead)
                 if new_blocks is not None:
                     break
                 if self.policy == "priority":
@@ -189,6 +202,7 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break
+            prefill_scheduled |= request.is_prefill_chunk
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             req_index += 1
@@ -201,9 +215,18 @@ class Scheduler:
 
         new_req_ids: list[str] = []
         resumed_req_ids: list[str] = []
+        padded: set[str] = set()
         if not preempted:
+            # vLLM pads a request from the waiting queue to 1 + k tokens only when the
+            # running requests scheduled this step are all decodes.
+            pad_to = (1 + self.num_spec_tokens
+                      if self.num_spec_tokens and num_scheduled_tokens
+                      and not prefill_scheduled else 0)
             token_budget = self._schedule_waiting(
-                token_budget, num_scheduled_tokens, new_req_ids, resumed_req_ids, now_s)
+                token_budget, num_scheduled_tokens, new_req_ids, resumed_req_ids, now_s,
+                pad_to, padded)
+            for request_id in padded:
+                scheduled_spec[request_id] = self.num_spec_tokens
 
         self._update_after_schedule(num_scheduled_tokens)
         if lb is not None:
@@ -220,6 +243,7 @@ class Scheduler:
             paused_req_ids=[r.request_id for r in paused],
             preempted_req_ids=[r.request_id for r in preempted],
             scheduled_spec_decode_tokens=scheduled_spec,
+            padded_spec_decode_req_ids=padded,
         )
 
     def _update_after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
@@ -227,13 +251,18 @@ class Scheduler:
         from now on, so a second ``schedule()`` before the update schedules the rest."""
         requests = self.requests
         for req_id, num_tokens in num_scheduled_tokens.items():
-            requests[req_id].num_computed_tokens += num_tokens
+            request = requests[req_id]
+            request.num_computed_tokens += num_tokens
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
 
     def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
                           new_req_ids: list[str], resumed_req_ids: list[str],
-                          now_s: float) -> int:
+                          now_s: float, pad_to: int, padded: set[str]) -> int:
         """The waiting loop; returns the remaining token budget. Requests that cannot
-        enter this step are parked and end up at the front of ``skipped_waiting``."""
+        enter this step are parked and end up at the front of ``skipped_waiting``.
+        With ``pad_to`` (1 + k, or 0) a request with one token to compute is scheduled
+        with k placeholder drafts, or not at all when the budget cannot hold them; its
+        id goes into ``padded``."""
         lb = self.lb
         connector = self.connector
         kv_cache_manager = self.kv_cache_manager
@@ -268,14 +297,22 @@ class Scheduler:
                 num_computed_tokens = num_local + num_external
             else:
                 num_computed_tokens = request.num_computed_tokens
+            pad = False
             if load_kv_async:
                 num_new_tokens = 0
             else:
-                num_new_tokens = min(request.num_tokens - num_computed_tokens, token_budget)
+                num_new_tokens = request.num_tokens - num_computed_tokens
+                if pad_to and num_new_tokens == 1:
+                    if pad_to > token_budget:
+                        break  # vLLM prefers not scheduling it to scheduling it unpadded
+                    num_new_tokens = pad_to
+                    pad = True
+                num_new_tokens = min(num_new_tokens, token_budget)
             new_blocks = kv_cache_manager.allocate_slots(
                 request, num_new_tokens,
                 num_new_computed_tokens=num_local,
                 new_computed_blocks=computed_blocks,
+                num_lookahead_tokens=0 if load_kv_async else self.num_lookahead_tokens,
                 num_external_computed_tokens=num_external,
                 delay_cache_blocks=load_kv_async,
             )
@@ -303,6 +340,8 @@ class Scheduler:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now_s
             request.status = RequestStatus.RUNNING
+            if pad:
+                padded.add(request.request_id)
             if num_computed_tokens + num_new_tokens < request.num_tokens:
                 self._inflight_prefills.add(request)
             num_scheduled_tokens[request.request_id] = num_new_tokens
@@ -396,8 +435,9 @@ class Scheduler:
             if acceptance is not None:
                 num_drafts = scheduled_spec.get(req_id, 0)
                 if num_drafts:
-                    accepted = acceptance.num_accepted(req_id, request.num_output_tokens,
-                                                       num_drafts)
+                    accepted = (0 if req_id in output.padded_spec_decode_req_ids else
+                                acceptance.num_accepted(req_id, request.num_output_tokens,
+                                                        num_drafts))
                     request.num_computed_tokens -= num_drafts - accepted
                     num_new += accepted
                 # The stop check of every new token: nothing past the output length.

@@ -9,6 +9,7 @@ model:
 
 - the model executor (``executor.EmulatedExecutor``): each forward is priced by the
   kit's cost model and joins the lockstep collective (``emu.rank.clock``), in virtual time;
+  what it samples, and the MTP drafts it proposes, are ``sampler.EmulatedSampler``'s;
 - the input queue (``TraceInputQueue``): the trace, released as the virtual clock
   passes each arrival, plus the coordinator's ``START_DP_WAVE`` to ranks that are idle
   when a request arrives elsewhere;
@@ -38,17 +39,16 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 from dyntra_lb import planners
-from dyntra_lb.blocks import block_counts
+from dyntra_lb.blocks import block_counts, num_blocks
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
+from emu.impl.vllm_ascend.sampler import SAMPLED_TOKEN, EmulatedSampler
 from emu.rank.control_plane import PlannerCall
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
+from emu.rank.spec_decode import DraftAcceptance
 from emu.sites import ALLGATHER_SITE
-
-# The token every emulated forward samples (any id below the model's vocab size).
-_SAMPLED_TOKEN = 1
 
 
 class _Truncated(Exception):
@@ -260,6 +260,8 @@ class EmulatedRank(RankHarness):
         self.strict = StrictChecker(self) if spec.strict else None
         self.records: dict[str, _RequestRecord] = {}
         self._running_ids: list[str] = []  # running at the end of the last iteration
+        self.output_clock_us = 0  # when the forward whose output vLLM processes ended
+        self.sampler = EmulatedSampler(DraftAcceptance.for_profile(spec.cost_model, spec.seed))
         self._new_iteration()
         self.engine = engine_class(core_module, dyntra_lb_enabled)(vllm_config, self)
         self.scheduler = self.engine.scheduler
@@ -293,7 +295,7 @@ class EmulatedRank(RankHarness):
         self.records[trace_request.request_id] = _RequestRecord(trace_request)
         self.num_arrived += 1
         params = SamplingParams(max_tokens=trace_request.output_tokens, ignore_eos=True)
-        return Request(trace_request.request_id, [_SAMPLED_TOKEN] * trace_request.prompt_tokens,
+        return Request(trace_request.request_id, [SAMPLED_TOKEN] * trace_request.prompt_tokens,
                        params, None, arrival_time=trace_request.arrival_s,
                        priority=trace_request.priority)
 
@@ -326,15 +328,15 @@ class EmulatedRank(RankHarness):
         if total > 0:
             self._executed = True
             self._scheduled_tokens = total
-            running = scheduler.running
+            # Each running request's tokens as the worker has them (the scheduler's
+            # count lags by the step in flight under async scheduling).
+            tokens = [self.sampler.num_tokens(r) for r in scheduler.running]
             self._own_cost_us = self.cost(
-                sum(block_counts(running, self.spec.block_size)),
-                sum(r.num_tokens for r in running), len(running), total, False)
+                sum(num_blocks(t, self.spec.block_size) for t in tokens), sum(tokens),
+                len(tokens), total, False)
             self._lockstep(self.num_finished)
         req_ids = list(scheduler_output.num_scheduled_tokens)
-        requests = scheduler.requests
-        sampled = [[_SAMPLED_TOKEN] if requests[rid].num_computed_tokens
-                   >= requests[rid].num_tokens else [] for rid in req_ids]
+        sampled = self.sampler.sample(scheduler_output, scheduler.requests)
         done, invalid = scheduler.connector.finished_recving(self.clock_us)
         return ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
@@ -386,9 +388,11 @@ class EmulatedRank(RankHarness):
         self._admit_ids = set(admit) if admit is not None else None
 
     def on_output(self, output) -> None:
-        """A request's output of this step (``OutputSink``)."""
+        """A request's output (``OutputSink``), stamped with the end of the forward that
+        produced it (``output_clock_us``, which the executor sets when vLLM's engine reads
+        that forward's output: this step's, or with async scheduling the previous one's)."""
         record = self.records[output.request_id]
-        now_s = self.clock_us / 1e6
+        now_s = self.output_clock_us / 1e6
         record.token_times_s.extend([now_s] * len(output.new_token_ids))
         if output.finish_reason is not None:
             record.finish_s = now_s

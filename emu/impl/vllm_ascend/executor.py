@@ -4,8 +4,13 @@ vLLM's ``EngineCore`` builds its executor from the config and calls it for the K
 setup and then once per step. This one declares a small full-attention KV spec (the
 pool size is fixed by ``num_gpu_blocks_override``), and hands every forward — real or
 dummy — to the rank (``emu.impl.vllm_ascend.engine.EmulatedRank``), which prices it,
-joins the lockstep collective and returns what the worker would: one sampled token per
-request that completed its prompt, and the remote-KV loads finished by then.
+joins the lockstep collective and returns what the worker would: the tokens sampled by
+each request that completed its prompt (``sampler``: one, or with MTP the accepted drafts
+plus one), and the remote-KV loads finished by then. As vLLM's model runner, a forward
+that ran tokens hands its output over in two calls, ``execute_model`` (None) then
+``sample_tokens``; with async scheduling vLLM's engine makes the second call for a step
+only after it has scheduled and run the next one. With MTP and synchronous scheduling
+the engine then takes the drafts the forward proposed (``take_draft_token_ids``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ _PLENTY_OF_MEMORY = 1 << 40
 
 
 class EmulatedExecutor(Executor):
-    """``rank`` provides ``forward(scheduler_output)`` and ``dummy_forward()``."""
+    """``rank`` provides ``forward(scheduler_output)``, ``dummy_forward()`` and its
+    ``sampler``."""
 
     def __init__(self, vllm_config, rank):
         self.rank = rank
@@ -56,21 +62,22 @@ class EmulatedExecutor(Executor):
         return [{}]
 
     def execute_model(self, scheduler_output, non_block: bool = False):
-        output = self.rank.forward(scheduler_output)
-        if not non_block:
-            return output
-        future: Future = Future()
-        future.set_result(output)
-        return future
+        """The forward; as vLLM's model runner, a batch that ran tokens returns None
+        here and its sampled tokens from ``sample_tokens``."""
+        output = _Output(self.rank, self.rank.forward(scheduler_output))
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self._sampled, output = output, _Output(self.rank, None)
+        return output if non_block else output.result()
 
     def sample_tokens(self, grammar_output, non_block: bool = False):
-        raise AssertionError("execute_model always returns the sampled tokens")
+        output, self._sampled = self._sampled, None
+        return output if non_block else output.result()
 
     def execute_dummy_batch(self) -> None:
         self.rank.dummy_forward()
 
     def take_draft_token_ids(self):
-        return None
+        return self.rank.sampler.take_draft_token_ids()
 
     def check_health(self) -> None:
         pass
@@ -81,3 +88,20 @@ class EmulatedExecutor(Executor):
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None,
                        non_block: bool = False):
         raise NotImplementedError(f"the emulated executor has no workers ({method})")
+
+
+class _Output(Future):
+    """A forward's output, done at once. vLLM's engine reads it right before it
+    processes it (``update_from_output``): the rank then stamps the tokens with the
+    virtual time the forward ended, which with async scheduling is a step before the
+    clock (the next forward already ran)."""
+
+    def __init__(self, rank, output):
+        super().__init__()
+        self._ended_us = rank.clock_us
+        self._rank = rank
+        self.set_result(output)
+
+    def result(self, timeout=None):
+        self._rank.output_clock_us = self._ended_us
+        return super().result(timeout)

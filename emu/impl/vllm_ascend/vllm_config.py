@@ -2,7 +2,9 @@
 
 vLLM needs a model to build its config; no weights are ever loaded, so a directory with
 a small Hugging Face ``config.json`` of a MoE model stands in for it (MoE, because vLLM
-runs ``DPEngineCoreProc`` — the class DyntraLB replaces — only for MoE models). The
+runs ``DPEngineCoreProc`` — the class DyntraLB replaces — only for MoE models; a GLM-4.5
+MoE with one MTP layer, so that a cost profile with draft tokens becomes vLLM's own
+speculative config, ``method="mtp"``, see ``speculative_config``). The
 scheduler settings are the same flags the kit uses; the KV pool is fixed with
 ``num_gpu_blocks_override`` (one block more than the kit's pool: vLLM reserves block 0
 as its null block); the node is a P/D decode node (``kv_role="kv_consumer"``) whose
@@ -40,12 +42,14 @@ def scheduler_cls(variant: str, dyntra_lb_enabled: bool) -> str | None:
 
 
 def _model_config_json(max_model_len: int) -> dict:
-    """A two-layer MoE in Qwen3-MoE's format; only its shape reaches the KV spec."""
+    """A two-layer MoE in GLM-4.5's format, with one MTP layer (vLLM derives its draft
+    model from ``num_nextn_predict_layers``); only its shape reaches the KV spec."""
     return {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
         "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2,
+        "num_hidden_layers": 2, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 0, "num_nextn_predict_layers": 1,
         "vocab_size": 1024, "max_position_embeddings": max_model_len,
         "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6,
     }
@@ -91,14 +95,15 @@ def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
         enable_chunked_prefill=True,
         scheduler_cls=scheduler_cls(variant, dyntra_lb_enabled),
     )
-    return VllmConfig(
+    parallel = ParallelConfig(data_parallel_size=spec.dp_size, data_parallel_rank=rank,
+                              data_parallel_rank_local=rank)
+    config = VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=spec.block_size, enable_prefix_caching=False,
                                  num_gpu_blocks_override=spec.num_gpu_blocks + 1),
         scheduler_config=scheduler,
-        parallel_config=ParallelConfig(data_parallel_size=spec.dp_size,
-                                       data_parallel_rank=rank,
-                                       data_parallel_rank_local=rank),
+        parallel_config=parallel,
+        speculative_config=speculative_config(spec.cost_model, model, parallel),
         kv_transfer_config=KVTransferConfig(
             kv_connector=CONNECTOR_NAME, kv_role="kv_consumer",
             kv_load_failure_policy="recompute",
@@ -108,11 +113,37 @@ def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
         device_config=DeviceConfig(device="cpu"),
         additional_config=additional_config,
     )
+    # vLLM's CPU platform turns async scheduling off while the config is built (its
+    # check_and_update_config); vllm-ascend's NPU platform keeps it, and so does the
+    # node emulated here: with it, vLLM's engine overlaps each step with the next
+    # (its batch queue), as on the node.
+    config.scheduler_config.async_scheduling = spec.async_scheduling
+    return config
+
+
+def speculative_config(profile, model, parallel):
+    """vLLM's speculative config for a cost profile with k > 0 draft tokens (None
+    without): MTP (``method="mtp"``) from the model's own MTP layer, k tokens, as
+    PR #12292's node ran. The scheduler reads k from it (``num_spec_tokens``), reserves
+    k lookahead KV slots per allocation (MTP is an EAGLE-type drafter) and pads requests
+    back from the waiting queue to 1 + k tokens; the engine takes the worker's drafts
+    after each step. No draft model is loaded: the worker is emulated (``sampler``)."""
+    from vllm.config import SpeculativeConfig
+
+    k = profile.num_speculative_tokens
+    if not k:
+        return None
+    return SpeculativeConfig(method="mtp", num_speculative_tokens=k,
+                             target_model_config=model, target_parallel_config=parallel)
 
 
 def max_model_len_of(spec) -> int:
-    """Room for the longest request of the trace, rounded up to whole blocks."""
+    """Room for the longest request of the trace, rounded up to whole blocks, plus, with
+    k draft tokens, 3k more: the drafts and lookahead slots of a request's last steps
+    (vLLM caps a step's tokens and slots at ``max_model_len``; the kit has no such cap,
+    so it must never bind)."""
     longest = max(r.prompt_tokens + r.output_tokens for r in spec.trace)
+    longest += 3 * spec.cost_model.num_speculative_tokens
     blocks = -(-longest // spec.block_size) + 1
     return blocks * spec.block_size
 

@@ -1,13 +1,15 @@
 """Speculative decoding (MTP) in virtual time: which draft tokens the target accepts.
 
 No model runs, so no draft is really checked. A profile with ``num_speculative_tokens``
-k > 0 (``emu.rank.costs``) makes the kit scheduler verify k drafts per decoding request per
-step, and ``DraftAcceptance`` decides how many of them are accepted: the draft at output
-position p is accepted when a hash of (run seed, request id, p) falls under the
-profile's ``draft_acceptance_rate``, and a step accepts the drafts up to the first
-rejected one (as rejection sampling does: a later draft is conditioned on the earlier
-ones). The decision depends on nothing else, so it is the same on every transport,
-thread interleaving and rank count, and replaying a run gives the same tokens.
+k > 0 (``emu.rank.costs``) makes the scheduler verify k drafts per decoding request per
+step -- the kit's (``emu.impl.kit.scheduler``) or vLLM's, whose drafts the emulated worker
+proposes (``emu.impl.vllm_ascend.sampler``) -- and ``DraftAcceptance`` decides, for both,
+how many of them are accepted: the draft at output position p is accepted when a hash of
+(run seed, request id, p) falls under the profile's ``draft_acceptance_rate``, and a step
+accepts the drafts up to the first rejected one (as rejection sampling does: a later
+draft is conditioned on the earlier ones). The decision depends on nothing else, so it
+is the same on every transport, thread interleaving, rank count and implementation, and
+replaying a run gives the same tokens.
 """
 
 from __future__ import annotations
