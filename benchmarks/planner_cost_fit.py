@@ -132,10 +132,10 @@ def measure(snaps, prod, repeats: int) -> list[dict]:
         work = planner_work(snap, dp, max_num_seqs=mns, threshold=THRESHOLD,
                             planner="reference")
         reps = 1 if work.pairs > _LONG_PAIRS else repeats
-        expected, t_prod = cpu_time(lambda s=snap: prod(s, dp, max_num_seqs=mns,
-                                                        threshold=THRESHOLD), reps)
-        ours, t_ours = cpu_time(lambda s=snap: planner.balance_load(
-            s, dp, max_num_seqs=mns, threshold=THRESHOLD), repeats)
+        expected, t_prod = cpu_time(lambda s=snap, d=dp, m=mns: prod(
+            s, d, max_num_seqs=m, threshold=THRESHOLD), reps)
+        ours, t_ours = cpu_time(lambda s=snap, d=dp, m=mns: planner.balance_load(
+            s, d, max_num_seqs=m, threshold=THRESHOLD), repeats)
         rows.append({"group": group, "dp": dp, "max_num_seqs": mns, **work._asdict(),
                      "production_s": t_prod, "ours_s": t_ours,
                      "same_plans": [p.to_dict() for p in ours] == expected})

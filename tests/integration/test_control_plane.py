@@ -87,7 +87,7 @@ def test_every_step_is_charged_its_terms_and_the_clock_moves_on_by_it(runs):
     charged_steps = 0
     for rank in range(DP):
         steps = _steps(runs["on"], rank)
-        for step, following in zip(steps, steps[1:]):
+        for step, following in zip(steps, steps[1:], strict=False):
             expected_us = _by_hand_us(step)
             charged_steps += expected_us > 0
             assert round(step["control_plane"]["charged_s"] * 1e6) == expected_us
