@@ -72,16 +72,22 @@ def test_bad_terms_are_one_error_naming_file_and_key(value, message):
 
 
 def test_the_work_counted_on_a_hand_snapshot():
-    """Rank 0 runs 10 + 10 blocks with an 8 waiting, rank 1 runs 1 block (max_num_seqs
-    2): the planner parses 4 requests; round 0 (bubble 9.5) searches rank 1's 1 x 0 and
-    rank 0's 2 x 1 pairs and swaps 10 for 8; round 1 (bubble 8.5) searches the same
-    sizes again and stops (no progress): 2 rounds, 4 pairs."""
-    snapshot = [([10, 10, 8, 0], 2), ([1, 0, 0, 0], 1)]
+    """Rank 0 runs 10 + 10 blocks with an 8 waiting, rank 1 runs 1 + 1 with a 3 waiting
+    (max_num_seqs 2): the planner parses 6 requests; round 0 (bubble 9) searches the
+    least loaded rank's 2 x 1 pairs and the most loaded rank's 2 x 1, swaps 1 for 3 on
+    rank 1 and 10 for 8 on rank 0 (a swap keeps the sizes); round 1 (bubble 7) searches
+    the same sizes again and stops (no progress): 2 rounds, 8 pairs."""
+    snapshot = [([10, 10, 8, 0], 2), ([1, 1, 3, 0], 2)]
     work = planner_work(snapshot, 2, max_num_seqs=2, threshold=5.0, planner="reference")
-    assert work == PlannerWork(requests=4, pairs=4, rounds=2)
+    assert work == PlannerWork(requests=6, pairs=8, rounds=2)
     # balanced within the threshold: one round, no search
     assert planner_work(snapshot, 2, max_num_seqs=2, threshold=50.0,
-                        planner="reference") == PlannerWork(requests=4, pairs=0, rounds=1)
+                        planner="reference") == PlannerWork(requests=6, pairs=0, rounds=1)
+    # a fill moves a request from waiting to running: rank 1 pulls its 3 into its free
+    # slot, then runs 2 with 1 waiting, as above
+    filled = planner_work([([10, 10, 8, 0], 2), ([1, 3, 2, 0], 1)], 2, max_num_seqs=2,
+                          threshold=5.0, planner="reference")
+    assert filled == PlannerWork(requests=6, pairs=8, rounds=2)
 
 
 def test_the_work_is_the_same_for_both_impls_snapshots():
@@ -102,15 +108,16 @@ COLLECTIVES = [_collective(LOCKSTEP_SITE, "all_reduce_max", [5]),
                _collective(DP_SYNC_SITE, "all_reduce_max", [2]),
                _collective(FLAG_SITE, "all_reduce_max", [2]),
                _collective(ALLGATHER_SITE, "all_gather", [6])]
-CALL = PlannerCall([([10, 10, 8, 0], 2), ([1, 0, 0, 0], 1)], 2, 5.0)
+CALL = PlannerCall([([10, 10, 8, 0], 2), ([1, 1, 3, 0], 2)], 2, 5.0)
 
 
 def test_a_synchronous_iteration_is_charged_its_collectives_and_planner():
     plane = ControlPlane(TERMS, dp_size=2, planner="vllm-ascend", overlap=False)
     # DyntraLB's two collectives only (not the lockstep, not vLLM's wave sync):
-    # 110 us + 8 ns and 110 us + 24 ns; the planner 50 + 8 + 4 + 14 us
+    # 110 us + 8 ns and 110 us + 24 ns; the planner (6 requests, 8 pairs, 2 rounds)
+    # 50 + 12 + 8 + 14 us
     charge = plane.charge(COLLECTIVES, CALL, step_us=20_000, planner_wall_s=3.0)
-    assert charge == ControlCharge(collectives_us=220, planner_us=76, charged_us=296)
+    assert charge == ControlCharge(collectives_us=220, planner_us=84, charged_us=304)
     no_plan = plane.charge(COLLECTIVES[:3], None, step_us=20_000, planner_wall_s=0.0)
     assert no_plan == ControlCharge(110, 0, 110)
 
@@ -118,8 +125,8 @@ def test_a_synchronous_iteration_is_charged_its_collectives_and_planner():
 def test_async_scheduling_charges_only_what_outlasts_the_forward_in_flight():
     plane = ControlPlane(TERMS, dp_size=2, planner="reference", overlap=True)
     assert plane.charge(COLLECTIVES, CALL, step_us=20_000, planner_wall_s=0).charged_us == 0
-    assert plane.charge(COLLECTIVES, CALL, step_us=200, planner_wall_s=0).charged_us == 96
-    assert plane.charge(COLLECTIVES, CALL, step_us=0, planner_wall_s=0).charged_us == 296
+    assert plane.charge(COLLECTIVES, CALL, step_us=200, planner_wall_s=0).charged_us == 104
+    assert plane.charge(COLLECTIVES, CALL, step_us=0, planner_wall_s=0).charged_us == 304
 
 
 def test_measured_mode_charges_the_exchanged_wall_time():
