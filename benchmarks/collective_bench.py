@@ -16,7 +16,11 @@ The collectives are those of ``dyntra_lb.coordinator`` with production's shapes:
 A machine with fewer cores than ranks runs the ranks in turn, so above the core count
 the figures include the operating system's scheduling of the ranks, which a decode
 host with a core per rank does not pay; the script prints the core count next to the
-table for that reason.
+table for that reason. The per-peer step of a ring collective is therefore measured on
+its own first (``hop``): half the round trip of one snapshot-sized message (136 bytes)
+between two processes over a loopback TCP socket with Nagle off, the transport gloo
+uses, which two cores run without taking turns. gloo's all-gather passes each rank's
+payload ``dp - 1`` hops around the ring, so this is the per-peer term's estimate.
 
     .venv/bin/python benchmarks/collective_bench.py                  # dp 2 4 8 16 32 64
     .venv/bin/python benchmarks/collective_bench.py --dp 2 4 --iters 200 --json out.json
@@ -29,6 +33,7 @@ import json
 import multiprocessing
 import os
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -38,6 +43,8 @@ import torch
 import torch.distributed as dist
 
 from emu.cluster.rendezvous import LOOPBACK_HOST, loopback_store, pin_gloo_to_loopback
+
+_HOP_BYTES = 136  # the all-gather payload at max_num_seqs 16: int32[34]
 
 
 def _rank(rank: int, dp: int, port: int, sizes: list[int], warmup: int, iters: int,
@@ -80,6 +87,36 @@ def _all_gather(recv, send):
     return lambda: dist.all_gather(recv, send)
 
 
+def _echo(port: int) -> None:
+    with socket.create_connection((LOOPBACK_HOST, port)) as peer:
+        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := peer.recv(_HOP_BYTES):
+            peer.sendall(data)
+
+
+def hop_us(iters: int, warmup: int) -> float:
+    """Median half round trip of a 136-byte message to an echoing process (us)."""
+    with socket.socket() as server:
+        server.bind((LOOPBACK_HOST, 0))
+        server.listen(1)
+        echo = multiprocessing.get_context("fork").Process(
+            target=_echo, args=(server.getsockname()[1],))
+        echo.start()
+        peer, _ = server.accept()
+    with peer:
+        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        message, times = b"x" * _HOP_BYTES, []
+        for _ in range(warmup + iters):
+            start = time.perf_counter()
+            peer.sendall(message)
+            received = 0
+            while received < _HOP_BYTES:
+                received += len(peer.recv(_HOP_BYTES - received))
+            times.append(time.perf_counter() - start)
+    echo.join()
+    return statistics.median(times[warmup:]) / 2 * 1e6
+
+
 def measure(dp: int, sizes: list[int], warmup: int, iters: int) -> dict[str, float]:
     """Median over calls of the slowest rank's time, in microseconds, per collective."""
     context = multiprocessing.get_context("fork")
@@ -114,6 +151,8 @@ def main(argv=None) -> int:
           f"{torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}; {args.iters} calls after {args.warmup} warm-up, "
           "median of the slowest rank's time per call (us)")
+    hop = hop_us(10 * args.iters, args.warmup)
+    print(f"  hop (loopback TCP, {_HOP_BYTES} B, half round trip): {hop:.1f} us", flush=True)
     rows = []
     for dp in args.dp:
         started = time.monotonic()
@@ -129,7 +168,7 @@ def main(argv=None) -> int:
               f"{os.getloadavg()[0]:.1f})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpus": os.cpu_count(), "rows": rows}, f, indent=2)
+            json.dump({"cpus": os.cpu_count(), "hop_us": hop, "rows": rows}, f, indent=2)
     return 0
 
 

@@ -47,19 +47,19 @@ class ControlPlaneCost:
     ``planner_work`` counts on the gathered snapshot.
 
     The defaults are the bundled profiles' (docs/cost-models.md, "DyntraLB's control
-    plane"): the collectives gloo's, anchored on vllm-ascend#12317's 362.7 us at DP 2 on
-    an Ascend 910B2 host with the per-peer slope measured here
-    (``benchmarks/collective_bench.py``); the planner fitted to production's
-    ``_balance_load`` (``benchmarks/planner_cost_fit.py``).
+    plane"): a collective is gloo's, 362.7 us at DP 2 as vllm-ascend#12317 measured a
+    DP sync on an Ascend 910B2 host, plus one loopback hop per further peer as
+    ``benchmarks/collective_bench.py`` measures it; the planner is production's
+    ``_balance_load`` as ``benchmarks/planner_cost_fit.py`` fits it.
     """
 
-    collective_fixed_s: float = 349e-6
-    collective_per_peer_s: float = 14e-6
+    collective_fixed_s: float = 354e-6
+    collective_per_peer_s: float = 9e-6
     collective_per_byte_s: float = 0.0
-    planner_fixed_s: float = 20e-6
-    planner_per_request_s: float = 0.3e-6
-    planner_per_pair_s: float = 0.075e-6
-    planner_per_round_s: float = 5e-6
+    planner_fixed_s: float = 6.1e-6
+    planner_per_request_s: float = 0.18e-6
+    planner_per_pair_s: float = 0.082e-6
+    planner_per_round_s: float = 8.7e-6
 
     def __post_init__(self) -> None:
         for f in fields(self):

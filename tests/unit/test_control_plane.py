@@ -6,6 +6,8 @@ tests/integration/test_control_plane.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -32,8 +34,9 @@ def test_a_collective_costs_its_latency_in_dp_and_received_bytes():
     # dp 4: the all-gather receives the 3 other ranks' 34 x 4 bytes, the all-reduce its 8
     assert TERMS.collective_us("all_gather", [34], "int32", 4) == 130  # 130.408: whole us
     assert TERMS.collective_us("all_reduce_max", [2], "int32", 4) == 130
-    big = ControlPlaneCost(collective_per_byte_s=1e-6)
-    assert big.collective_us("all_gather", [2, 100], "int64", 3) == round(349 + 28 + 3200)
+    big = dataclasses.replace(TERMS, collective_per_byte_s=1e-6)
+    # int64[2, 100]: 1,600 bytes from each of 2 peers
+    assert big.collective_us("all_gather", [2, 100], "int64", 3) == 100 + 20 + 3200
 
 
 def test_the_planner_costs_its_work():
