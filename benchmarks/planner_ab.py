@@ -32,29 +32,23 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dyntra_lb import planners  # noqa: E402
-from emu.metrics import compute_metrics, load_run, write_metrics  # noqa: E402
 from emu.report import ab_table  # noqa: E402
-from emu.run import run_cluster  # noqa: E402
+from emu.run import run  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
-from emu.workload import load_trace  # noqa: E402
+from emu.workload import WORKLOADS_DIR, bundled_workloads, load_trace  # noqa: E402
 
-WORKLOADS = sorted(p.stem for p in (ROOT / "fixtures" / "workloads").glob("*.jsonl"))
+WORKLOADS = bundled_workloads()
 STATIC = {"scheduler_config": {"dyntra_lb_config": {
     "enabled": True, "mode": "static", "start_step": 0}}}
 
 
 def run_side(workload: str, planner: str, args, out: pathlib.Path) -> dict:
-    trace = load_trace(ROOT / "fixtures" / "workloads" / f"{workload}.jsonl",
-                       dp_size=args.dp)
-    spec = RunSpec(trace=trace, dp_size=args.dp, out_dir=out,
+    """One side's run (``emu.run.run``: metrics.json written into ``out``); its metrics."""
+    trace = load_trace(WORKLOADS_DIR / f"{workload}.jsonl", dp_size=args.dp)
+    spec = RunSpec(trace=trace, workload=workload, dp_size=args.dp, out_dir=out,
                    additional_config=args.additional_config, planner=planner,
                    transport=args.transport, device="cpu")
-    run_cluster(spec)
-    metrics = compute_metrics(load_run(out), config={
-        "workload": workload, "dp_size": args.dp, "planner": planner,
-        "additional_config": args.additional_config, "transport": args.transport})
-    write_metrics(metrics, out / "metrics.json")
-    return metrics
+    return run(spec).metrics
 
 
 def summary_row(workload: str, label: str, m: dict) -> str:

@@ -43,9 +43,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from emu.cluster.supervision import ClusterError  # noqa: E402
-from emu.metrics import compute_metrics, load_run  # noqa: E402
 from emu.rank.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
-from emu.run import run_cluster  # noqa: E402
+from emu.run import run  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 
@@ -76,9 +75,9 @@ def run_one(requests, config, profile, seed, out_dir, transport: str) -> dict:
                    seed=seed, device="cpu", collective_timeout_s=600.0,
                    max_concurrency=MAX_CONCURRENCY, transport=transport)
     start = time.monotonic()
-    result = run_cluster(spec)
+    result = run(spec)
     wall_s = time.monotonic() - start
-    m = compute_metrics(load_run(out_dir))
+    m = result.metrics
     # Duration as the PR measures it: from the first request's dispatch to the last
     # completion (the emulated run starts at the first arrival, t = 0).
     return {"event_logs": [str(p) for p in result.event_logs],

@@ -370,16 +370,3 @@ def plan_problems(faults: Sequence[Fault], *, dp_size: int, trace: Sequence[Trac
                                     f"{faults[first].spec()}; its load fails or hangs "
                                     "only once"))
     return problems
-
-
-def check_plan(plan, *, dp_size: int, trace: Sequence[TraceRequest],
-               lb_mode: str | None) -> None:
-    """``RunSpec.faults`` against the rest of the spec (see ``plan_problems``); raises
-    ValueError naming the first bad fault."""
-    if not isinstance(plan, FaultPlan):
-        raise ValueError(f"RunSpec.faults must be a FaultPlan or None (FaultPlan.of(...) "
-                         f"builds one from faults or --fault strings), got {plan!r}")
-    problems = plan_problems(plan.faults, dp_size=dp_size, trace=trace, lb_mode=lb_mode)
-    if problems:
-        i, problem = problems[0]
-        raise ValueError(f"RunSpec.faults[{i}] ({plan.faults[i].spec()}): {problem}")

@@ -1,15 +1,15 @@
 """The kinds of value a run setting takes, each checked one way and parsed one way.
 
 A ``RunSpec`` field (``emu.spec``) declares its kind and, when users set it on the command
-line, its help text. ``emu.spec.validate`` checks every field through its kind, and the
+line, its help text. ``emu.spec.check`` checks every field through its kind, and the
 CLI builds every such field's flag from the same declaration (``emu.cli.flags``): the
 flag's name, type, choices, default and help come from the field, so a new engine knob
 is one field plus the code that uses it.
 
 A kind has two faces:
 
-- ``check(name, value)``: the value a Python caller put in the spec; raises ValueError
-  ``"RunSpec.<name> must be ..., got ..."``.
+- ``problem(value)``: what is wrong with the value a Python caller put in the spec
+  (``"must be ..., got ..."``), or None when it is fine.
 - ``parse(text)``: the text a user typed; raises ``argparse.ArgumentTypeError``, which
   argparse reports as a usage error naming the flag. Choices and switches need none:
   argparse reads those itself.
@@ -46,15 +46,15 @@ class Int:
     optional: bool = False
     metavar = "N"
 
-    def check(self, name: str, value) -> None:
+    def problem(self, value) -> str | None:
         if value is None and self.optional:
-            return
+            return None
         if not is_int(value) or value < self.minimum:
             none = ", or None" if self.optional else ""
-            raise ValueError(
-                f"RunSpec.{name} must be an int >= {self.minimum}{none}, got {value!r}")
+            return f"must be an int >= {self.minimum}{none}, got {value!r}"
         if self.maximum is not None and value > self.maximum:
-            raise ValueError(f"RunSpec.{name} must be at most {self.maximum}, got {value!r}")
+            return f"must be at most {self.maximum}, got {value!r}"
+        return None
 
     def parse(self, text: str) -> int:
         try:
@@ -85,13 +85,13 @@ class Seconds:
     optional: bool = False
     metavar = "S"
 
-    def check(self, name: str, value) -> None:
+    def problem(self, value) -> str | None:
         if value is None and self.optional:
-            return
+            return None
         if not is_number(value) or not 0 < value <= self.maximum:
             none = ", or None" if self.optional else ""
-            raise ValueError(f"RunSpec.{name} must be > 0 and at most {self.maximum:g}{none}, "
-                             f"got {value!r}")
+            return f"must be > 0 and at most {self.maximum:g}{none}, got {value!r}"
+        return None
 
     def parse(self, text: str) -> float:
         try:
@@ -108,10 +108,10 @@ class Seconds:
 class NonNegativeSeconds:
     """A finite duration >= 0 (set from Python only)."""
 
-    def check(self, name: str, value) -> None:
+    def problem(self, value) -> str | None:
         if not is_number(value) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"RunSpec.{name} must be a finite number >= 0 (seconds), "
-                             f"got {value!r}")
+            return f"must be a finite number >= 0 (seconds), got {value!r}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -122,21 +122,19 @@ class Choice:
     values: tuple[str, ...]
     optional: bool = False
 
-    def check(self, name: str, value) -> None:
+    def problem(self, value) -> str | None:
         if value in self.values or (value is None and self.optional):
-            return
+            return None
         none = " or None" if self.optional else ""
-        raise ValueError(f"RunSpec.{name} must be one of {list(self.values)}{none}, "
-                         f"got {value!r}")
+        return f"must be one of {list(self.values)}{none}, got {value!r}"
 
 
 @dataclass(frozen=True)
 class Switch:
     """A bool; on the command line a flag without a value that turns it on."""
 
-    def check(self, name: str, value) -> None:
-        if not isinstance(value, bool):
-            raise ValueError(f"RunSpec.{name} must be a bool, got {value!r}")
+    def problem(self, value) -> str | None:
+        return None if isinstance(value, bool) else f"must be a bool, got {value!r}"
 
 
 @dataclass(frozen=True)
@@ -145,9 +143,10 @@ class Text:
 
     metavar: str = "TEXT"
 
-    def check(self, name: str, value) -> None:
+    def problem(self, value) -> str | None:
         if value is not None and not isinstance(value, str):
-            raise ValueError(f"RunSpec.{name} must be a string or None, got {value!r}")
+            return f"must be a string or None, got {value!r}"
+        return None
 
     def parse(self, text: str) -> str:
         return text

@@ -4,8 +4,8 @@ Installed with the package, so any test suite in the same environment gets:
 
 - the ``dp(n)`` marker: the number of DP ranks of the test's clusters (default 2);
 - the ``dyntra_cluster`` fixture: a function that runs one real cluster (``n`` rank
-  processes joined by gloo groups, via ``emu.run.run_cluster``) in the test's
-  ``tmp_path`` and returns a ``ClusterRun``:
+  processes joined by gloo groups, via ``emu.run.run``, as the CLI runs one) in the
+  test's ``tmp_path`` and returns a ``ClusterRun``:
 
       @pytest.mark.dp(2)
       def test_balances(dyntra_cluster):
@@ -20,7 +20,6 @@ loading the plugin costs nothing in test sessions that do not use it.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,8 @@ class ClusterRun:
     """What one ``dyntra_cluster(...)`` call produced.
 
     - ``result``: the ``emu.run.RunResult`` (per-rank summaries, file paths);
-    - ``metrics``: the metrics.json dictionary (docs/metrics.md) of the run;
+    - ``metrics``: the metrics.json dictionary (docs/metrics.md) of the run, written
+      into ``out_dir`` too; its ``config`` is what the CLI records for the same spec;
     - ``events``: the parsed event log of every rank, ``events[rank]`` in file order;
     - ``out_dir``: where the run's files are (inside the test's ``tmp_path``).
     """
@@ -58,24 +58,23 @@ class ClusterRun:
         return [e for r in ranks for e in self.events[r] if e["kind"] == "request"]
 
 
-def _trace_from(trace, workload):
+def _trace_from(trace, workload) -> tuple[list, str | None]:
     """The TraceRequest list for ``trace`` (TraceRequests, dicts in the trace-file schema,
-    or a path) or ``workload`` (a file or a bundled workload name)."""
-    from emu.workload import TraceRequest, load_trace
+    or a path) or ``workload`` (a file or a bundled workload name), and what
+    ``RunSpec.workload`` calls it (as the CLI does for ``--workload``; None for a list)."""
+    from emu.workload import TraceRequest, load_trace, resolve_workload, workload_label
 
     if (trace is None) == (workload is None):
         raise ValueError("dyntra_cluster: pass exactly one of trace=... or workload=...")
     if workload is not None:
-        from emu.cli.errors import UsageError
-        from emu.cli.inputs import resolve_workload
-
         try:
-            return load_trace(resolve_workload(str(workload)))
-        except UsageError as exc:
-            raise ValueError(f"dyntra_cluster: {exc}") from None
+            path = resolve_workload(str(workload))
+        except ValueError as exc:
+            raise ValueError(f"dyntra_cluster: workload {exc}") from None
+        return load_trace(path), workload_label(str(workload), path)
     if isinstance(trace, (str, pathlib.Path)):
-        return load_trace(trace)
-    return [r if isinstance(r, TraceRequest) else TraceRequest(**r) for r in trace]
+        return load_trace(trace), str(trace)
+    return [r if isinstance(r, TraceRequest) else TraceRequest(**r) for r in trace], None
 
 
 class ClusterFactory:
@@ -104,31 +103,25 @@ class ClusterFactory:
         Other keyword arguments are ``emu.spec.RunSpec`` fields
         (``max_num_seqs``, ``block_size``, ``num_gpu_blocks``, ``device``,
         ``max_concurrency`` for closed-loop clients, ...).
-        Raises ValueError for a bad spec and ``emu.cluster.launcher.ClusterError`` when a rank
-        fails."""
+        Raises ValueError (``emu.spec.SpecError``, every problem listed) for a bad spec
+        and ``emu.cluster.launcher.ClusterError`` when a rank fails."""
         from emu.faults import FaultPlan
-        from emu.metrics import compute_metrics, load_run
-        from emu.run import run_cluster
+        from emu.run import run
         from emu.spec import RunSpec
 
         if faults is not None:
             spec_fields["faults"] = FaultPlan.of(faults)
         self._runs += 1
         out_dir = self._tmp_path / f"dyntra-cluster-{self._runs}"
-        spec = RunSpec(trace=_trace_from(trace, workload),
+        requests, label = _trace_from(trace, workload)
+        spec = RunSpec(trace=requests, workload=label,
                        dp_size=self.dp_size if dp_size is None else dp_size,
                        out_dir=out_dir, additional_config=additional_config, seed=seed,
                        strict=strict, transport=transport, **spec_fields)
-        result = run_cluster(spec)
-        metrics = compute_metrics(load_run(out_dir), config=_json_ready(additional_config),
-                                  seed=seed)
+        result = run(spec)
         events = [result.events(rank) for rank in range(spec.dp_size)]
-        return ClusterRun(result=result, metrics=metrics, events=events, out_dir=out_dir,
-                          spec=spec)
-
-
-def _json_ready(config):
-    return json.loads(config) if isinstance(config, str) else config
+        return ClusterRun(result=result, metrics=result.metrics, events=events,
+                          out_dir=out_dir, spec=spec)
 
 
 def _dp_from_marker(node) -> int:

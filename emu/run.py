@@ -1,29 +1,38 @@
-"""Run one emulated DP cluster: ``run_cluster(RunSpec(...)) -> RunResult``.
+"""Run one emulated DP cluster: ``run(RunSpec(...)) -> RunResult``, measured and recorded.
 
-The single entry point the CLI, the pytest plugin, the tests and the benchmarks use
-(under torchrun, each rank process calls ``join_cluster(spec)`` instead).
+The one entry point the CLI, the sweep, the pytest plugin and the benchmarks use to run
+a spec: ``run`` runs the cluster (``run_cluster``, which tests that only need the ranks'
+files call directly), computes its metrics and writes them to ``metrics.json`` with the
+recorded config (``recorded_config``: everything that produced the run, read from the
+spec alone, so the same spec is recorded the same way whoever ran it). Under torchrun,
+each rank process calls ``join_cluster(spec)`` instead, and rank 0 then calls
+``measure``.
+
 The spec (``emu.spec``) is validated here, in the calling process, before any rank
-starts: a bad config or trace is one ``ValueError`` naming the field and what was
-expected. Then the spec's transport (``emu.cluster.transport``: rank processes, or rank
-threads with ``transport="thread"``) runs ``dp_size`` ranks, each the implementation's
-engine over the whole trace (``emu.impl.run_rank``), and the result lists every rank's
-summary and the paths of the files it wrote into ``out_dir``:
+starts: a bad spec is one ``emu.spec.SpecError`` (a ValueError) listing every problem.
+Then the spec's transport (``emu.cluster.transport``: rank processes, or rank threads
+with ``transport="thread"``) runs ``dp_size`` ranks, each the implementation's engine
+over the whole trace (``emu.impl.run_rank``), and the result lists every rank's summary
+and the paths of the files it wrote into ``out_dir``:
 
 - ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
 - ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
 - ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled);
 - ``run.json``: whether the run finished (``emu.run_status``): "running" while it runs,
-  then "complete", "failed" or "interrupted".
+  then "complete", "failed" or "interrupted";
+- ``metrics.json`` (``run`` and ``measure`` only): docs/metrics.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
 from dataclasses import dataclass
 
+from dyntra_lb.config import load_additional_config
 from emu import impl
 from emu.cluster.transport import (
     ProcessTransport,
@@ -32,6 +41,7 @@ from emu.cluster.transport import (
     Transport,
 )
 from emu.impl import run_rank
+from emu.metrics import compute_metrics, load_run, write_metrics
 from emu.rank.context import RankSummary
 from emu.run_status import write_status
 from emu.spec import RunSpec, validate
@@ -39,13 +49,15 @@ from emu.spec import RunSpec, validate
 
 @dataclass(frozen=True)
 class RunResult:
-    """Summaries (by rank) and the files each rank wrote."""
+    """Summaries (by rank), the files each rank wrote and, from ``run``, the metrics
+    (metrics.json's dictionary; None from ``run_cluster``)."""
 
     out_dir: pathlib.Path
     ranks: list[RankSummary]
     event_logs: list[pathlib.Path]
     wall_logs: list[pathlib.Path]
     logs: list[pathlib.Path]
+    metrics: dict | None = None
 
     @property
     def truncated(self) -> bool:
@@ -60,6 +72,47 @@ class RunResult:
         """Parsed records of ``rank``'s event log, in file order."""
         with open(self.event_logs[rank]) as f:
             return [json.loads(line) for line in f]
+
+
+def run(spec: RunSpec) -> RunResult:
+    """Run ``spec`` to completion, measure it and record what ran: ``run_cluster``, then
+    ``measure``; returns the result with its ``metrics``. Raises as ``run_cluster``
+    does (nothing is measured then)."""
+    result = run_cluster(spec)
+    return dataclasses.replace(result, metrics=measure(spec, result.device))
+
+
+def measure(spec: RunSpec, device: str) -> dict:
+    """The metrics of the finished run of ``spec`` in ``spec.out_dir``, written to its
+    ``metrics.json`` and returned; ``device`` is where the lockstep collective ran
+    ("cpu" or "npu", ``RunResult.device``). Called by ``run`` and, under torchrun, by
+    rank 0 once every rank has finished."""
+    metrics = compute_metrics(load_run(spec.out_dir), config=recorded_config(spec, device),
+                              seed=spec.seed)
+    write_metrics(metrics, pathlib.Path(spec.out_dir) / "metrics.json")
+    return metrics
+
+
+def recorded_config(spec: RunSpec, device: str) -> dict:
+    """metrics.json's ``config``: what produced the run, from the spec alone (and the
+    device it ran on): the additional config as parsed, the workload's name, the engine
+    settings, the cost profile, and which DyntraLB ran (``emu.impl.Implementation.
+    describe``: the impl, its planner, for vllm-ascend its tree and vLLM's version)."""
+    return {
+        "additional_config": load_additional_config(spec.additional_config).raw,
+        "workload": spec.workload,
+        "dp_size": spec.dp_size,
+        "max_num_seqs": spec.max_num_seqs,
+        "max_num_batched_tokens": spec.max_num_batched_tokens,
+        "block_size": spec.block_size,
+        "num_gpu_blocks": spec.num_gpu_blocks,
+        "router": spec.router,
+        "scheduling_policy": spec.scheduling_policy,
+        "max_concurrency": spec.max_concurrency,
+        "device": device,  # the one used ("cpu" / "npu"), never "auto"
+        "cost_model": spec.cost_model.to_dict(),
+        **impl.get(spec.impl).describe(spec),
+    }
 
 
 def run_cluster(spec: RunSpec) -> RunResult:

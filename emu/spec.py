@@ -1,12 +1,20 @@
-"""``RunSpec``, everything one emulated run depends on, and ``validate``, its one check.
+"""``RunSpec``, everything one emulated run depends on, and ``check``, every rule that
+refuses one.
 
-Same spec, same event logs, byte for byte. The CLI, the pytest plugin, the tests and the
-benchmarks build a RunSpec and hand it to ``emu.run.run_cluster``, which validates
-it in the calling process before any rank starts; the ranks receive it whole.
+Same spec, same event logs, byte for byte. The CLI, the pytest plugin, the sweep, the
+tests and the benchmarks build a RunSpec and hand it to ``emu.run.run`` (or
+``run_cluster``), which validates it in the calling process before any rank starts; the
+ranks receive it whole.
 
 Most fields are engine knobs declared with ``emu.knobs.knob``: their kind checks them
 here and, with a help text, the CLI makes them a flag (``emu.cli.flags``). This module
 imports neither torch nor vLLM, so the CLI can build its parser from it quickly.
+
+``check(spec, names)`` returns every problem at once, each a ``Problem`` naming the
+field (and, for a request of the trace or a fault, its index). ``names`` words them:
+by default in RunSpec's own terms (``RunSpec.trace[3]``, ``block_size=16``); the CLI
+passes its own, which says ``file:line`` and ``--block-size 16`` instead, so a user of
+the command line and a caller in Python are refused by the same rules.
 """
 
 from __future__ import annotations
@@ -14,12 +22,13 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
 from dyntra_lb.blocks import num_blocks
-from dyntra_lb.config import AdditionalConfig, load_additional_config
+from dyntra_lb.config import AdditionalConfig, check_deployment, load_additional_config
 from emu import impl
 from emu.cluster.device import DEVICE_CHOICES
-from emu.faults import FaultPlan, check_plan
+from emu.faults import FaultPlan, plan_problems
 from emu.impl import IMPLS, PLANNERS
 from emu.impl.kit.scheduler import SCHEDULING_POLICIES
 from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
@@ -27,7 +36,7 @@ from emu.knobs import Choice, Int, Knob, NonNegativeSeconds, Seconds, Switch, Te
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.rank.control_costs import PLANNER_COSTS
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
-from emu.workload import ROUTERS, TraceRequest, check_ranks
+from emu.workload import ROUTERS, TraceRequest
 
 # How the ranks of a run are hosted (see RunSpec.transport).
 TRANSPORTS = ("process", "thread")
@@ -44,6 +53,9 @@ class RunSpec:
     - ``additional_config``: vllm-ascend's ``--additional-config`` (dict, JSON text or
       None); DyntraLB lives in ``scheduler_config.dyntra_lb_config``. The node is a
       ``kv_consumer`` (decode) node.
+    - ``workload``: what ``trace`` is called in ``metrics.json`` (``config.workload``):
+      a bundled workload's name, a trace file, a recipe; None when it has no name. It
+      changes nothing in the run.
     - ``cost_model``: the step-cost profile that prices each step (``emu.rank.costs``: a
       bundled one from ``emu.rank.costs.PROFILES`` or ``load_profile(path)``).
     - ``kv_latency_fixed_s`` + ``kv_latency_per_block_s`` * blocks: virtual time for a
@@ -60,6 +72,7 @@ class RunSpec:
     dp_size: int = field(metadata={"knob": Knob(Int(1, MAX_DP_SIZE))})
     out_dir: str | pathlib.Path
     additional_config: dict | str | None = None
+    workload: str | None = None
     max_num_seqs: int = knob(
         16, Int(1, MAX_NUM_SEQS, "requests per rank"), "vLLM max_num_seqs per rank")
     block_size: int = knob(128, Int(1), "tokens per KV block")
@@ -141,76 +154,228 @@ def knobs() -> list:
             if "knob" in f.metadata]
 
 
-def validate(spec: RunSpec) -> AdditionalConfig:
-    """Check the whole spec; returns the parsed additional config. Raises ValueError
-    (``TraceError`` for trace problems) naming the field; nothing has started yet."""
-    for name, _, field_knob in knobs():
-        field_knob.kind.check(name, getattr(spec, name))
-    _check_combinations(spec)
-    if not isinstance(spec.cost_model, StepCostModel):
-        raise ValueError(f"RunSpec.cost_model must be a StepCostModel, "
-                         f"got {type(spec.cost_model).__name__}")
-    if spec.planner_cost == "measured" and spec.cost_model.control_plane is None:
-        raise ValueError(f"RunSpec.planner_cost 'measured' charges the planner's wall time "
-                         f"to the control plane, but cost model {spec.cost_model.name!r} "
-                         "has the control plane off (control_plane null)")
+# ----------------------------------------------------------------------- problems
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a RunSpec cannot run: the field at fault (``index``: which request of
+    ``trace`` or which fault of ``faults``), where that is as the checker's ``Names``
+    say it, and what is wrong."""
+
+    field: str
+    where: str
+    message: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A RunSpec that cannot run; ``problems`` lists every reason (``Problem``)."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = list(problems)
+        lines = [str(p) for p in self.problems]
+        if len(lines) > 1:
+            lines = [f"{len(lines)} problems:", *(f"  {line}" for line in lines)]
+        super().__init__("\n".join(lines))
+
+
+class Names(Protocol):
+    """How problems name the settings of a spec (``check``'s second argument)."""
+
+    def where(self, field: str, index: int | None = None) -> str:
+        """Where a problem is: the field (and the request or fault at ``index``)."""
+
+    def setting(self, field: str, value: Any) -> str:
+        """A setting a message refers to, e.g. a field with the value it needs."""
+
+
+@dataclass(frozen=True)
+class SpecNames:
+    """RunSpec's own words: ``RunSpec.planner='vllm-ascend'``, ``RunSpec.trace[3]``,
+    ``block_size=16``: what a Python caller wrote."""
+
+    spec: RunSpec
+
+    def where(self, field: str, index: int | None = None) -> str:
+        if field == "faults" and index is not None:
+            return f"RunSpec.faults[{index}] ({self.spec.faults.faults[index].spec()})"
+        if index is not None:
+            return f"RunSpec.{field}[{index}]"
+        if field == "cost_model":
+            return f"RunSpec.cost_model {self.spec.cost_model.name!r}"
+        if field in ("additional_config", "trace", "faults", "out_dir"):
+            return f"RunSpec.{field}"
+        return f"RunSpec.{field}={getattr(self.spec, field)!r}"
+
+    def setting(self, field: str, value: Any) -> str:
+        if field == "additional_config":
+            return "additional_config={}" if value == {} else "additional_config"
+        return f"{field}={value!r}"
+
+
+def check(spec: RunSpec, names: Names | None = None
+          ) -> tuple[AdditionalConfig | None, list[Problem]]:
+    """Every rule a spec must pass before a rank starts. Returns the parsed additional
+    config (None when it cannot be parsed) and every problem found (empty when the spec
+    can run), worded by ``names`` (default: ``SpecNames``).
+
+    Rules that need a field in order (its type, the config parsed) are skipped while
+    that field has a problem, so each problem is a reason of its own."""
+    names = names or SpecNames(spec)
+    problems = _kind_problems(spec)
+    if problems:  # the rules below read these fields as their kinds say
+        return None, problems
     if spec.out_dir is None:
-        raise ValueError("RunSpec.out_dir must be a directory path, got None")
-    _validate_trace(spec)
-    config = load_additional_config(spec.additional_config)
-    if spec.faults is not None:
-        lb = config.dyntra_lb
-        check_plan(spec.faults, dp_size=spec.dp_size, trace=spec.trace,
-                   lb_mode=lb.mode if lb.enabled else None)
-    impl.get(spec.impl).check(config, dp_size=spec.dp_size,
-                              async_scheduling=spec.async_scheduling,
-                              vllm_ascend=spec.vllm_ascend)
+        problems.append(Problem("out_dir", names.where("out_dir"),
+                                "must be a directory path, got None"))
+    config, config_problems = _config_problems(spec, names)
+    problems += config_problems
+    problems += _trace_problems(spec, names)
+    problems += _combination_problems(spec, names)
+    if config is not None and _is_trace(spec.trace):
+        problems += _fault_problems(spec, config, names)
+    return config, problems
+
+
+def validate(spec: RunSpec) -> AdditionalConfig:
+    """``check`` for a caller that runs the spec next: returns the parsed additional
+    config, or raises SpecError (a ValueError) listing every problem."""
+    config, problems = check(spec)
+    if problems:
+        raise SpecError(problems)
     return config
 
 
-def _check_combinations(spec: RunSpec) -> None:
-    """Settings that are each valid but cannot run together."""
-    if spec.impl == "kit" and spec.planner == "vllm-ascend":
-        raise ValueError("RunSpec.planner 'vllm-ascend' needs impl 'vllm-ascend' (the kit "
-                         "runs the planners of dyntra_lb.planners)")
-    if spec.transport == "thread" and spec.device == "npu":
-        raise ValueError("RunSpec.transport 'thread' runs every rank on the CPU; "
-                         "device must be 'cpu' or 'auto', got 'npu'")
+def _kind_problems(spec: RunSpec) -> list[Problem]:
+    """Each knob's value against its kind, and the fields whose type the other rules
+    rely on (cost model, faults)."""
+    problems = []
+    for name, _, field_knob in knobs():
+        message = field_knob.kind.problem(getattr(spec, name))
+        if message is not None:
+            problems.append(Problem(name, f"RunSpec.{name}", message))
+    if spec.workload is not None and not isinstance(spec.workload, str):
+        problems.append(Problem("workload", "RunSpec.workload",
+                                f"must be a string or None, got {spec.workload!r}"))
+    if not isinstance(spec.cost_model, StepCostModel):
+        problems.append(Problem("cost_model", "RunSpec.cost_model",
+                                f"must be a StepCostModel, got {type(spec.cost_model).__name__}"))
+    if spec.faults is not None and not isinstance(spec.faults, FaultPlan):
+        problems.append(Problem("faults", "RunSpec.faults",
+                                "must be a FaultPlan or None (FaultPlan.of(...) builds one "
+                                f"from faults or --fault strings), got {spec.faults!r}"))
+    return problems
 
 
-def kv_fit_problem(request: TraceRequest, block_size: int, num_gpu_blocks: int) -> str | None:
-    """Why ``request`` could never run on a rank with ``num_gpu_blocks`` KV blocks of
-    ``block_size`` tokens, or None when it fits (its prompt and whole output at once)."""
-    needed = num_blocks(request.prompt_tokens + request.output_tokens, block_size)
-    if needed <= num_gpu_blocks:
-        return None
-    return (f"request {request.request_id!r} needs {needed} KV blocks "
-            f"({request.prompt_tokens} prompt + {request.output_tokens} output tokens, "
-            f"--block-size {block_size}) but a rank has --num-gpu-blocks "
-            f"{num_gpu_blocks}; it could never run")
+def _is_trace(trace) -> bool:
+    """A list of TraceRequests (whatever their values): what the fault rules can read."""
+    return (isinstance(trace, Sequence) and not isinstance(trace, (str, bytes))
+            and all(isinstance(r, TraceRequest) for r in trace))
 
 
-def _validate_trace(spec: RunSpec) -> None:
+def _trace_problems(spec: RunSpec, names: Names) -> list[Problem]:
+    """The trace as the engine needs it: TraceRequests with unique ids, in arrival
+    order, each fitting a rank's KV pool and pinned (if at all) to a rank that exists."""
     trace = spec.trace
+    where = names.where("trace")
     if isinstance(trace, (str, bytes)) or not isinstance(trace, Sequence):
-        raise ValueError("RunSpec.trace must be a list of TraceRequest "
-                         "(load a file with emu.workload.load_trace)")
+        return [Problem("trace", where, "must be a list of TraceRequest (load a file with "
+                                        "emu.workload.load_trace)")]
     if not trace:
-        raise ValueError("RunSpec.trace is empty (expected at least one request)")
+        return [Problem("trace", where, "is empty (expected at least one request)")]
+    problems = []
     seen: set[str] = set()
     previous = 0.0
     for i, request in enumerate(trace):
-        where = f"RunSpec.trace[{i}]"
+        def problem(message: str, i=i) -> None:
+            problems.append(Problem("trace", names.where("trace", i), message, i))
+
         if not isinstance(request, TraceRequest):
-            raise ValueError(f"{where} must be a TraceRequest, got {type(request).__name__}")
+            problem(f"must be a TraceRequest, got {type(request).__name__}")
+            continue
         if request.request_id in seen:
-            raise ValueError(f"{where}: duplicate request_id {request.request_id!r}")
+            problem(f"duplicate request_id {request.request_id!r}")
         seen.add(request.request_id)
         if request.arrival_s < previous:
-            raise ValueError(f"{where}: arrival_s must be non-decreasing, got "
-                             f"{request.arrival_s} after {previous}")
+            problem(f"arrival_s must be non-decreasing, got {request.arrival_s} after "
+                    f"{previous}")
         previous = request.arrival_s
-        problem = kv_fit_problem(request, spec.block_size, spec.num_gpu_blocks)
-        if problem is not None:
-            raise ValueError(f"{where}: {problem}")
-    check_ranks(list(trace), spec.dp_size)
+        if request.rank is not None and request.rank >= spec.dp_size:
+            problem(f"field 'rank': expected an integer in 0..{spec.dp_size - 1} for "
+                    f"dp_size={spec.dp_size}, got {request.rank}")
+        needed = num_blocks(request.prompt_tokens + request.output_tokens, spec.block_size)
+        if needed > spec.num_gpu_blocks:
+            problem(f"request {request.request_id!r} needs {needed} KV blocks "
+                    f"({request.prompt_tokens} prompt + {request.output_tokens} output "
+                    f"tokens, {names.setting('block_size', spec.block_size)}) but a rank "
+                    f"has {names.setting('num_gpu_blocks', spec.num_gpu_blocks)}; it could "
+                    "never run")
+    return problems
+
+
+def _config_problems(spec: RunSpec, names: Names
+                     ) -> tuple[AdditionalConfig | None, list[Problem]]:
+    """The additional config parsed, then the startup checks of a decode
+    (``kv_consumer``) node with ``dp_size`` ranks, then what the impl needs
+    (``emu.impl.Implementation.check``)."""
+    where = names.where("additional_config")
+    try:
+        config = load_additional_config(spec.additional_config)
+    except ValueError as exc:
+        return None, [Problem("additional_config", where, str(exc))]
+    try:
+        check_deployment(config, kv_role="kv_consumer", data_parallel_size=spec.dp_size,
+                         async_scheduling=spec.async_scheduling)
+    except ValueError as exc:
+        if config.dyntra_lb.enabled and spec.dp_size <= 1:
+            return config, [Problem(
+                "dp_size", names.where("dp_size"),
+                f"{exc} DyntraLB is enabled by {names.setting('additional_config', config.raw)}"
+                f"; use {names.setting('dp_size', 2)} or more, or run plain DP "
+                f"({names.setting('additional_config', {})})")]
+        return config, [Problem("additional_config", where, str(exc))]
+    try:
+        impl.get(spec.impl).check(config, dp_size=spec.dp_size,
+                                  async_scheduling=spec.async_scheduling,
+                                  vllm_ascend=spec.vllm_ascend)
+    except ValueError as exc:
+        return config, [Problem("impl", names.where("impl"), str(exc))]
+    return config, []
+
+
+def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
+    """Settings that are each valid but cannot run together."""
+    problems = []
+    if spec.impl == "kit" and spec.planner == "vllm-ascend":
+        problems.append(Problem(
+            "planner", names.where("planner"),
+            f"only with {names.setting('impl', 'vllm-ascend')} (the kit runs the planners "
+            "of dyntra_lb/planners.py: reference, fill-protect)"))
+    if spec.transport == "thread" and spec.device == "npu":
+        problems.append(Problem(
+            "transport", names.where("transport"),
+            f"runs every rank on the CPU; {names.setting('device', 'npu')} needs rank "
+            f"processes (use {names.setting('device', 'cpu')} or "
+            f"{names.setting('device', 'auto')})"))
+    if spec.planner_cost == "measured" and spec.cost_model.control_plane is None:
+        problems.append(Problem(
+            "planner_cost", names.where("planner_cost"),
+            f"charges the planner's wall time to DyntraLB's control plane, but "
+            f"{names.where('cost_model')} has it off (control_plane null)"))
+    return problems
+
+
+def _fault_problems(spec: RunSpec, config: AdditionalConfig, names: Names) -> list[Problem]:
+    """The faults against the run they would be injected into (``emu.faults.
+    plan_problems``: ranks, request ids, collective sites the config enters)."""
+    if spec.faults is None:
+        return []
+    lb = config.dyntra_lb
+    return [Problem("faults", names.where("faults", i), message, i)
+            for i, message in plan_problems(spec.faults.faults, dp_size=spec.dp_size,
+                                            trace=spec.trace,
+                                            lb_mode=lb.mode if lb.enabled else None)]

@@ -20,6 +20,13 @@ transport (``emu.cluster.threads``), ``--jobs`` at a time, each in a process of 
 - ``runs/baseline``, ``runs/p01`` ...: each run's ``metrics.json`` and event logs.
 
 The best config is printed as a ready ``--additional-config`` JSON.
+
+This module is the sweep itself, below the CLI: the grid, each point's RunSpec (the
+base spec with the point's config), the runs (``emu.run.run`` in job processes, so each
+run records its config as any other run of that spec), the table and the plots. The
+command (``emu.cli.sweep``) checks the specs, shows progress through ``run_points``'s
+callback and turns its errors (ValueError, ``SweepFailed``, ``SweepInterrupted``) into
+the CLI's.
 """
 
 from __future__ import annotations
@@ -30,16 +37,13 @@ import dataclasses
 import itertools
 import json
 import multiprocessing
-import sys
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig
-from emu.cli.errors import ClusterFailed, RunInterrupted, Terminated, UsageError
-from emu.cli.inputs import check_config, resolve_workload, spec_kwargs
-from emu.cli.progress import Progress, note
+from emu.spec import RunSpec
 
 # More points than this need --yes: at tens of seconds per run, a few hundred take hours.
 MAX_POINTS = 64
@@ -58,51 +62,51 @@ COLUMNS = (
 )
 
 
-
-
 # ----------------------------------------------------------------------- the grid
 
 
 def parse_grid(values: list[str]) -> dict[str, list]:
     """``--grid`` values -> {key: [values]} in the order given. A value is read as JSON
-    (``5``, ``1.5``, ``true``) or else taken as a string (``static``)."""
+    (``5``, ``1.5``, ``true``) or else taken as a string (``static``). Raises
+    ValueError naming the ``--grid`` value."""
     grid: dict[str, list] = {}
     for text in values:
         key, sep, rest = text.partition("=")
         key = key.strip()
         if not sep or not key or not rest.strip():
-            raise UsageError(f"--grid {text}: expected KEY=V1,V2,... "
-                                 "(e.g. bubble_threshold=1,2,5)")
+            raise ValueError(f"--grid {text}: expected KEY=V1,V2,... "
+                             "(e.g. bubble_threshold=1,2,5)")
         if key not in GRID_KEYS:
-            raise UsageError(f"--grid {text}: unknown key {key!r}; expected a "
-                                 f"dyntra_lb_config key: {', '.join(GRID_KEYS)}")
+            raise ValueError(f"--grid {text}: unknown key {key!r}; expected a "
+                             f"dyntra_lb_config key: {', '.join(GRID_KEYS)}")
         if key in grid:
-            raise UsageError(f"--grid {text}: {key} is already given by another --grid")
+            raise ValueError(f"--grid {text}: {key} is already given by another --grid")
         parsed = []
         for raw in rest.split(","):
             raw = raw.strip()
             if not raw:
-                raise UsageError(f"--grid {text}: empty value")
+                raise ValueError(f"--grid {text}: empty value")
             try:
                 value = json.loads(raw)
             except ValueError:
                 value = raw
             if value in parsed:
-                raise UsageError(f"--grid {text}: {raw} is listed twice")
+                raise ValueError(f"--grid {text}: {raw} is listed twice")
             parsed.append(value)
         grid[key] = parsed
     return grid
 
 
-def _with_lb(base: dict, **keys) -> dict:
+def with_lb(base: dict, **keys) -> dict:
+    """The additional config ``base`` with ``keys`` set in its dyntra_lb_config."""
     config = json.loads(json.dumps(base))
     scheduler = config.setdefault("scheduler_config", {})
     if not isinstance(scheduler, dict):
-        raise UsageError("--additional-config: scheduler_config must be an object")
+        raise ValueError("--additional-config: scheduler_config must be an object")
     lb = scheduler.setdefault("dyntra_lb_config", {})
     if not isinstance(lb, dict):
-        raise UsageError("--additional-config: scheduler_config.dyntra_lb_config must "
-                             "be an object")
+        raise ValueError("--additional-config: scheduler_config.dyntra_lb_config must "
+                         "be an object")
     lb.update(keys)
     return config
 
@@ -119,31 +123,51 @@ class Point:
             return "baseline (DyntraLB off)"
         return " ".join(f"{k}={json.dumps(v)}" for k, v in self.values.items())
 
+    @property
+    def source(self) -> str:
+        """How messages name this point's config: the --grid values that made it."""
+        if not self.values:
+            return "the baseline (--additional-config with DyntraLB disabled)"
+        return "--grid " + " ".join(f"{k}={v}" for k, v in self.values.items())
 
-def build_points(base: dict, grid: dict[str, list], args) -> list[Point]:
-    """The baseline and every grid point, each checked like --additional-config (the
-    first rejected value is named)."""
-    for key, values in grid.items():
-        for value in values:
-            config = _with_lb(base, enabled=True, **{key: value})
-            _, problems = check_config(json.dumps(config), f"--grid {key}={value}", args)
-            if problems:
-                raise UsageError(problems[0])
-    points = [Point("baseline", {}, _with_lb(base, enabled=False))]
+
+def build_points(base: dict, grid: dict[str, list]) -> list[Point]:
+    """The baseline (``base`` with DyntraLB off) and every grid point (``base`` with
+    DyntraLB on and the point's values), in grid order. Unchecked: ``point_spec`` makes
+    each a RunSpec, which ``emu.spec.check`` judges."""
+    points = [Point("baseline", {}, with_lb(base, enabled=False))]
     combos = list(itertools.product(*grid.values()))
     width = max(2, len(str(len(combos))))
     for i, combo in enumerate(combos, 1):
         values = dict(zip(grid, combo, strict=True))
-        config = _with_lb(base, **{"enabled": True, **values})
-        source = "--grid " + " ".join(f"{k}={v}" for k, v in values.items())
-        _, problems = check_config(json.dumps(config), source, args)
-        if problems:
-            raise UsageError(problems[0])
-        points.append(Point(f"p{i:0{width}d}", values, config))
+        points.append(Point(f"p{i:0{width}d}", values,
+                            with_lb(base, **{"enabled": True, **values})))
     return points
 
 
+def point_spec(base: RunSpec, point: Point, out_dir: Path) -> RunSpec:
+    """The RunSpec of ``point``: ``base`` (the workload, engine settings, seed, the
+    thread transport) with the point's config, run into ``out_dir``/runs/<name>."""
+    return dataclasses.replace(base, additional_config=point.config,
+                               out_dir=out_dir / "runs" / point.name)
+
+
 # ----------------------------------------------------------------------- running
+
+
+class SweepFailed(RuntimeError):
+    """A run of the sweep failed; the runs under way and the queued ones were stopped.
+    The message names the run and where its report is."""
+
+
+class SweepInterrupted(Exception):
+    """SIGINT or SIGTERM (the ``KeyboardInterrupt``, ``__cause__``) stopped the sweep
+    after ``finished`` of ``total`` runs; the runs under way were stopped."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"{finished} of {total} runs finished")
+        self.finished = finished
+        self.total = total
 
 
 # In a job process: the sweep's stop event (``_start_job``), set once the sweep stops
@@ -157,121 +181,48 @@ def _start_job(stop_event) -> None:
     _stop_event = stop_event
 
 
-def _run_point(job: dict) -> dict:
-    """In a job process: one run of the sweep on the thread transport; writes the run's
-    metrics.json and returns the metrics (or {"error": text} when the cluster failed,
-    {"stopped": True} when the sweep stopped before the run started)."""
+def _run_point(spec: RunSpec) -> dict:
+    """In a job process: one run of the sweep (``emu.run.run``, which writes its
+    metrics.json); returns the metrics, or {"error": text} when the cluster failed,
+    {"stopped": True} when the sweep stopped before the run started."""
     if _stop_event.is_set():
         return {"stopped": True}
     from emu.cluster.supervision import ClusterError
-    from emu.metrics import compute_metrics, load_run, write_metrics
-    from emu.run import run_cluster
-    from emu.spec import RunSpec
-    from emu.workload import load_trace
+    from emu.run import run
 
-    out_dir = Path(job["out_dir"])
-    spec = RunSpec(trace=load_trace(job["workload"]), dp_size=job["dp"], out_dir=out_dir,
-                   additional_config=job["config"], transport="thread", **job["spec"])
     try:
-        run_cluster(spec)
+        return run(spec).metrics
     except ClusterError as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        (Path(spec.out_dir) / "error.txt").write_text(str(exc) + "\n")
         return {"error": f"rank {exc.rank} failed: {exc.message}" if exc.rank is not None
                 else exc.message}
-    metrics = compute_metrics(load_run(out_dir), config=job["recorded"], seed=spec.seed)
-    write_metrics(metrics, out_dir / "metrics.json")
-    return metrics
 
 
-class _SweepProgress:
-    """One bar over every request of every run of the sweep, fed by polling the runs'
-    event logs (``Progress`` without its own bar, one per run)."""
-
-    def __init__(self, dirs: list[Path], dp: int, requests: int, enabled: bool):
-        self.runs = [Progress(d, dp, requests, "", False) for d in dirs]
-        self.total = requests * len(dirs)
-        self.enabled = enabled
-        self.done_runs = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._bar = None
-
-    def __enter__(self) -> _SweepProgress:
-        if self.enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=self.total, desc="sweep", unit="req", file=sys.stderr,
-                             dynamic_ncols=True)
-            self._thread = threading.Thread(target=self._loop, daemon=True,
-                                            name="dyntra-emu-sweep-progress")
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._poll()
-            self._bar.close()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(Progress.INTERVAL_S):
-            self._poll()
-
-    def _poll(self) -> None:
-        for run in self.runs:
-            run.poll()
-        self._bar.n = min(sum(r.done for r in self.runs), self.total)
-        self._bar.set_postfix_str(f"runs done {self.done_runs}/{len(self.runs)}",
-                                  refresh=False)
-        self._bar.refresh()
-
-
-def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, dict]:
-    """Run every point, ``args.jobs`` at a time (one fresh process per run); returns
-    the metrics by point name. A failed run stops the sweep (ClusterFailed), SIGINT or
-    SIGTERM too (RunInterrupted); either stops the runs under way."""
-    run_kwargs = spec_kwargs(args)
-    run_kwargs.pop("transport", None)
-    recorded_base = {
-        "workload": prepared.workload_label, "dp_size": args.dp,
-        **{k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
-                                         "block_size", "num_gpu_blocks", "router",
-                                         "scheduling_policy", "max_concurrency")},
-        "device": "cpu", "impl": "kit",
-    }
-    workload = str(resolve_workload(args.workload))
-    jobs = {}
-    for p in points:
-        run_dir = out_dir / "runs" / p.name
-        run_dir.mkdir(parents=True)
-        jobs[p.name] = {"workload": workload, "dp": args.dp, "out_dir": str(run_dir),
-                        "config": p.config, "spec": run_kwargs,
-                        "recorded": {"additional_config": p.config, **recorded_base}}
+def run_points(points: list[Point], specs: list[RunSpec], jobs: int,
+               on_done: Callable[[Point], None]) -> dict[str, dict]:
+    """Run every point's (checked) spec, ``jobs`` at a time, each in a fresh process,
+    calling ``on_done(point)`` as each run finishes; returns the metrics by point name.
+    A failed run stops the sweep (SweepFailed), SIGINT or SIGTERM too
+    (SweepInterrupted); either stops the runs under way."""
     results: dict[str, dict] = {}
-    bar = not args.quiet and sys.stderr.isatty()
     context = multiprocessing.get_context("spawn")
     stop_event = context.Event()
-    with _SweepProgress([out_dir / "runs" / p.name for p in points], args.dp,
-                        len(prepared.trace), bar) as progress, \
-            concurrent.futures.ProcessPoolExecutor(
-                max_workers=args.jobs, mp_context=context, max_tasks_per_child=1,
-                initializer=_start_job, initargs=(stop_event,)) as pool:
-        futures = {pool.submit(_run_point, jobs[p.name]): p for p in points}
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, max_tasks_per_child=1,
+            initializer=_start_job, initargs=(stop_event,)) as pool:
+        futures = {pool.submit(_run_point, spec): (p, spec)
+                   for p, spec in zip(points, specs, strict=True)}
         try:
             for future in concurrent.futures.as_completed(futures):
-                point = futures[future]
+                point, spec = futures[future]
                 metrics = future.result()
                 if "error" in metrics:
-                    raise ClusterFailed(
+                    raise SweepFailed(
                         f"run {point.name} ({point.label}) failed: {metrics['error']}; "
-                        f"report in {out_dir / 'runs' / point.name / 'error.txt'}")
+                        f"report in {Path(spec.out_dir) / 'error.txt'}")
                 results[point.name] = metrics
-                progress.done_runs += 1
-                if not bar:
-                    note(args, f"sweep: {len(results)}/{len(points)} runs done "
-                                    f"({point.name}: {point.label})")
-        except BaseException as exc:  # a failed run, SIGINT, SIGTERM (the CLI's Terminated)
+                on_done(point)
+        except BaseException as exc:  # a failed run, SIGINT, SIGTERM
             # Runs not started yet end at once (the pool may have handed some to a job
             # process already); the runs under way stop their clusters as on SIGTERM and
             # record themselves as interrupted (run.json).
@@ -282,13 +233,7 @@ def run_points(args, points: list[Point], prepared, out_dir: Path) -> dict[str, 
                 job.terminate()
             if not isinstance(exc, KeyboardInterrupt):
                 raise
-            signal_name, exit_code = (("SIGTERM", 143) if isinstance(exc, Terminated)
-                                      else ("SIGINT", 130))
-            raise RunInterrupted(
-                f"interrupted by {signal_name}; the sweep is partial: {len(results)} of "
-                f"{len(points)} runs finished (metrics.json in {out_dir / 'runs'}/<name>/), "
-                "the runs under way were stopped (run.json: interrupted); no table or plots "
-                "were written", exit_code) from None
+            raise SweepInterrupted(len(results), len(points)) from exc
     return results
 
 

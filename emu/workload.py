@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,15 +80,54 @@ class TraceError(ValueError):
         super().__init__("\n".join(shown))
 
 
+# The bundled workloads, next to the package (a source checkout or an editable install).
+WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "workloads"
+
+
+def bundled_workloads() -> list[str]:
+    """Names of the traces under fixtures/workloads/ (empty when not installed)."""
+    if not WORKLOADS_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.jsonl"))
+
+
+def resolve_workload(value: str) -> Path:
+    """A workload given as FILE or NAME -> its trace file. An existing path wins; a bare
+    name (no directory part, no .jsonl suffix) is a bundled workload. Raises ValueError
+    starting with the value, e.g. ``'longtale': no such file and not a bundled
+    workload; ...`` (the CLI puts ``--workload`` in front)."""
+    path = Path(value)
+    if path.exists():
+        return path
+    is_name = value and "/" not in value and os.sep not in value and path.suffix != ".jsonl"
+    if not is_name:
+        raise ValueError(f"{value}: no such file")
+    bundled = WORKLOADS_DIR / f"{value}.jsonl"
+    if bundled.is_file():
+        return bundled
+    names = bundled_workloads()
+    if not names:
+        raise ValueError(f"{value!r}: no such file, and the bundled workloads are not "
+                         f"installed (looked in {WORKLOADS_DIR}); pass a trace file")
+    raise ValueError(f"{value!r}: no such file and not a bundled workload; bundled "
+                     f"workloads are: {', '.join(names)}")
+
+
+def workload_label(value: str, path: Path) -> str:
+    """What ``RunSpec.workload`` (and so metrics.json's ``config.workload``) calls the
+    workload ``value`` resolved to ``path``: a bundled workload's name, else the file."""
+    return value if path.parent == WORKLOADS_DIR else str(path)
+
+
 def arrival_us(req: TraceRequest) -> int:
     """Arrival time in the engine's integer virtual microseconds."""
     return round(req.arrival_s * 1e6)
 
 
 def validate_trace(path, dp_size: int | None = None) -> list[str]:
-    """Every problem of the trace at `path` (empty list when it is valid). With
-    `dp_size`, pinned ranks are checked against it too. Used by `dyntra-emu validate`,
-    which prints them all."""
+    """Every problem of the trace at `path` (empty list when it is valid), for a tool
+    that lists them all (fixtures/README.md). With `dp_size`, pinned ranks are checked
+    against it too. `load_trace` raises the same problems as a TraceError."""
     _, problems = _parse(Path(path), dp_size)
     return problems
 
@@ -99,20 +139,6 @@ def load_trace(path, dp_size: int | None = None) -> list[TraceRequest]:
     if problems:
         raise TraceError(problems)
     return requests
-
-
-def check_ranks(trace: list[TraceRequest], dp_size: int) -> None:
-    """Raise TraceError when a request is pinned to a rank the cluster does not have.
-    Called once the DP size is known, for traces loaded without it."""
-    _check_dp_size(dp_size)
-    problems = [
-        f"request {req.request_id!r} (entry {i + 1}): field 'rank': expected an integer "
-        f"in 0..{dp_size - 1} for dp_size={dp_size}, got {req.rank}"
-        for i, req in enumerate(trace)
-        if req.rank is not None and req.rank >= dp_size
-    ]
-    if problems:
-        raise TraceError(problems)
 
 
 def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[str]]:

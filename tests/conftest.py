@@ -31,9 +31,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """Soak tests first: the 1,000-wave run takes as long as a quarter of the rest of the
-    suite, and xdist hands out tests in this order, so started last it would run on one
-    worker while the other sits idle."""
+    """Soak tests first: the 1,000-wave run is among the suite's longest tests, and xdist
+    hands out tests in this order, so started last it would run on one worker while the
+    other sits idle."""
     items.sort(key=lambda item: item.get_closest_marker("soak") is None)
 
 

@@ -10,7 +10,7 @@ Commands:
 - ``fit-cost``: a step-cost profile fitted to step times measured on a node;
 - ``sweep``: a grid of DyntraLB configs on the thread transport (emu/sweep.py);
 - ``replay`` / ``explain``: offline tools over diagnostics logs (emu/offline/replay.py,
-  emu/offline/explain.py);
+  emu/offline/explain.py underneath);
 - ``diff``: kit against vllm-ascend (or two vllm-ascend trees, or two run directories)
   step by step (emu/cli/diff.py, emu/offline/diff.py);
 - ``gate``: a run's metrics against a baseline's within per-metric tolerances, for
@@ -18,12 +18,14 @@ Commands:
 - ``timeline``: a run directory's timeline in the Trace Event Format (emu/timeline.py).
 
 ``emu.cli.main`` builds the parser and runs a command (the ``dyntra-emu`` console script
-and ``python -m emu``). Each command is a module with ``add_parser(subparsers)`` and its
-``cmd_*`` function; the flags they share are made in ``emu.cli.flags``, mostly from
-RunSpec's fields. This package's ``__init__`` imports nothing, so that a module below
-the CLI (``emu.sweep``) can import ``emu.cli.errors`` without loading every command.
+and ``python -m emu``; there is no other entry point). Each command is a module with
+``add_parser(subparsers)`` and its ``cmd_*`` function; the flags they share are made in
+``emu.cli.flags``, mostly from RunSpec's fields. A command reads its inputs, builds each
+run's RunSpec once from the flags (``emu.cli.inputs``), has ``emu.spec`` judge it, and
+runs it with ``emu.run.run``; nothing below the CLI imports it.
 
 Every user error (bad flag, bad file, contradictory settings) is one message naming the
-flag or file:line and what was expected, exit code 2, and nothing is started. Modules
-that import torch are imported only when a command needs them, so ``--help`` is quick.
+flag or file:line and what was expected, exit code 2, and nothing is started; a spec's
+problems are all listed at once. Modules that import torch are imported only when a
+command needs them, so ``--help`` is quick.
 """

@@ -15,14 +15,16 @@ from emu.ab_seeds import write_ab_json
 from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
 from emu.cli.inputs import (
-    DEFAULT_ADDITIONAL_CONFIG,
     build_spec,
-    prepare,
+    check_specs,
+    default_config,
+    ignored_keys,
     read_config_arg,
+    read_inputs,
     warn_ignored_keys,
 )
-from emu.cli.outdir import prepare_out_dir
-from emu.cli.running import run_one
+from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.running import resolve_launch, run_one
 from emu.impl import PLANNERS
 from emu.knobs import Int
 from emu.recipes import is_recipe, seed_table
@@ -49,7 +51,7 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     if args.planner_b is not None and args.config_a is None and args.config_b is None:
         # A planner A/B: both runs with the config, DyntraLB on.
         on = (read_config_arg(args.additional_config) if args.additional_config is not None
-              else (json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"))
+              else default_config())
         return [on, on], tuple(f"planner {p}" for p in _planners(args))
     if args.config_a is not None or args.config_b is not None:
         if args.config_a is None or args.config_b is None:
@@ -59,13 +61,13 @@ def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
         return ([read_config_arg(args.config_a, "--config-a"),
                  read_config_arg(args.config_b, "--config-b")], ("A", "B"))
     if args.additional_config is None:
-        on_text, source = json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"
+        on_text, source = default_config()
     else:
         on_text, source = read_config_arg(args.additional_config)
     try:
         on = json.loads(on_text)
     except ValueError:
-        on = None  # check_config names the JSON error
+        on = None  # emu.spec.check names the JSON error
     if not isinstance(on, dict):
         return [(on_text, source), (on_text, source)], ("DyntraLB off", "DyntraLB on")
     off = copy.deepcopy(on)
@@ -91,45 +93,80 @@ def _planners(args) -> tuple[str, str]:
     return a, args.planner_b or a
 
 
-def _side_args(args) -> list[argparse.Namespace]:
-    """The flags of run A and of run B: the same, except B's planner with --planner-b."""
-    b = copy.copy(args)
-    if args.planner_b is not None:
-        b.planner = args.planner_b
-    return [args, b]
+def _seeds(args) -> list[int]:
+    """The workload seeds of the A/B: --seed, or with --seeds N, N of them from --seed."""
+    if args.seeds is None:
+        return [args.seed]
+    if not is_recipe(args.workload):
+        raise UsageError(f"--seeds {args.seeds}: needs a generated workload "
+                         "(--workload recipe:NAME[,n=N][,rate=R]), whose trace changes with "
+                         f"the seed; {args.workload!r} is one fixed trace")
+    return list(range(args.seed, args.seed + args.seeds))
 
 
-def _check_sides(sides, prepared) -> None:
-    """Both runs' RunSpecs pass validation before the first one starts."""
-    for side, config in zip(sides, prepared.configs, strict=True):
-        build_spec(side, prepared, config, Path("."))
+def _pairs(args, launch, sources, seeds, out_dir: Path) -> list[list]:
+    """Every run of the A/B, checked before the first starts: per seed, [(spec, parsed
+    config)] of A and of B. Each seed of a recipe is a trace of its own; run B takes
+    --planner-b."""
+    b_fields = {} if args.planner_b is None else {"planner": args.planner_b}
+    b_flags = {} if args.planner_b is None else {"planner": "--planner-b"}
+    pairs, problems = [], []
+    for seed in seeds:
+        inputs = read_inputs(args, launch.dp, seed=seed)
+        base = out_dir if args.seeds is None else out_dir / f"seed{seed}"
+        pair = [build_spec(args, launch.dp, inputs, text, base / name, seed=seed, **fields)
+                for (text, _), name, fields in zip(sources, RUN_DIRS, ({}, b_fields),
+                                                   strict=True)]
+        runs = [(pair[0], sources[0][1]), (pair[1], sources[1][1], b_flags)]
+        try:
+            configs = check_specs(args, inputs, runs, local_ranks=launch.local_ranks)
+        except UsageError as exc:
+            problems += exc.problems
+            continue
+        pairs.append(list(zip(pair, configs, strict=True)))
+    if problems:
+        raise UsageError(*dict.fromkeys(problems))
+    return pairs
 
 
 def cmd_ab(args) -> int:
+    launch = resolve_launch(args)
+    _check_combinations(args)
+    sources, labels = _ab_sources(args)
+    seeds = _seeds(args)
+    out_dir = out_dir_path(args.out, "ab")
+    pairs = _pairs(args, launch, sources, seeds, out_dir)
+    warn_ignored_keys("ab", ignored_keys(
+        [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
+    subdirs = RUN_DIRS if args.seeds is None else tuple(
+        f"seed{s}/{name}" for s in seeds for name in RUN_DIRS)
+    prepare_out_dir(out_dir, args.overwrite, subdirs)
+    results = []
+    for seed, pair in zip(seeds, pairs, strict=True):
+        prefix = "" if args.seeds is None else f"seed {seed} "
+        results.append([run_one(args, spec, config, launch,
+                                f"{prefix}{name.upper()} ({label})")
+                        for (spec, config), name, label in zip(pair, RUN_DIRS, labels,
+                                                               strict=True)])
+    if args.seeds is not None:
+        return _report_seeds(args, seeds, results, labels, launch.dp, out_dir)
+    return _report(pairs[0], results[0], labels, out_dir)
+
+
+def _report(pair, metrics, labels, out_dir: Path) -> int:
+    """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
+    summary.md and the overlay plots."""
     from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
     from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
 
-    _check_combinations(args)
-    sources, labels = _ab_sources(args)
-    if args.seeds is not None:
-        return _ab_seeds(args, sources, labels)
-    prepared = prepare(args, sources)
-    warn_ignored_keys(args, prepared)
-    sides = _side_args(args)
-    _check_sides(sides, prepared)
-    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", RUN_DIRS)
-    metrics = []
-    for side, name, label, config in zip(sides, RUN_DIRS, labels, prepared.configs,
-                                         strict=True):
-        metrics.append(run_one(side, prepared, config, out_dir / name,
-                               f"{name.upper()} ({label})"))
+    spec = pair[0][0]
     runs = [load_run(out_dir / name) for name in RUN_DIRS]
     from emu.plots import write_ab_plots  # matplotlib: only once both runs are done
 
     plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
     write_ab_summary_md(out_dir / "summary.md", metrics[0], metrics[1], labels,
-                        title=f"dyntra-emu ab: {prepared.workload_label}, dp={args.dp}",
+                        title=f"dyntra-emu ab: {spec.workload}, dp={spec.dp_size}",
                         plots=plots)
     print(ab_table(metrics[0], metrics[1], labels))
     print()
@@ -148,33 +185,12 @@ def cmd_ab(args) -> int:
     return 0
 
 
-def _ab_seeds(args, sources, labels) -> int:
-    """``ab --seeds N``: the A/B on N workload seeds of a recipe (--seed, --seed + 1,
-    ...), each into DIR/seed<s>/a and b; prints and writes each key delta per seed and
-    its mean with a 95 % confidence interval."""
-    if not is_recipe(args.workload):
-        raise UsageError(f"--seeds {args.seeds}: needs a generated workload "
-                         "(--workload recipe:NAME[,n=N][,rate=R]), whose trace changes with "
-                         f"the seed; {args.workload!r} is one fixed trace")
-    first = args.seed
-    seeds = list(range(first, first + args.seeds))
-    prepared = []
-    for seed in seeds:  # check every seed's trace before anything runs
-        args.seed = seed
-        prepared.append(prepare(args, sources))
-    _check_sides(_side_args(args), prepared[0])
-    subdirs = tuple(f"seed{s}/{name}" for s in seeds for name in RUN_DIRS)
-    out_dir = prepare_out_dir(args.out, args.overwrite, "ab", subdirs)
-    pairs = []
-    for seed, prep in zip(seeds, prepared, strict=True):
-        args.seed = seed
-        metrics = [run_one(side, prep, config, out_dir / f"seed{seed}" / name,
-                           f"seed {seed} {name.upper()} ({label})")
-                   for side, name, label, config in zip(_side_args(args), RUN_DIRS, labels,
-                                                        prep.configs, strict=True)]
-        pairs.append((seed, metrics[0], metrics[1]))
+def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path) -> int:
+    """``ab --seeds N``: each key delta per seed and its mean with a 95 % confidence
+    interval, printed and in summary.md."""
     from emu.no_effect import no_effect_notes
 
+    pairs = [(seed, a, b) for seed, (a, b) in zip(seeds, results, strict=True)]
     table = seed_table(pairs)
     print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")
     print(table)
@@ -183,7 +199,7 @@ def _ab_seeds(args, sources, labels) -> int:
             for note in no_effect_notes(m):
                 print(f"note (seed {seed}, {label}): {note}")
     (out_dir / "summary.md").write_text(
-        f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={args.dp}\n\n"
+        f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={dp}\n\n"
         f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
         "mean with its 95 % confidence interval (Student's t)\n\n```\n" + table + "\n```\n")
     write_ab_json(out_dir / AB_FILE, workload=args.workload, dp_size=args.dp, labels=labels,

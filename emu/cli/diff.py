@@ -23,16 +23,15 @@ report is in ``DIR/a|b/error.txt``).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
 
 from emu.cli.errors import ClusterFailed, UsageError
-from emu.cli.flags import DEFAULT_DP, Formatter, add_input_options, add_run_options, wrap
-from emu.cli.inputs import config_sources, prepare
-from emu.cli.outdir import prepare_out_dir
-from emu.cli.running import run_one
+from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
+from emu.cli.inputs import build_spec, check_specs, config_source, read_inputs
+from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.running import resolve_launch, run_one
 from emu.knobs import Int
 from emu.offline.diff import DiffInputError, compare, format_report, plot_load, read_run
 
@@ -180,27 +179,28 @@ def _sides(args) -> list[tuple[str, str, str | None]]:
 
 
 def _diff_runs(args) -> int:
-    args.torchrun = None
-    if args.dp is None:
-        args.dp = DEFAULT_DP
+    launch = resolve_launch(args)
     sides = _sides(args)
-    sources = config_sources(args)
-    runs = []
-    for label, impl, tree in sides:  # check both before anything starts
-        side = copy.copy(args)
-        side.impl, side.vllm_ascend = impl, tree
+    text, source, problems = config_source(args)
+    inputs = read_inputs(args, launch.dp)
+    out = out_dir_path(args.out, "diff")
+    runs = []  # (label, spec) of A and B, both checked before anything starts
+    for (label, impl, tree), name in zip(sides, RUN_DIRS, strict=True):
+        planner = args.planner
         if impl == "kit":
             # --planner chooses the planner of the vllm-ascend runs; the kit runs the
             # same one when it is ours, else the reference.
-            side.planner = None if args.planner == "vllm-ascend" else args.planner
+            planner = None if args.planner == "vllm-ascend" else args.planner
         elif args.planner not in (None, "vllm-ascend"):
             label += f" ({args.planner} planner)"
-        runs.append((label, side, prepare(side, sources)))
-    out = prepare_out_dir(args.out, args.overwrite, "diff", RUN_DIRS)
-    for (label, side, prepared), name in zip(runs, RUN_DIRS, strict=True):
+        runs.append((label, build_spec(args, launch.dp, inputs, text, out / name, impl=impl,
+                                       vllm_ascend=tree, planner=planner)))
+    configs = check_specs(args, inputs, [(spec, source) for _, spec in runs],
+                          local_ranks=launch.local_ranks, problems=problems)
+    prepare_out_dir(out, args.overwrite, RUN_DIRS)
+    for (label, spec), config, name in zip(runs, configs, RUN_DIRS, strict=True):
         try:
-            run_one(side, prepared, prepared.configs[0], out / name,
-                    f"{name.upper()} ({label})")
+            run_one(args, spec, config, launch, f"{name.upper()} ({label})")
         except ClusterFailed as exc:
             # A failure is behaviour too: the other run is made and compared with it.
             print(f"dyntra-emu diff: run {name.upper()} ({label}) "
@@ -208,7 +208,7 @@ def _diff_runs(args) -> int:
                   "comparing it as far as every rank logged", file=sys.stderr)
     try:
         a, b = (read_run(out / name, label)
-                for (label, _, _), name in zip(runs, RUN_DIRS, strict=True))
+                for (label, _), name in zip(runs, RUN_DIRS, strict=True))
     except DiffInputError as exc:
         print(f"dyntra-emu diff: error: nothing to compare: {exc}", file=sys.stderr)
         return EXIT_RUN_FAILED

@@ -4,7 +4,8 @@ Every engine knob is a flag made from its ``RunSpec`` field (``emu.spec``): name
 choices, default and help come from the field's ``emu.knobs.Knob``. The flags written out here are
 the inputs that are not a RunSpec field as they are: the workload, the DP size (torchrun
 sets it), the configs, the cost model (a name or a file), faults and the output options.
-``emu.cli.inputs.spec_kwargs`` reads the parsed knob values back by field name.
+``emu.cli.inputs.spec_kwargs`` reads the parsed knob values back by field name, and
+``flag_of`` says which flag sets a field, for messages.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from emu.cli.inputs import bundled_workloads
 from emu.faults import parse_fault
 from emu.knobs import Choice, Int, Switch
 from emu.limits import MAX_DP_SIZE
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES
 from emu.sites import COLLECTIVE_SITES
 from emu.spec import knobs
+from emu.workload import bundled_workloads
 
 DEFAULT_DP = 4
 
@@ -37,6 +38,18 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=34)
 
 
+def flag_of(field: str) -> str | None:
+    """The flag that sets RunSpec field ``field`` (None: no flag sets it)."""
+    if field == "dp_size":
+        return "--dp"
+    if field == "faults":
+        return "--fault"
+    for name, _, knob in knobs():
+        if name == field and knob.help is not None:
+            return knob.flag or "--" + name.replace("_", "-")
+    return None
+
+
 def add_spec_flags(parser: argparse.ArgumentParser, section: str, *,
                    exclude: tuple[str, ...] = ()) -> None:
     """One flag per RunSpec knob of ``section`` ("input" or "run", see emu.knobs) that
@@ -44,7 +57,7 @@ def add_spec_flags(parser: argparse.ArgumentParser, section: str, *,
     for name, default, knob in knobs():
         if knob.help is None or knob.section != section or name in exclude:
             continue
-        flag = knob.flag or "--" + name.replace("_", "-")
+        flag = flag_of(name)
         help_text = f"{knob.help} (default: {_shown(default, knob)})"
         if isinstance(knob.kind, Switch):
             parser.add_argument(flag, dest=name, action="store_true", default=default,

@@ -1,9 +1,15 @@
-"""The inputs of a run, checked before anything starts: the workload, the configs, the
-device, faults and the cost profile, gathered into one ``Prepared`` and one RunSpec.
+"""The inputs of a run, read from the flags, and the run's RunSpec, built once from them
+and checked before anything starts.
 
-``prepare`` collects every problem it finds (each naming the flag or file:line), so a
-user fixes them in one go; ``build_spec`` hands the result to ``emu.spec.validate``, the
-last gate.
+Reading is this module's: the workload (a trace file, a bundled workload or a
+``recipe:``, with the line of every request), the additional config (``JSON`` or
+``@file``) and the cost profile (a name or a file); a problem while reading names the
+flag or ``file:line``. Judging is ``emu.spec``'s: ``build_spec`` makes the RunSpec from
+the flags and what was read, and ``check_specs`` puts it through ``emu.spec.check``
+with ``FlagNames``, which words every problem in the command line's terms
+(``--block-size 16``, ``trace.jsonl:3``, ``--fault kill:rank=2,step=5``), so a command
+and the pytest fixture are refused by the same rules. Every problem of every input is
+listed at once (``UsageError``), so a user fixes them in one go.
 """
 
 from __future__ import annotations
@@ -12,59 +18,33 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dyntra_lb.config import (
-    DyntraLBConfig,
-    check_deployment,
-    load_additional_config,
-    unknown_keys,
-)
+from dyntra_lb.config import DyntraLBConfig, unknown_keys
 from emu.cli.errors import PROG, UsageError
+from emu.cli.flags import flag_of
 from emu.cluster.device import DeviceError, select_device
-from emu.faults import FaultPlan, plan_problems
+from emu.faults import FaultPlan
 from emu.limits import MAX_SMALL_FILE_BYTES, FileTooLarge, read_limited
-from emu.rank.costs import CostProfileError, load_profile
+from emu.rank.costs import CostProfileError, StepCostModel, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
-from emu.spec import RunSpec, knobs, kv_fit_problem, validate
-from emu.workload import load_trace, validate_trace
+from emu.spec import RunSpec, check, knobs
+from emu.workload import (
+    TraceError,
+    TraceRequest,
+    load_trace,
+    resolve_workload,
+    workload_label,
+)
 
 # What `dyntra-emu run` with no --additional-config runs: DyntraLB static mode from step 0.
 DEFAULT_ADDITIONAL_CONFIG = {
     "scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static", "start_step": 0}}
 }
 
-# Located next to the package, so it works from a source checkout / editable install.
-WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "workloads"
 
-
-def bundled_workloads() -> list[str]:
-    """Names of the traces under fixtures/workloads/ (empty when not installed)."""
-    if not WORKLOADS_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.jsonl"))
-
-
-def resolve_workload(value: str) -> Path:
-    """--workload FILE|NAME -> the trace file. An existing path wins; a bare name (no
-    directory part, no .jsonl suffix) is a bundled workload."""
-    path = Path(value)
-    if path.exists():
-        return path
-    is_name = value and "/" not in value and os.sep not in value and path.suffix != ".jsonl"
-    if is_name:
-        bundled = WORKLOADS_DIR / f"{value}.jsonl"
-        if bundled.is_file():
-            return bundled
-        names = bundled_workloads()
-        if not names:
-            raise UsageError(f"--workload {value!r}: no such file, and the bundled workloads "
-                             f"are not installed (looked in {WORKLOADS_DIR}); pass a trace "
-                             "file")
-        raise UsageError(f"--workload {value!r}: no such file and not a bundled workload; "
-                         f"bundled workloads are: {', '.join(names)}")
-    raise UsageError(f"--workload {value}: no such file")
+# ----------------------------------------------------------------------- reading
 
 
 def read_config_arg(value: str, flag: str = "--additional-config") -> tuple[str, str]:
@@ -83,6 +63,208 @@ def read_config_arg(value: str, flag: str = "--additional-config") -> tuple[str,
     return text, f"{flag} {value}"
 
 
+def default_config() -> tuple[str, str]:
+    """The config a command runs without --additional-config, and its name."""
+    return json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"
+
+
+def config_source(args) -> tuple[str | None, str, list[str]]:
+    """The one config of `run` / `validate` / `diff`: its JSON text (None when its @file
+    cannot be read), its name for messages and the problems reading it."""
+    if args.no_dyntra_lb:
+        return "{}", "--no-dyntra-lb", []
+    if args.additional_config is None:
+        return (*default_config(), [])
+    try:
+        return (*read_config_arg(args.additional_config), [])
+    except UsageError as exc:
+        return None, "--additional-config", exc.problems
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The trace --workload names, read: its requests, what RunSpec.workload calls it,
+    and where each request came from (``where``)."""
+
+    value: str  # --workload as given
+    trace: list[TraceRequest]
+    label: str
+    path: Path | None  # the trace file; None for a recipe (generated, then read)
+    lines: list[int]  # the file line of each request
+
+    def where(self, index: int | None) -> str:
+        """A request (by index) as messages name it: ``file:line``."""
+        if index is None:
+            return f"--workload {self.value}"
+        if self.path is None:
+            return f"--workload {self.value} (request {index})"
+        return f"{self.path}:{self.lines[index]}"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a command's flags name, read: the workload and the cost profile (None when
+    not given, or when it could not be read: then ``problems`` says why)."""
+
+    workload: Workload | None
+    cost_model: StepCostModel | None
+    problems: list[str]
+
+
+def read_inputs(args, dp: int, seed: int | None = None) -> Inputs:
+    """Read --workload (checked line by line, pinned ranks against ``dp``; a recipe is
+    generated with ``seed``, default --seed) and --cost-model."""
+    workload, problems = read_workload(args.workload, args.seed if seed is None else seed, dp)
+    cost_model, cost_problems = read_cost_model(getattr(args, "cost_model", None))
+    return Inputs(workload, cost_model, problems + cost_problems)
+
+
+def read_workload(value: str, seed: int, dp: int) -> tuple[Workload | None, list[str]]:
+    """The trace of --workload FILE|NAME|recipe:..., or None and its problems."""
+    if is_recipe(value):
+        with tempfile.TemporaryDirectory(prefix="dyntra-emu-recipe-") as tmp:
+            try:
+                path = write_recipe_trace(value, seed, Path(tmp) / "trace.jsonl")
+            except ValueError as exc:
+                return None, [f"--workload {value}: {exc}"]
+            workload, problems = _read_trace(value, path, dp, f"{value} (seed {seed})")
+        # The generated file is gone once read: its requests are named by index.
+        return (None if workload is None else replace(workload, path=None)), problems
+    try:
+        path = resolve_workload(value)
+    except ValueError as exc:
+        return None, [f"--workload {exc}"]
+    return _read_trace(value, path, dp, workload_label(value, path))
+
+
+def _read_trace(value: str, path: Path, dp: int, label: str
+                ) -> tuple[Workload | None, list[str]]:
+    try:
+        trace = load_trace(path, dp_size=dp)
+    except TraceError as exc:  # every problem of every line
+        return None, exc.problems
+    lines = path.read_bytes().split(b"\n")
+    numbers = [i for i, line in enumerate(lines, start=1) if line.strip()]
+    return Workload(value, trace, label, path, numbers), []
+
+
+def read_cost_model(value: str | None) -> tuple[StepCostModel | None, list[str]]:
+    """--cost-model NAME|FILE.json as a profile (None: not given, or not readable)."""
+    if value is None:
+        return None, []
+    try:
+        return load_profile(value), []
+    except CostProfileError as exc:
+        return None, [f"--cost-model {exc}"]
+
+
+# ----------------------------------------------------------------------- the spec
+
+
+def spec_kwargs(args) -> dict:
+    """The RunSpec fields this command's knob flags set (by field name)."""
+    return {name: getattr(args, name) for name, _, knob in knobs()
+            if knob.help is not None and hasattr(args, name)}
+
+
+def build_spec(args, dp: int, inputs: Inputs, config: str | None, out_dir: Path,
+               **fields) -> RunSpec:
+    """The RunSpec of one run: the knob flags, --fault, and what ``inputs`` read;
+    ``config`` is the JSON text of its additional config; ``fields`` set the
+    fields that differ from the flags (ab's and diff's two sides, sweep's transport).
+    An input that could not be read is left at RunSpec's default (``check_specs``
+    then leaves out the problems that would follow from that)."""
+    kwargs = spec_kwargs(args)
+    if getattr(args, "fault", None):
+        kwargs["faults"] = FaultPlan(tuple(args.fault))
+    if inputs.cost_model is not None:
+        kwargs["cost_model"] = inputs.cost_model
+    workload = inputs.workload
+    kwargs.update(fields)
+    return RunSpec(trace=[] if workload is None else workload.trace,
+                   workload=None if workload is None else workload.label,
+                   dp_size=dp, out_dir=out_dir, additional_config=config, **kwargs)
+
+
+@dataclass(frozen=True)
+class FlagNames:
+    """``emu.spec.Names`` in the command line's words: a problem's place is the flag and
+    its value (``--planner vllm-ascend``), the trace file and line of a request, the
+    ``--fault`` value of a fault, the config's source (``--additional-config @x.json``,
+    ``--config-b``, ``the default config``); a setting is a flag with a value."""
+
+    spec: RunSpec
+    workload: Workload | None
+    config_source: str
+    cost_model: str | None  # --cost-model as given
+    flags: dict[str, str]  # fields set by another flag than their own (ab's --planner-b)
+
+    def where(self, field: str, index: int | None = None) -> str:
+        if field == "trace" and self.workload is not None:
+            return self.workload.where(index)
+        if field == "faults" and index is not None:
+            return f"--fault {self.spec.faults.faults[index].spec()}"
+        if field == "additional_config":
+            return self.config_source
+        if field == "cost_model":
+            return f"--cost-model {self.cost_model or self.spec.cost_model.name}"
+        return self.setting(field, getattr(self.spec, field))
+
+    def setting(self, field: str, value) -> str:
+        if field == "additional_config":
+            return "--no-dyntra-lb" if value == {} else self.config_source
+        flag = self.flags.get(field) or flag_of(field)
+        return f"RunSpec.{field}={value!r}" if flag is None else f"{flag} {value}"
+
+
+def spec_problems(args, inputs: Inputs, spec: RunSpec, source: str,
+                  flags: dict[str, str] | None = None) -> tuple[object, list]:
+    """``emu.spec.check`` of ``spec`` in the flags' words (``FlagNames``; ``source``
+    names its config, ``flags`` the fields another flag set): its parsed additional
+    config and its problems (``emu.spec.Problem``)."""
+    names = FlagNames(spec, inputs.workload, source, getattr(args, "cost_model", None),
+                      flags or {})
+    return check(spec, names)
+
+
+def check_specs(args, inputs: Inputs, runs: list[tuple], *, local_ranks: int,
+                problems: list[str] = ()) -> list:
+    """Check each (spec, name of its config[, {field: flag} of fields another flag set])
+    with ``emu.spec.check`` and the device with this machine; returns each spec's
+    parsed additional config, or raises UsageError listing ``problems`` (found while
+    reading the configs: then the specs were built without theirs), what ``inputs``
+    could not read and every spec's problems, each once. The problems of a field left
+    at its default because its input could not be read are not the user's, and are
+    left out."""
+    found = list(problems) + inputs.problems
+    unread = {"trace", "faults"} if inputs.workload is None else set()
+    if problems:
+        unread |= {"additional_config", "faults"}
+    configs = []
+    for spec, source, *flags in runs:
+        config, spec_found = spec_problems(args, inputs, spec, source, *flags)
+        configs.append(config)
+        found += [str(p) for p in spec_found if p.field not in unread]
+    found += _device_problems(args.device, local_ranks)
+    if found:
+        raise UsageError(*dict.fromkeys(found))
+    return configs
+
+
+def _device_problems(device: str, local_ranks: int) -> list[str]:
+    """Whether ``local_ranks`` ranks can run on ``device`` here (NPU: torch_npu and
+    enough NPUs): this machine's, not the spec's, so it is checked here as well as by
+    the launcher."""
+    try:
+        select_device(device, local_ranks=local_ranks)
+    except DeviceError as exc:
+        return [f"--device {device}: {exc}"]
+    return []
+
+
+# ----------------------------------------------------------------------- reporting
+
+
 def describe_config(cfg) -> str:
     """One line saying what a config runs, for status lines."""
     lb = cfg.dyntra_lb
@@ -98,197 +280,24 @@ def describe_config(cfg) -> str:
     return text
 
 
-@dataclass
-class Prepared:
-    """Inputs of one or more cluster runs, checked."""
-
-    trace: list
-    workload_label: str
-    configs: list  # AdditionalConfig per run
-    warnings: list  # keys of the configs that vllm-ascend ignores (config.unknown_keys)
-
-
-def _line_numbers(path: Path) -> list[int]:
-    """Physical line numbers of the non-blank lines of a valid trace (one per request)."""
-    lines = path.read_bytes().split(b"\n")
-    return [i for i, line in enumerate(lines, start=1) if line.strip()]
-
-
-def check_config(text: str, source: str, args) -> tuple[object | None, list[str]]:
-    """Parse an --additional-config value and run the startup checks of a decode
-    (kv_consumer) node with --dp ranks, as --impl runs it (emu.impl). Returns
-    (AdditionalConfig or None, problems)."""
-    try:
-        cfg = load_additional_config(text)
-    except ValueError as exc:
-        return None, [f"{source}: {exc}"]
-    try:
-        check_deployment(cfg, kv_role="kv_consumer", data_parallel_size=args.dp)
-    except ValueError as exc:
-        if cfg.dyntra_lb.enabled and args.dp <= 1:
-            return cfg, [f"--dp {args.dp}: {exc} DyntraLB is enabled by {source}; use --dp 2 "
-                         "or more, or run plain DP (--no-dyntra-lb)"]
-        return cfg, [f"{source}: {exc}"]
-    return cfg, []
-
-
-def check_impl(args, cfg) -> list[str]:
-    """What --impl needs beyond the config itself (the kit: the plain synchronous
-    scheduler; vllm-ascend: its tree and vLLM)."""
-    from emu import impl
-
-    if args.impl == "kit" and getattr(args, "planner", None) == "vllm-ascend":
-        return ["--planner vllm-ascend: only with --impl vllm-ascend (the kit runs the "
-                "planners of dyntra_lb/planners.py: reference, fill-protect)"]
-    try:
-        impl.get(args.impl).check(cfg, dp_size=args.dp,
-                                  async_scheduling=args.async_scheduling,
-                                  vllm_ascend=args.vllm_ascend)
-    except ValueError as exc:
-        return [f"--impl {args.impl}: {exc}"]
-    return []
-
-
-def check_workload(value: str, dp: int, block_size: int,
-                   num_gpu_blocks: int) -> tuple[list | None, Path | None, list[str]]:
-    """Resolve and load --workload, checking every line, pinned ranks against `dp` and
-    that every request fits a rank's KV pool. Returns (trace, path, problems)."""
-    try:
-        path = resolve_workload(value)
-    except UsageError as exc:
-        return None, None, exc.problems
-    problems = validate_trace(path, dp_size=dp)
-    if problems:
-        return None, path, problems
-    trace = load_trace(path, dp_size=dp)
-    lines = _line_numbers(path)
-    for request, line in zip(trace, lines, strict=True):
-        problem = kv_fit_problem(request, block_size, num_gpu_blocks)
-        if problem is not None:
-            problems.append(f"{path}:{line}: {problem}")
-    return trace, path, problems
-
-
-def check_device(device: str, dp: int) -> list[str]:
-    """Whether `dp` ranks can run on `device` here (NPU: torch_npu and enough NPUs)."""
-    try:
-        select_device(device, local_ranks=dp)
-    except DeviceError as exc:
-        return [f"--device {device}: {exc}"]
-    return []
-
-
-def prepare(args, config_sources: list[tuple[str, str]]) -> Prepared:
-    """Check the workload and every (config text, source name) for args.dp; raise
-    UsageError listing every problem found."""
-    problems: list[str] = []
-    configs = []
-    ignored: dict[str, list[str]] = {}  # message -> the sources that have it
-    for text, source in config_sources:
-        cfg, config_problems = check_config(text, source, args)
-        configs.append(cfg)
-        problems += config_problems or (check_impl(args, cfg) if cfg is not None else [])
-        for message in unknown_keys(cfg) if cfg is not None else []:
+def ignored_keys(configs: list[tuple[object, str]]) -> list[str]:
+    """The keys of the (parsed config, name) pairs that vllm-ascend ignores
+    (``dyntra_lb.config.unknown_keys``), each once, named by the last source that has
+    it: ab's run A is derived from B's config, and the user wrote B's."""
+    ignored: dict[str, list[str]] = {}
+    for config, source in configs:
+        for message in unknown_keys(config):
             ignored.setdefault(message, []).append(source)
-    # ab's run A is derived from B's config: name the source the user wrote (the last).
-    warnings = [f"{sources[-1]}: {message}" for message, sources in ignored.items()]
-    with tempfile.TemporaryDirectory(prefix="dyntra-emu-recipe-") as tmp:
-        workload, recipe_problems = _generated_workload(args, Path(tmp))
-        problems += recipe_problems
-        trace, path, trace_problems = (None, None, []) if workload is None else check_workload(
-            workload, args.dp, args.block_size,
-            args.num_gpu_blocks)
-    problems += trace_problems
-    problems += check_cost_model(args)
-    if getattr(args, "fault", None) and trace is not None and configs and configs[0]:
-        problems += check_faults(args.fault, args.dp, trace, configs[0])
-    problems += check_device(args.device, local_ranks(args))
-    if problems:
-        raise UsageError(*dict.fromkeys(problems))
-    if is_recipe(args.workload):
-        label = f"{args.workload} (seed {args.seed})"
-    else:
-        label = args.workload if path.parent == WORKLOADS_DIR else str(path)
-    return Prepared(trace, label, configs, warnings)
+    return [f"{sources[-1]}: {message}" for message, sources in ignored.items()]
 
 
-def warn_ignored_keys(args, prepared: Prepared) -> None:
+def warn_ignored_keys(command: str, warnings: list[str]) -> None:
     """run / ab: the run goes ahead as on vllm-ascend, which ignores unknown keys, but the
-    user is told (even with --quiet; under torchrun by rank 0 only)."""
-    if args.torchrun is not None and args.torchrun[0] != 0:
-        return
-    for warning in prepared.warnings:
-        print(f"{PROG} {args.command}: warning: {warning}", file=sys.stderr, flush=True)
+    user is told (even with --quiet)."""
+    for warning in warnings:
+        print(f"{PROG} {command}: warning: {warning}", file=sys.stderr, flush=True)
 
 
-def _generated_workload(args, tmp: Path) -> tuple[str | None, list[str]]:
-    """--workload as a trace file to check: the value itself, or for
-    ``recipe:NAME,...`` the trace generated with --seed into ``tmp``."""
-    if not is_recipe(args.workload):
-        return args.workload, []
-    try:
-        path = write_recipe_trace(args.workload, args.seed, tmp / "trace.jsonl")
-    except ValueError as exc:
-        return None, [f"--workload {args.workload}: {exc}"]
-    return str(path), []
-
-
-def check_cost_model(args) -> list[str]:
-    """Resolve --cost-model NAME|FILE.json into ``args.cost_profile`` (None: RunSpec's
-    default profile); returns the problem, if any."""
-    args.cost_profile = None
-    if getattr(args, "cost_model", None) is None:
-        return []
-    try:
-        args.cost_profile = load_profile(args.cost_model)
-    except CostProfileError as exc:
-        return [f"--cost-model {exc}"]
-    return []
-
-
-def check_faults(faults, dp: int, trace, cfg) -> list[str]:
-    """The --fault values against the run they would be injected into (emu.faults.
-    plan_problems: ranks, request ids, collective sites the config enters)."""
-    lb = cfg.dyntra_lb
-    problems = plan_problems(faults, dp_size=dp, trace=trace,
-                             lb_mode=lb.mode if lb.enabled else None)
-    return [f"--fault {faults[i].spec()}: {problem}" for i, problem in problems]
-
-
-def build_spec(args, prepared: Prepared, config, out_dir: Path):
-    """The RunSpec of one run, passed through emu.spec.validate (the last gate)."""
-    spec = RunSpec(trace=prepared.trace, dp_size=args.dp, out_dir=out_dir,
-                   additional_config=config.raw, **spec_kwargs(args))
-    try:
-        validate(spec)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return spec
-
-
-def config_sources(args) -> list[tuple[str, str]]:
-    """The one config of `run` / `validate` as (JSON text, name for messages)."""
-    if args.no_dyntra_lb:
-        return [("{}", "--no-dyntra-lb")]
-    if args.additional_config is None:
-        return [(json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config")]
-    return [read_config_arg(args.additional_config)]
-
-
-def spec_kwargs(args) -> dict:
-    """The RunSpec fields the command line sets: every knob flag this command has, plus
-    --fault and the cost profile ``prepare`` loaded."""
-    names = [name for name, _, _ in knobs()]
-    kwargs = {n: getattr(args, n) for n in names if hasattr(args, n)}
-    if getattr(args, "fault", None):
-        kwargs["faults"] = FaultPlan(tuple(args.fault))
-    if getattr(args, "cost_profile", None) is not None:
-        kwargs["cost_model"] = args.cost_profile
-    return kwargs
-
-
-def local_ranks(args) -> int:
+def local_ranks(dp: int, torchrun: bool) -> int:
     """Ranks on this machine: all of them, or torchrun's LOCAL_WORLD_SIZE."""
-    if getattr(args, "torchrun", None) is None:
-        return args.dp
-    return int(os.environ.get("LOCAL_WORLD_SIZE", args.dp))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", dp)) if torchrun else dp

@@ -8,7 +8,7 @@ import difflib
 import signal
 import sys
 
-from emu.cli import ab, diff, fit_cost, gate, run, sweep, timeline, validate
+from emu.cli import ab, diff, explain, fit_cost, gate, replay, run, sweep, timeline, validate
 from emu.cli.errors import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -20,8 +20,6 @@ from emu.cli.errors import (
     raise_terminated,
 )
 from emu.cli.flags import Formatter, wrap
-from emu.cli.running import resolve_dp
-from emu.offline import explain, replay
 
 EPILOG = """\
 examples:
@@ -69,8 +67,6 @@ def main(argv=None) -> int:
     # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message.
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        if args.command in ("run", "ab", "validate"):
-            resolve_dp(args)
         return args.func(args)
     except UsageError as exc:
         _print_problems(prog, exc.problems)

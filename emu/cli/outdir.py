@@ -45,14 +45,19 @@ def _first_link(out: Path, subdir: str) -> Path | None:
     return None
 
 
-def prepare_out_dir(value: str | None, overwrite: bool, command: str,
-                    subdirs: tuple[str, ...] = ()) -> Path:
-    """Create the output directory. An existing directory that holds a previous run's
-    files is refused unless --overwrite, which deletes exactly those files (so stale
-    rank logs of a larger DP size can never mix into this run). No symbolic link inside
-    the directory is followed: one named like a run file, or standing where a run's
-    subdirectory goes, counts as an earlier run's and --overwrite removes the link."""
-    out = _default_out_dir(command) if value is None else Path(value)
+def out_dir_path(value: str | None, command: str) -> Path:
+    """Where a command writes: ``--out DIR``, or runs/<date>-<time>-<command>. Nothing
+    is created (``prepare_out_dir`` does that once the inputs are checked)."""
+    return _default_out_dir(command) if value is None else Path(value)
+
+
+def prepare_out_dir(out: Path, overwrite: bool, subdirs: tuple[str, ...] = ()) -> Path:
+    """Create the output directory ``out`` (and ``subdirs`` in it). An existing
+    directory that holds a previous run's files is refused unless --overwrite, which
+    deletes exactly those files (so stale rank logs of a larger DP size can never mix
+    into this run). No symbolic link inside the directory is followed: one named like a
+    run file, or standing where a run's subdirectory goes, counts as an earlier run's and
+    --overwrite removes the link."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
     links = {s: link for s in subdirs if (link := _first_link(out, s)) is not None}

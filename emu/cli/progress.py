@@ -1,4 +1,5 @@
-"""What a command shows on stderr while ranks run: a progress bar and status lines.
+"""What a command shows on stderr while ranks run: a progress bar (one run's, or a
+sweep's over all its runs) and status lines.
 
 Both are quiet with --quiet; the bar also needs a terminal.
 """
@@ -91,6 +92,54 @@ class Progress:
             self.clock_s = record["clock_s"] + record["step_time_s"]
         except (ValueError, KeyError, TypeError):
             pass
+
+
+class SweepProgress:
+    """One bar over every request of every run of a sweep, fed by polling the runs'
+    event logs (a ``Progress`` without its own bar per run); ``run_done`` counts the
+    runs finished."""
+
+    def __init__(self, dirs: list[Path], dp: int, requests: int, enabled: bool):
+        self.runs = [Progress(d, dp, requests, "", False) for d in dirs]
+        self.total = requests * len(dirs)
+        self.enabled = enabled
+        self.done_runs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar = None
+
+    def __enter__(self) -> SweepProgress:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, desc="sweep", unit="req", file=sys.stderr,
+                             dynamic_ncols=True)
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name="dyntra-emu-sweep-progress")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._poll()
+            self._bar.close()
+
+    def run_done(self) -> None:
+        self.done_runs += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(Progress.INTERVAL_S):
+            self._poll()
+
+    def _poll(self) -> None:
+        for run in self.runs:
+            run.poll()
+        self._bar.n = min(sum(r.done for r in self.runs), self.total)
+        self._bar.set_postfix_str(f"runs done {self.done_runs}/{len(self.runs)}",
+                                  refresh=False)
+        self._bar.refresh()
 
 
 def note(args, text: str) -> None:

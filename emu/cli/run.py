@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from emu.cli.flags import Formatter, add_fault_option, add_input_options, add_run_options, wrap
-from emu.cli.inputs import config_sources, prepare, warn_ignored_keys
-from emu.cli.outdir import prepare_out_dir
-from emu.cli.running import run_one
+from emu.cli.inputs import (
+    build_spec,
+    check_specs,
+    config_source,
+    ignored_keys,
+    read_inputs,
+    warn_ignored_keys,
+)
+from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.running import resolve_launch, run_one
 from emu.cli.timeline import check_timeline_path, save_timeline
 
 EPILOG = """\
@@ -31,16 +37,19 @@ Without --out it is runs/<date>-<time>-run under the current directory.
 
 
 def cmd_run(args) -> int:
-    prepared = prepare(args, config_sources(args))
-    warn_ignored_keys(args, prepared)
-    timeline = (check_timeline_path(args.timeline, "--timeline", args.out) if args.timeline
+    launch = resolve_launch(args)
+    text, source, problems = config_source(args)
+    inputs = read_inputs(args, launch.dp)
+    out_dir = out_dir_path(args.out, "run")
+    timeline = (check_timeline_path(args.timeline, "--timeline", out_dir) if args.timeline
                 else None)
-    if args.torchrun is not None and args.torchrun[0] != 0:
-        # Rank 0 prepares the directory; every rank writes after the rendezvous.
-        out_dir = Path(args.out)
-    else:
-        out_dir = prepare_out_dir(args.out, args.overwrite, "run")
-    metrics = run_one(args, prepared, prepared.configs[0], out_dir, "run")
+    spec = build_spec(args, launch.dp, inputs, text, out_dir)
+    [config] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.local_ranks,
+                           problems=problems)
+    if launch.rank == 0:  # under torchrun: rank 0 warns and prepares the directory
+        warn_ignored_keys("run", ignored_keys([(config, source)]))
+        prepare_out_dir(out_dir, args.overwrite)
+    metrics = run_one(args, spec, config, launch, "run")
     if metrics is None:
         return 0
     # Imported only now: matplotlib costs a refused input or a failed run half a second.
@@ -53,7 +62,7 @@ def cmd_run(args) -> int:
     if timeline is not None:
         save_timeline(run, out_dir, timeline)
     write_summary_md(out_dir / "summary.md", metrics,
-                     title=f"dyntra-emu run: {prepared.workload_label}, dp={args.dp}",
+                     title=f"dyntra-emu run: {spec.workload}, dp={spec.dp_size}",
                      plots=plots)
     print(summary_table(metrics))
     print(f"\nOutputs in {out_dir}/: summary.md, metrics.json, "

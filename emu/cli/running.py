@@ -1,5 +1,7 @@
-"""One cluster run for a command: launched, watched, its failure turned into a message,
-its metrics written; and torchrun, where this process is one of the ranks.
+"""How a command takes part in a run (``Launch``: the DP size, torchrun or not) and one
+run of a RunSpec for a command: launched through ``emu.run.run``, watched with a
+progress bar, its failure turned into a message; under torchrun this process is one of
+the ranks.
 """
 
 from __future__ import annotations
@@ -7,72 +9,54 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
-from emu.cli.inputs import Prepared, build_spec, describe_config
+from emu.cli.inputs import describe_config, local_ranks
 from emu.cli.progress import Progress, note
 from emu.cluster.device import DeviceError
 
 
-def run_one(args, prepared: Prepared, config, out_dir: Path, desc: str):
-    """Run one cluster into out_dir with a progress bar and write its metrics.json;
-    returns the metrics (None on the ranks other than 0 under torchrun)."""
-    from emu.cluster.supervision import ClusterError, Interrupted
-    from emu.metrics import compute_metrics, load_run, write_metrics
+@dataclass(frozen=True)
+class Launch:
+    """How this command runs its clusters: ``dp`` ranks each, spawned here
+    (``torchrun`` None) or, under torchrun, as rank ``torchrun[0]`` of
+    ``torchrun[1]``."""
 
-    spec = build_spec(args, prepared, config, out_dir)
-    rank = 0 if args.torchrun is None else args.torchrun[0]
-    if rank == 0:
-        note(args, f"{desc}: {args.dp} ranks, workload {prepared.workload_label} "
-                    f"({len(prepared.trace)} requests), {describe_config(config)}, "
-                    f"seed {spec.seed}; writing {out_dir}")
-    bar = rank == 0 and not args.quiet and sys.stderr.isatty()
-    start = time.monotonic()
-    try:
-        with Progress(out_dir, args.dp, len(prepared.trace), desc, bar):
-            summaries = _launch(spec, torchrun=args.torchrun is not None)
-    except DeviceError as exc:
-        raise UsageError(f"--device {spec.device}: {exc}") from None
-    except ClusterError as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
-        raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
-    except Interrupted as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
-        raise RunInterrupted(
-            f"interrupted by {exc.signal_name}; every rank was stopped. {out_dir} holds a "
-            f"partial run (run.json: interrupted); every rank's report: "
-            f"{out_dir / 'error.txt'}", exc.exit_code) from None
-    if rank != 0:
-        return None
-    note(args, f"{desc}: finished in {time.monotonic() - start:.1f} s wall-clock")
-    if any(s.truncated for s in summaries):
-        print(f"{PROG}: warning: the run hit max_steps and was cut short; metrics cover "
-              "the steps run", file=sys.stderr)
-    metrics = compute_metrics(load_run(out_dir),
-                              config=_recorded_config(spec, prepared, summaries[0].device),
-                              seed=spec.seed)
-    write_metrics(metrics, out_dir / "metrics.json")
-    return metrics
+    dp: int
+    torchrun: tuple[int, int] | None = None
+
+    @property
+    def rank(self) -> int:
+        """This process's rank under torchrun; 0 when it spawns the ranks itself."""
+        return 0 if self.torchrun is None else self.torchrun[0]
+
+    @property
+    def local_ranks(self) -> int:
+        return local_ranks(self.dp, self.torchrun is not None)
 
 
-def _launch(spec, *, torchrun: bool) -> list:
-    """Run the cluster; returns the rank summaries available here (all ranks when this
-    process spawns them, its own under torchrun)."""
-    if not torchrun:
-        from emu.run import run_cluster
-
-        return run_cluster(spec).ranks
-    # Under torchrun this process is one rank.
-    from emu.run import join_cluster
-
-    try:
-        summary = join_cluster(spec)
-    except Exception as exc:  # torchrun stops the other ranks and reports the failure
-        rank = os.environ.get("RANK")
-        raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
-    return [summary]
+def resolve_launch(args) -> Launch:
+    """--dp (default 4) and, for `run` and `ab`, whether torchrun started this process:
+    then the DP size is WORLD_SIZE (--dp must agree) and --out is required."""
+    torchrun = torchrun_env() if args.command in ("run", "ab") else None
+    if torchrun is None:
+        return Launch(DEFAULT_DP if args.dp is None else args.dp)
+    if args.command == "ab":
+        raise UsageError("ab runs two clusters one after the other and cannot run under "
+                         "torchrun; start it directly (it spawns its own ranks)")
+    if getattr(args, "transport", None) == "thread":
+        raise UsageError("--transport thread: under torchrun every rank is its own process; "
+                         "drop --transport (or start dyntra-emu directly for threads)")
+    world = torchrun[1]
+    if args.dp is not None and args.dp != world:
+        raise UsageError(f"--dp {args.dp}: under torchrun the DP size is WORLD_SIZE={world}")
+    if args.out is None:
+        raise UsageError("--out: required under torchrun, so that every rank writes into "
+                         "the same directory (on several nodes: a shared directory)")
+    return Launch(world, torchrun)
 
 
 def torchrun_env() -> tuple[int, int] | None:
@@ -87,53 +71,61 @@ def torchrun_env() -> tuple[int, int] | None:
         raise UsageError("RANK and WORLD_SIZE must be integers (set by torchrun)") from None
 
 
-def resolve_dp(args) -> None:
-    """--dp defaults to 4, or to WORLD_SIZE under torchrun (where it must equal it)."""
-    args.torchrun = torchrun_env() if args.command in ("run", "ab") else None
-    if args.torchrun is None:
-        if args.dp is None:
-            args.dp = DEFAULT_DP
-        return
-    if args.command == "ab":
-        raise UsageError("ab runs two clusters one after the other and cannot run under "
-                         "torchrun; start it directly (it spawns its own ranks)")
-    if getattr(args, "transport", None) == "thread":
-        raise UsageError("--transport thread: under torchrun every rank is its own process; "
-                         "drop --transport (or start dyntra-emu directly for threads)")
-    world = args.torchrun[1]
-    if args.dp is not None and args.dp != world:
-        raise UsageError(f"--dp {args.dp}: under torchrun the DP size is WORLD_SIZE={world}")
-    args.dp = world
-    if args.out is None:
-        raise UsageError("--out: required under torchrun, so that every rank writes into "
-                         "the same directory (on several nodes: a shared directory)")
+def run_one(args, spec, config, launch: Launch, desc: str) -> dict | None:
+    """Run ``spec`` (checked; ``config`` its parsed additional config) into its out_dir
+    with a progress bar; metrics.json is written there. Returns the metrics (None on the
+    ranks other than 0 under torchrun)."""
+    from emu.cluster.supervision import ClusterError, Interrupted
+
+    out_dir = Path(spec.out_dir)
+    if launch.rank == 0:
+        note(args, f"{desc}: {spec.dp_size} ranks, workload {spec.workload} "
+                   f"({len(spec.trace)} requests), {describe_config(config)}, "
+                   f"seed {spec.seed}; writing {out_dir}")
+    bar = launch.rank == 0 and not args.quiet and sys.stderr.isatty()
+    start = time.monotonic()
+    try:
+        with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
+            metrics, truncated = _run(spec, launch)
+    except DeviceError as exc:
+        raise UsageError(f"--device {spec.device}: {exc}") from None
+    except ClusterError as exc:
+        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
+    except Interrupted as exc:
+        (out_dir / "error.txt").write_text(str(exc) + "\n")
+        raise RunInterrupted(
+            f"interrupted by {exc.signal_name}; every rank was stopped. {out_dir} holds a "
+            f"partial run (run.json: interrupted); every rank's report: "
+            f"{out_dir / 'error.txt'}", exc.exit_code) from None
+    if launch.rank != 0:
+        return None
+    note(args, f"{desc}: finished in {time.monotonic() - start:.1f} s wall-clock")
+    if truncated:
+        print(f"{PROG}: warning: the run hit max_steps and was cut short; metrics cover "
+              "the steps run", file=sys.stderr)
+    return metrics
 
 
-def _recorded_config(spec, prepared: Prepared, device: str) -> dict:
-    """The `config` of metrics.json: what produced the run."""
-    return {
-        "additional_config": spec.additional_config,
-        "workload": prepared.workload_label,
-        "dp_size": spec.dp_size,
-        "max_num_seqs": spec.max_num_seqs,
-        "max_num_batched_tokens": spec.max_num_batched_tokens,
-        "block_size": spec.block_size,
-        "num_gpu_blocks": spec.num_gpu_blocks,
-        "router": spec.router,
-        "scheduling_policy": spec.scheduling_policy,
-        "max_concurrency": spec.max_concurrency,
-        "device": device,  # the one used ("cpu" / "npu"), never "auto"
-        "cost_model": spec.cost_model.to_dict(),
-        **_recorded_impl(spec),
-    }
+def _run(spec, launch: Launch) -> tuple[dict | None, bool]:
+    """Run the cluster; returns its metrics (None on a rank other than 0 under
+    torchrun) and whether a rank hit max_steps (as far as this process knows)."""
+    if launch.torchrun is None:
+        from emu.run import run
 
+        result = run(spec)
+        return result.metrics, result.truncated
+    # Under torchrun this process is one rank; rank 0 measures once every rank is done.
+    from emu.run import join_cluster, measure
 
-def _recorded_impl(spec) -> dict:
-    """Which DyntraLB ran: the impl and its planner and, for vllm-ascend, its tree and
-    vLLM's version."""
-    from emu import impl
-
-    return impl.get(spec.impl).describe(spec)
+    try:
+        summary = join_cluster(spec)
+    except Exception as exc:  # torchrun stops the other ranks and reports the failure
+        rank = os.environ.get("RANK")
+        raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
+    if launch.rank != 0:
+        return None, summary.truncated
+    return measure(spec, summary.device), summary.truncated
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

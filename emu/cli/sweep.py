@@ -4,29 +4,35 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
-from dyntra_lb.config import DyntraLBConfig, load_additional_config
-from emu.cli.errors import UsageError
-from emu.cli.flags import DEFAULT_DP, Formatter, add_input_options, add_output_options, wrap
+from dyntra_lb.config import DyntraLBConfig
+from emu.cli.errors import ClusterFailed, RunInterrupted, Terminated, UsageError
+from emu.cli.flags import Formatter, add_input_options, add_output_options, wrap
 from emu.cli.inputs import (
-    DEFAULT_ADDITIONAL_CONFIG,
     build_spec,
-    check_config,
-    prepare,
+    check_specs,
+    default_config,
     read_config_arg,
+    read_inputs,
+    spec_problems,
 )
-from emu.cli.outdir import prepare_out_dir
-from emu.cli.progress import note
+from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.progress import SweepProgress, note
+from emu.cli.running import resolve_launch
 from emu.knobs import Int
 from emu.sweep import (
     GRID_KEYS,
     MAX_POINTS,
     OBJECTIVES,
+    SweepFailed,
+    SweepInterrupted,
     best_row,
     build_points,
     make_rows,
@@ -35,7 +41,9 @@ from emu.sweep import (
     parse_grid,
     plot_kv_blocks,
     plot_pareto,
+    point_spec,
     run_points,
+    with_lb,
     write_csv,
 )
 
@@ -50,85 +58,108 @@ EPILOG = """examples:
 """
 
 
-def _check_out(value: str | None, overwrite: bool) -> Path:
+def _check_out(out: Path, overwrite: bool) -> Path:
     """As ``prepare_out_dir``, for the sweep's own files and its runs/ tree (removed
     whole; a symbolic link is removed, never followed)."""
-    out = prepare_out_dir(value, overwrite, "sweep")
+    prepare_out_dir(out, overwrite)
     stale = [out / f for f in (*SWEEP_FILES, "runs") if os.path.lexists(out / f)]
     if stale and not overwrite:
         raise UsageError(f"--out {out}: already holds a sweep ({stale[0].name}); choose "
-                             "a new directory or pass --overwrite to replace it")
+                         "a new directory or pass --overwrite to replace it")
     for p in stale:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     return out
 
 
-def cmd_sweep(args) -> int:
-    """The ``sweep`` command (cli.main handles UsageError / ClusterFailed exit codes)."""
-    if args.dp is None:
-        args.dp = DEFAULT_DP
-    args.torchrun = None
-    args.transport = "thread"
+def _check_flags(args) -> None:
+    """The sweep's own flags, before any input is read."""
     if not args.grid:
         raise UsageError("--grid: required (e.g. --grid bubble_threshold=1,2,5)")
     cores = os.cpu_count() or 1
     if args.jobs > cores:
         raise UsageError(f"--jobs {args.jobs}: more than the {cores} cores of this "
-                             "machine (each job is a busy process of its own)")
+                         "machine (each job is a busy process of its own)")
     if args.device == "npu":
         raise UsageError("--device npu: sweep runs on the thread transport, CPU only")
     if args.max_tpot_p99_ms is not None and args.objective not in (None, "throughput"):
         raise UsageError(f"--max-tpot-p99-ms: picks the highest throughput under a TPOT "
-                             f"p99 limit; it does not combine with --objective "
-                             f"{args.objective}")
-    args.objective = args.objective or "throughput"
-    grid = parse_grid(args.grid)
-    base_text, source = (read_config_arg(args.additional_config)
-                         if args.additional_config is not None
-                         else (json.dumps(DEFAULT_ADDITIONAL_CONFIG), "the default config"))
-    base, problems = check_config(base_text, source, args)
-    if problems:
-        raise UsageError(problems[0])
-    points = build_points(base.raw, grid, args)
+                         f"p99 limit; it does not combine with --objective "
+                         f"{args.objective}")
+
+
+def _specs(args, launch, out_dir: Path):
+    """The grid, its points and their RunSpecs (the base spec from the flags on the
+    thread transport, each point's config in it), every one checked before any runs:
+    the base config and the workload first, then each --grid value on its own (the
+    first one refused is named), then every point."""
+    try:
+        grid = parse_grid(args.grid)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    text, source = (read_config_arg(args.additional_config)
+                    if args.additional_config is not None else default_config())
+    inputs = read_inputs(args, launch.dp)
+    base = build_spec(args, launch.dp, inputs, text, out_dir, transport="thread")
+    [config] = check_specs(args, inputs, [(base, source)], local_ranks=launch.dp)
+    try:
+        singles = [(f"--grid {key}={value}", with_lb(config.raw, enabled=True, **{key: value}))
+                   for key, values in grid.items() for value in values]
+        points = build_points(config.raw, grid)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    checks = [*singles, *((p.source, p.config) for p in points)]
+    for name, point_config in checks:
+        spec = dataclasses.replace(base, additional_config=point_config)
+        _, problems = spec_problems(args, inputs, spec, name)
+        if problems:
+            raise UsageError(*(str(p) for p in problems))
+    return grid, config, base, points
+
+
+def cmd_sweep(args) -> int:
+    """The ``sweep`` command (cli.main handles UsageError / ClusterFailed exit codes)."""
+    launch = resolve_launch(args)
+    _check_flags(args)
+    objective_name = args.objective or "throughput"
+    out_dir = out_dir_path(args.out, "sweep")
+    grid, base_config, base, points = _specs(args, launch, out_dir)
     n = len(points) - 1
     if n > MAX_POINTS and not args.yes:
         sizes = " x ".join(str(len(v)) for v in grid.values())
         raise UsageError(f"--grid: {n} points ({sizes}) is more than {MAX_POINTS}; "
-                             f"with the baseline that is {n + 1} runs. Pass --yes to run "
-                             "them all")
-    prepared = prepare(args, [(json.dumps(p.config), p.name) for p in points[:1]])
-    for p in points:  # the last gate: the same checks as a run's RunSpec
-        build_spec(args, prepared, load_additional_config(json.dumps(p.config)),
-                       Path("."))
-    out_dir = _check_out(args.out, args.overwrite)
+                         f"with the baseline that is {n + 1} runs. Pass --yes to run "
+                         "them all")
+    _check_out(out_dir, args.overwrite)
+    specs = [point_spec(base, p, out_dir) for p in points]
+    for spec in specs:
+        Path(spec.out_dir).mkdir(parents=True)
 
-    note(args, f"sweep: {n} configs + baseline on workload {prepared.workload_label} "
-                    f"({len(prepared.trace)} requests), {args.dp} ranks, {args.jobs} "
-                    f"job(s) at a time, thread transport; writing {out_dir}")
+    note(args, f"sweep: {n} configs + baseline on workload {base.workload} "
+               f"({len(base.trace)} requests), {base.dp_size} ranks, {args.jobs} "
+               f"job(s) at a time, thread transport; writing {out_dir}")
     start = time.monotonic()
-    results = run_points(args, points, prepared, out_dir)
+    results = _run(args, points, specs)
     wall = time.monotonic() - start
     note(args, f"sweep: {n + 1} runs finished in {wall:.1f} s wall-clock")
 
     rows = make_rows(points, results, out_dir)
     front = pareto_front(rows)
-    best = best_row(rows, args.objective, args.max_tpot_p99_ms)
+    best = best_row(rows, objective_name, args.max_tpot_p99_ms)
     objective = (f"highest throughput with TPOT p99 <= {args.max_tpot_p99_ms:g} ms"
                  if args.max_tpot_p99_ms is not None else
                  {"throughput": "highest throughput", "tpot_p99": "lowest TPOT p99",
-                  "bubble": "lowest DP bubble"}[args.objective])
+                  "bubble": "lowest DP bubble"}[objective_name])
     thresholds = grid.get("long_req_block_threshold",
                           [points[1].config["scheduler_config"]["dyntra_lb_config"].get(
                               "long_req_block_threshold",
                               DyntraLBConfig.long_req_block_threshold)])
     plot_pareto(rows, front, best["name"] if best else None, out_dir / "pareto.png")
-    plot_kv_blocks(prepared.trace, args.block_size, thresholds,
-                   out_dir / "kv_blocks.png")
+    plot_kv_blocks(base.trace, base.block_size, thresholds, out_dir / "kv_blocks.png")
     table = markdown_table(rows, front)
     best_json = json.dumps(best["additional_config"]) if best else None
     (out_dir / "sweep.json").write_text(json.dumps({
-        "workload": prepared.workload_label, "dp_size": args.dp, "seed": args.seed or 0,
-        "base_additional_config": base.raw, "grid": grid, "objective": objective,
+        "workload": base.workload, "dp_size": base.dp_size, "seed": base.seed,
+        "base_additional_config": base_config.raw, "grid": grid, "objective": objective,
         "best": best["name"] if best else None, "best_additional_config":
         best["additional_config"] if best else None, "pareto_front": front,
         "wall_s": wall, "rows": rows}, indent=1, sort_keys=True) + "\n")
@@ -137,8 +168,8 @@ def cmd_sweep(args) -> int:
                  f"```\n--additional-config '{best_json}'\n```" if best else
                  f"No grid point meets the objective ({objective}).")
     (out_dir / "summary.md").write_text(
-        f"# dyntra-emu sweep: {prepared.workload_label}, dp={args.dp}\n\n"
-        f"{n} configs and the baseline, seed {args.seed or 0}, "
+        f"# dyntra-emu sweep: {base.workload}, dp={base.dp_size}\n\n"
+        f"{n} configs and the baseline, seed {base.seed}, "
         f"{wall:.1f} s wall-clock. Changes against the baseline in brackets; * marks the "
         f"Pareto front (throughput against TPOT p99).\n\n{table}\n\n{best_text}\n\n"
         "![Pareto](pareto.png)\n\n![KV blocks](kv_blocks.png)\n")
@@ -152,6 +183,37 @@ def cmd_sweep(args) -> int:
     print(f"\nOutputs in {out_dir}/: summary.md, sweep.json, sweep.csv, pareto.png, "
           "kv_blocks.png, runs/<name>/ (metrics.json and event logs of each run)")
     return 0
+
+
+def _run(args, points, specs) -> dict[str, dict]:
+    """Every run of the sweep (``emu.sweep.run_points``) under one progress bar (or a
+    status line per finished run without a terminal); its failures as the CLI's."""
+    bar = not args.quiet and sys.stderr.isatty()
+    base = specs[0]
+    finished: list = []
+
+    with SweepProgress([Path(s.out_dir) for s in specs], base.dp_size, len(base.trace),
+                       bar) as progress:
+        def on_done(point) -> None:
+            progress.run_done()
+            finished.append(point)
+            if not bar:
+                note(args, f"sweep: {len(finished)}/{len(points)} runs done "
+                           f"({point.name}: {point.label})")
+
+        try:
+            return run_points(points, specs, args.jobs, on_done)
+        except SweepFailed as exc:
+            raise ClusterFailed(str(exc)) from None
+        except SweepInterrupted as exc:
+            signal_name, exit_code = (("SIGTERM", 143) if isinstance(exc.__cause__, Terminated)
+                                      else ("SIGINT", 130))
+            runs = Path(base.out_dir).parent
+            raise RunInterrupted(
+                f"interrupted by {signal_name}; the sweep is partial: {exc.finished} of "
+                f"{exc.total} runs finished (metrics.json in {runs}/<name>/), the runs "
+                "under way were stopped (run.json: interrupted); no table or plots were "
+                "written", exit_code) from None
 
 
 def _positive_ms(text: str) -> float:

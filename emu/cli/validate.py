@@ -7,7 +7,15 @@ from pathlib import Path
 
 from emu.cli.errors import EXIT_FAILED, UsageError
 from emu.cli.flags import Formatter, add_fault_option, add_input_options, wrap
-from emu.cli.inputs import build_spec, config_sources, describe_config, prepare
+from emu.cli.inputs import (
+    build_spec,
+    check_specs,
+    config_source,
+    describe_config,
+    ignored_keys,
+    read_inputs,
+)
+from emu.cli.running import resolve_launch
 
 EPILOG = """\
 examples:
@@ -21,19 +29,18 @@ problem otherwise; 2 for a bad flag.
 
 
 def cmd_validate(args) -> int:
-    problems: list[str] = []
-    sources = []
+    launch = resolve_launch(args)
+    text, source, problems = config_source(args)
+    inputs = read_inputs(args, launch.dp)
+    spec = build_spec(args, launch.dp, inputs, text, Path("."))
+    config = None
     try:
-        sources = config_sources(args)
-    except UsageError as exc:  # unreadable @file: still check the workload
-        problems += exc.problems
-    try:
-        prepared = prepare(args, sources)
-        problems += prepared.warnings
-        if not problems:
-            build_spec(args, prepared, prepared.configs[0], Path("."))
+        [config] = check_specs(args, inputs, [(spec, source)],
+                               local_ranks=launch.local_ranks, problems=problems)
     except UsageError as exc:
-        problems += exc.problems
+        problems = exc.problems
+    else:
+        problems = ignored_keys([(config, source)])
     if problems:
         for problem in problems:
             print(f"problem: {problem}")
@@ -41,13 +48,11 @@ def cmd_validate(args) -> int:
         return EXIT_FAILED
     from emu.no_effect import trace_warnings
 
-    for warning in trace_warnings(prepared.configs[0].dyntra_lb, prepared.trace,
-                                  args.block_size):
+    for warning in trace_warnings(config.dyntra_lb, spec.trace, spec.block_size):
         print(f"warning: {warning}")
-    impl = "" if args.impl == "kit" else f" with --impl {args.impl}"
-    print(f"OK: {sources[0][1]} ({describe_config(prepared.configs[0])}) and workload "
-          f"{prepared.workload_label} ({len(prepared.trace)} requests) are valid for "
-          f"dp={args.dp}{impl}")
+    impl = "" if spec.impl == "kit" else f" with --impl {spec.impl}"
+    print(f"OK: {source} ({describe_config(config)}) and workload {spec.workload} "
+          f"({len(spec.trace)} requests) are valid for dp={spec.dp_size}{impl}")
     return 0
 
 

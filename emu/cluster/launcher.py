@@ -32,7 +32,7 @@ from typing import Any
 from emu.cluster import rank_boot
 from emu.cluster.device import select_device
 from emu.cluster.launch_scope import LaunchFiles, StopSignals
-from emu.cluster.rank_boot import RankSpec
+from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rank_start import rank_starter
 from emu.cluster.rendezvous import loopback_store
 from emu.cluster.supervision import supervise
@@ -81,7 +81,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     ranks = _RankProcesses()
     try:
         def start(files: LaunchFiles, signals: StopSignals) -> _RankProcesses:
-            with signals.deferred():  # a fork server started here ignores SIGINT
+            with signals.deferred():  # a fork server started here blocks SIGINT
                 starter = rank_starter(device_kind, preload)
             environ = dict(os.environ)
             for rank in range(dp_size):

@@ -5,11 +5,11 @@ of two ways (`emu.cluster.rank_start`): a CPU rank is a fork of the launcher's f
 server, which has imported torch and the engine already (`emu.cluster.rank_preload`), so the
 rank starts in milliseconds; an NPU rank is spawned (a fresh interpreter, which then
 imports torch, 3-7 s). Spawn unpickles the target and its arguments before calling it,
-so this module and `RankSpec` import only the standard library: either way a rank is
-tied to its parent (Linux PR_SET_PDEATHSIG) and deaf to Ctrl-C within a few
-milliseconds of existing, before it imports or runs anything else. Only then does it
-import the rank's side of the launch (and torch, unless preloaded) and run
-`emu.cluster.rank_process.rank_main`.
+so this module and `RankSpec` (`emu.cluster.rank_spec`) import only the standard
+library: either way a rank is tied to its parent (Linux PR_SET_PDEATHSIG) and deaf to
+Ctrl-C within a few milliseconds of existing, before it imports or runs anything else.
+Only then does it import the rank's side of the launch (and torch, unless preloaded)
+and run `emu.cluster.rank_process.rank_main`.
 
 The death chain: a spawned rank's parent is the launcher. A forked rank's parent is the
 fork server, which exits as soon as the launcher is gone (it watches a pipe that only
@@ -19,38 +19,20 @@ way.
 
 Ctrl-C in a terminal reaches the whole process group, ranks included; the launcher
 handles it and stops every rank, so a rank ignores SIGINT instead of printing a
-traceback from wherever the interrupt found it.
+traceback from wherever the interrupt found it. A spawned rank starts with SIGINT
+blocked (the launcher blocks it while starting the rank) until it ignores it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import pathlib
 import signal
 import sys
-from dataclasses import dataclass
+
+from emu.cluster.rank_spec import RankSpec
 
 _PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What a rank needs from its launcher (picklable without importing torch).
-    `parent_pid` is the process the rank is started from (the launcher, or its fork
-    server); `environ` is the launcher's environment when it launched, which a forked
-    rank takes over (the fork server's own is as old as the server)."""
-
-    rank: int
-    dp_size: int
-    store_port: int
-    device_kind: str
-    out_dir: pathlib.Path | None
-    collective_timeout_s: float
-    parent_pid: int
-    stack_path: str
-    guard_path: str
-    environ: dict[str, str]
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -93,6 +75,9 @@ def main(spec: RankSpec, payload: bytes, conn) -> None:
     """The start target of every rank launched by `emu.cluster.launcher.launch`."""
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The launcher started this rank with SIGINT blocked: one that came meanwhile was
+    # pending and is dropped now (emu.cluster.launch_scope.StopSignals.deferred).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if _forked_by_fork_server():
         _leave_fork_server(spec.environ)
     from emu.cluster.rank_process import rank_main

@@ -14,17 +14,14 @@ events say, to show which requests each card holds.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import sys
 from collections import Counter
 
 from dyntra_lb import planners
 from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
-from emu.knobs import is_int
 from emu.offline.logscan import read_log
-from emu.offline.replay import DEFAULT_THRESHOLD, add_planner_options, emit, positive_int
+from emu.offline.replay import DEFAULT_THRESHOLD
 from emu.run_status import unfinished_note
 
 
@@ -127,7 +124,7 @@ def _swap_text(e) -> str:
     return text
 
 
-def _plan_text(rank: int, plan: dict) -> str:
+def plan_text(rank: int, plan: dict) -> str:
     what = []
     for v in plan["out_blk"]:
         what.append(f"pauses a running request of {_blocks(v)}")
@@ -250,7 +247,7 @@ def render(events: list[dict], *, threshold: float, max_num_seqs) -> str:
                        f"out={e['out_blk']} in={e['in_blk']}")
         elif kind == "plans":
             out.append("final plan (freeze = nothing to admit, Freeze):")
-            out.extend(_plan_text(r, p) for r, p in enumerate(e["plans"]))
+            out.extend(plan_text(r, p) for r, p in enumerate(e["plans"]))
         else:
             out.append(f"{kind}: {json.dumps(e, sort_keys=True)}")
     return "\n".join(_fold_repeated_rounds(out, marks))
@@ -300,147 +297,41 @@ def _values(values: list[int]) -> str:
 
 
 class InputError(ValueError):
-    """Bad command-line input; the message names the flag."""
+    """Bad input for ``explain``; the message names the flag."""
 
 
-def parse_snapshot(text: str) -> list[tuple[list[int], int]]:
+def from_log(log: str, index: int, *, threshold: float | None, max_num_seqs: int | None
+             ) -> tuple[list, str, float, object, list[dict] | None, list[str]]:
+    """Snapshot ``index`` of the diagnostics log ``log`` (numbered as ``replay`` lists
+    them) with what planning it needs: (requests_by_rank, title, threshold,
+    max_num_seqs, the logged plans, notes on where each setting came from).
+    ``threshold`` / ``max_num_seqs`` override the log's; raises InputError."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--snapshot is not valid JSON: {exc}") from None
-
-    if not isinstance(value, list) or not value:
-        raise InputError("--snapshot must be a non-empty JSON list with one [blks, split] "
-                         "per rank, e.g. '[[[5,3,9],2],[[4],1]]'")
-    snapshot = []
-    for rank, entry in enumerate(value):
-        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], list)
-                or not all(is_int(b) and b >= 0 for b in entry[0])
-                or not is_int(entry[1]) or entry[1] < 0):
-            raise InputError(f"--snapshot rank {rank}: expected [blks, split] with block "
-                             f"counts >= 0 and split >= 0, got {json.dumps(entry)}")
-        snapshot.append((list(entry[0]), entry[1]))
-    return snapshot
-
-
-def _from_log(args) -> tuple[list, str, float, object, list[dict] | None, list[str]]:
-    try:
-        scan = read_log(args.log)
+        scan = read_log(log)
     except OSError as exc:
-        raise InputError(f"cannot read {args.log}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot read {log}: {exc.strerror or exc}") from None
     count = len(scan.snapshots)
-    if not 0 <= args.index < count:
-        raise InputError(f"--index {args.index}: {args.log} has {count} snapshot(s)"
+    if not 0 <= index < count:
+        raise InputError(f"--index {index}: {log} has {count} snapshot(s)"
                          + (f" (0..{count - 1})" if count else ""))
-    snap = scan.snapshots[args.index]
+    snap = scan.snapshots[index]
     if snap.requests_by_rank is None:
-        raise InputError(f"--index {args.index}: snapshot at line {snap.line} cannot be "
+        raise InputError(f"--index {index}: snapshot at line {snap.line} cannot be "
                          f"used: {snap.problem}")
-    note = unfinished_note(args.log)
+    note = unfinished_note(log)
     notes = [] if note is None else [note.replace("warning:", "WARNING:", 1)]
-    threshold = args.threshold
     if threshold is None:
         threshold = snap.threshold if snap.threshold is not None else DEFAULT_THRESHOLD
         notes.append(f"bubble_threshold={threshold} "
                      + (f"(log line {snap.threshold_line})" if snap.threshold is not None
                         else "(default; no config line in the log)"))
-    max_num_seqs = args.max_num_seqs
     if max_num_seqs is None:
         max_num_seqs = snap.max_num_seqs
         notes.append(f"max_num_seqs={max_num_seqs} (log line {snap.max_num_seqs_line})"
                      if max_num_seqs is not None else
                      "ASSUMPTION: max_num_seqs is not in the log; planning without the fill "
                      "step (Fill step). Pass --max-num-seqs if the plan should fill free slots")
-    title = (f"snapshot {snap.index} of {args.log} (line {snap.line}, wave "
+    title = (f"snapshot {snap.index} of {log} (line {snap.line}, wave "
              f"{'-' if snap.wave is None else snap.wave}, step "
              f"{'-' if snap.step is None else snap.step})")
     return snap.requests_by_rank, title, threshold, max_num_seqs, snap.logged_plans, notes
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit code 0, or 2 for bad input (message on stderr)."""
-    try:
-        if (args.log is None) == (args.snapshot is None):
-            raise InputError("give either LOG with --index, or --snapshot")
-        if args.log is not None:
-            if args.index is None:
-                raise InputError("LOG needs --index N (snapshots are numbered as "
-                                 "`dyntra-emu replay` lists them, from 0)")
-            if args.dp is not None:
-                raise InputError("--dp only goes with --snapshot (a log's tables give it)")
-            snapshot, title, threshold, max_num_seqs, logged, notes = _from_log(args)
-            dp = len(snapshot)
-        else:
-            if args.index is not None:
-                raise InputError("--index only goes with LOG")
-            snapshot = parse_snapshot(args.snapshot)
-            dp = len(snapshot) if args.dp is None else args.dp
-            if dp < len(snapshot):
-                raise InputError(f"--dp {dp} is smaller than the {len(snapshot)} ranks in "
-                                 f"--snapshot")
-            threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
-            max_num_seqs, logged, notes = args.max_num_seqs, None, []
-            title = "snapshot from --snapshot"
-    except InputError as exc:
-        print(f"dyntra-emu explain: {exc}", file=sys.stderr)
-        return 2
-
-    try:
-        events, plans = trace(snapshot, dp, max_num_seqs=max_num_seqs, threshold=threshold,
-                              planner=args.planner)
-    except ValueError as exc:  # the planner rejects the snapshot (e.g. beyond int32)
-        print(f"dyntra-emu explain: the planner rejects this snapshot: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        emit(json.dumps({"requests_by_rank": [[b, s] for b, s in snapshot], "dp": dp,
-                         "planner": args.planner,
-                         "threshold": threshold, "max_num_seqs": max_num_seqs,
-                         "events": events, "plans": plans, "logged_plans": logged},
-                        indent=1))
-        return 0
-    if args.planner != planners.REFERENCE:
-        notes.append(f"planner={args.planner} (--planner)")
-    lines = [title, *notes, render(events, threshold=threshold, max_num_seqs=max_num_seqs)]
-    if logged is not None:
-        same = logged == plans
-        lines.append("logged plan: " + ("the same" if same else "DIFFERENT"))
-        if not same:
-            lines.extend(_plan_text(r, p) for r, p in enumerate(logged))
-    emit("\n".join(lines))
-    return 0
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("log", nargs="?", default=None,
-                        help="diagnostics log to take the snapshot from (with --index)")
-    parser.add_argument("--index", type=int, default=None,
-                        help="which snapshot of LOG, numbered from 0 as `replay` lists them")
-    parser.add_argument("--snapshot", default=None,
-                        help="requests_by_rank as JSON, one [blks, split] per rank, e.g. "
-                             "'[[[5,3,9],2],[[4],1]]'")
-    parser.add_argument("--dp", type=positive_int, default=None,
-                        help="number of DP ranks for --snapshot (default: its length)")
-    add_planner_options(parser)
-    parser.add_argument("--json", action="store_true",
-                        help="print the observer events and plans as JSON")
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``explain`` on the ``dyntra-emu`` sub-command parser."""
-    parser = subparsers.add_parser(
-        "explain", help="print the planner's decision trace for one snapshot",
-        description=__doc__.split("\n\n")[0])
-    configure_parser(parser)
-    parser.set_defaults(func=run)
-    return parser
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emu.offline.explain",
-                                     description=__doc__.split("\n\n")[0])
-    configure_parser(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,23 +8,17 @@ This module rebuilds each snapshot, runs ``dyntra_lb.planner.balance_load`` on i
 the logged config, and reports which plans this checkout's planner reproduces exactly.
 
 The log is read by ``emu.offline.logscan``; the plots of ``--plot`` are
-``emu.plots.write_replay_plots``.
+``emu.offline.replay_plots``; the command is ``emu.cli.replay``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dyntra_lb import planners
 from dyntra_lb.config import DyntraLBConfig
-from emu.knobs import Int
-from emu.offline.logscan import LogScan, LogWarning, Snapshot, read_log
-from emu.run_status import unfinished_note
+from emu.offline.logscan import LogScan, LogWarning, Snapshot
 
 DEFAULT_THRESHOLD = DyntraLBConfig.bubble_threshold
 
@@ -272,97 +266,3 @@ def format_report(report: ReplayReport) -> str:
         out.append(f"warnings ({len(report.warnings)}):")
         out.extend(f"  line {w.line}: {w.message}" for w in report.warnings)
     return "\n".join(out)
-
-
-# --- command line ------------------------------------------------------------------------
-
-
-positive_int = Int(1).parse
-
-
-def threshold_value(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def add_planner_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--planner", choices=planners.NAMES, default=planners.REFERENCE,
-                        help="which of our planners to run (dyntra_lb/planners.py; "
-                             "default: reference, production's algorithm)")
-    parser.add_argument("--threshold", type=threshold_value, default=None,
-                        help="bubble_threshold for the planner (default: the log's "
-                             "dyntra_lb_config.bubble_threshold line, else 5.0)")
-    parser.add_argument("--max-num-seqs", type=positive_int, default=None,
-                        help="vLLM max_num_seqs (drives the planner's fill step; default: "
-                             "taken from a vLLM line in the log such as 'non-default "
-                             "args: {...}', else unset)")
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("log", help="log file with DyntraLB diagnostics lines")
-    add_planner_options(parser)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--plot", metavar="DIR", default=None,
-                        help="write PNG plots of per-rank load before/after each plan to DIR")
-
-
-def emit(text: str) -> None:
-    """Print a report; a reader that closes the pipe early (``| head``) is not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit code: 0 when every compared plan is reproduced, 1 on any mismatch or planner
-    error, 2 when the log cannot be read."""
-    try:
-        scan = read_log(args.log)
-    except OSError as exc:
-        print(f"dyntra-emu replay: cannot read {args.log}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 2
-    note = unfinished_note(args.log)
-    if note is not None:
-        print(f"dyntra-emu replay: {note}", file=sys.stderr)
-    report = replay(scan, threshold=args.threshold, max_num_seqs=args.max_num_seqs,
-                    planner=args.planner)
-    emit(json.dumps(report.to_dict(), indent=1) if args.json else format_report(report))
-    if args.plot:
-        try:
-            from emu.plots import write_replay_plots
-
-            files = write_replay_plots(report, args.plot)
-        except OSError as exc:
-            print(f"dyntra-emu replay: cannot write plots to {args.plot}: {exc}",
-                  file=sys.stderr)
-            return 2
-        print(f"wrote {len(files)} plot(s) to {args.plot}", file=sys.stderr)
-    return 1 if report.count("mismatch") or report.count("error") else 0
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``replay`` on the ``dyntra-emu`` sub-command parser."""
-    parser = subparsers.add_parser(
-        "replay", help="re-run the planner on every snapshot in a diagnostics log",
-        description=__doc__.split("\n\n")[0])
-    configure_parser(parser)
-    parser.set_defaults(func=run)
-    return parser
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emu.offline.replay",
-                                     description=__doc__.split("\n\n")[0])
-    configure_parser(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ sets the DP step time. A profile is a named, documented set of linear coefficien
 
 Profiles are picked by name (``PROFILES``) or read from a JSON file
 (``load_profile``); ``fit`` estimates one from step times measured on a real node, and
-``python -m emu.rank.costs fit CSV`` (also ``dyntra-emu fit-cost``) does that from a CSV file.
+``dyntra-emu fit-cost CSV`` (``emu.cli.fit_cost``) does that from a CSV file.
 Speculative decoding (MTP) is three more fields, all 0 by default (plain decode, one
 token per running request per step):
 
@@ -43,11 +43,9 @@ then byte for byte those of the emulator before it existed.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -363,55 +361,3 @@ def fit_report(result: Fit) -> str:
     lines.append(f"  RMSE {result.rmse_ms:.4g} ms, R^2 {r2}")
     lines.append(f"  step cost = {p.formula()}")
     return "\n".join(lines)
-
-
-def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``fit-cost`` (shared by ``dyntra-emu fit-cost`` and
-    ``python -m emu.rank.costs fit``)."""
-    parser.add_argument("csv", metavar="CSV",
-                        help=f"measured steps, one per row, with columns "
-                             f"{', '.join(FIT_COLUMNS)} (step time in milliseconds)")
-    parser.add_argument("--name", default="fitted", help="the profile's name (default: fitted)")
-    parser.add_argument("--terms", default=",".join(FIT_TERMS),
-                        help="comma-separated terms to fit, the others are 0 "
-                             f"(default: {','.join(FIT_TERMS)})")
-    parser.add_argument("--out", metavar="FILE.json",
-                        help="write the profile here (default: <name>.json)")
-
-
-def run_fit(args) -> int:
-    """Body of ``fit-cost``: fit, print, write the profile file. Raises
-    CostProfileError for bad input (the caller prints it and exits 2)."""
-    terms = [t.strip() for t in args.terms.split(",") if t.strip()]
-    result = fit(read_measurements(args.csv), args.name, terms,
-                 description=f"fitted by fit-cost to {args.csv}")
-    out = Path(args.out or f"{args.name}.json")
-    write_profile(result.profile, out)
-    print(fit_report(result))
-    print(f"wrote {out}; use it with --cost-model {out}")
-    return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emu.rank.costs",
-                                     description="step-cost profiles of the emulator")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fit_parser = sub.add_parser("fit", help="fit a profile to step times measured on a node")
-    add_fit_arguments(fit_parser)
-    sub.add_parser("list", help="list the bundled profiles")
-    args = parser.parse_args(argv)
-    if args.command == "list":
-        for name, profile in PROFILES.items():
-            print(f"{name}: {profile.formula()}\n    {profile.description}")
-            if profile.control_plane is not None:
-                print(f"    control plane: {profile.control_plane.formula()}")
-        return 0
-    try:
-        return run_fit(args)
-    except CostProfileError as exc:
-        print(f"python -m emu.rank.costs fit: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -139,5 +139,5 @@ def test_planner_b_is_checked_before_run_a_starts(cli, tiny_trace, tmp_path, cli
     proc = cli("ab", "--workload", tiny_trace, *clikit.SMALL, "--planner-b", "vllm-ascend",
                "--out", out)
 
-    clikit.assert_user_error(proc, "RunSpec.planner 'vllm-ascend' needs impl 'vllm-ascend'")
+    clikit.assert_user_error(proc, "--planner-b vllm-ascend: only with --impl vllm-ascend")
     assert not out.exists()

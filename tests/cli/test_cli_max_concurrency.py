@@ -52,6 +52,6 @@ def spec(**fields) -> RunSpec:
 
 @pytest.mark.parametrize("value", [0, 2.0, True, "4"])
 def test_a_bad_limit_from_python_names_the_field(value):
-    with pytest.raises(ValueError, match=r"RunSpec.max_concurrency must be an int >= 1, "
+    with pytest.raises(ValueError, match=r"RunSpec.max_concurrency: must be an int >= 1, "
                                          r"or None, got"):
         validate(spec(max_concurrency=value))

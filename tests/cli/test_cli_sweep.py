@@ -1,6 +1,7 @@
 """`dyntra-emu sweep` through the real CLI: a 2x2 grid end to end (its table must be the
-metrics of the runs it lists), and bad input refused with one line, exit 2, nothing
-run."""
+metrics of the runs it lists, and a run of a point's spec by `dyntra-emu run` or the
+`dyntra_cluster` fixture records and measures the same), and bad input refused with one
+line, exit 2, nothing run."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def sweep_requests() -> list[dict]:
              "output_tokens": 6 + 5 * (i % 5)} for i in range(16)]
 
 
-def test_sweep_2x2_end_to_end(cli, clikit, tmp_path):
+def test_sweep_2x2_end_to_end(cli, clikit, tmp_path, dyntra_cluster):
     trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
     proc = cli("sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
                "--grid", "mode=static,dynamic", "--grid", "long_req_block_threshold=30",
@@ -87,6 +88,27 @@ def test_sweep_2x2_end_to_end(cli, clikit, tmp_path):
     top = max(rows.values(), key=lambda r: r["throughput_tok_s"])
     assert top["name"] in sweep["pareto_front"]
     assert "| p" in proc.stdout and "baseline (DyntraLB off)" in proc.stdout
+
+    # One spec, one record: a point's spec run by `dyntra-emu run` and by the fixture
+    # records the config the sweep recorded (from the spec alone: the additional config,
+    # the workload's name, the engine settings, the cost model, the impl and its
+    # planner, the device) and measures the same run.
+    swept = json.loads((out / "runs" / "p04" / "metrics.json").read_text())
+    point = swept["config"]["additional_config"]
+    run = cli("run", "--workload", trace, *clikit.SMALL, "--additional-config",
+              json.dumps(point), "--transport", "thread", "--out", "run", "--quiet")
+    assert run.returncode == 0, run.stderr
+    ran = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    fixture = dyntra_cluster(workload=str(trace), additional_config=point, max_num_seqs=4,
+                             block_size=16, num_gpu_blocks=512, device="cpu",
+                             transport="thread", strict=False)  # strict: off, as the CLI's
+    assert swept["config"] == ran["config"] == fixture.metrics["config"]
+    assert (ran["config"]["impl"], ran["config"]["planner"], ran["config"]["workload"],
+            ran["config"]["cost_model"]["name"], ran["config"]["device"]) == (
+        "kit", "reference", str(trace), "kv-token", "cpu")
+    measured = [{k: v for k, v in m.items() if k != "wall"}  # wall-clock: not the spec's
+                for m in (swept, ran, fixture.metrics)]
+    assert measured[0] == measured[1] == measured[2]
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_defaults_are_valid(cli):
     proc = cli("validate")
@@ -133,3 +135,45 @@ def test_ab_names_the_misspelled_key_when_nothing_enables_dyntra_lb(cli, tiny_tr
     clikit.assert_user_error(proc, "does not enable DyntraLB",
                              "additional_config.scheduler_confg: unknown key, which "
                              "vllm-ascend ignores (did you mean scheduler_config?)")
+
+
+def test_the_command_line_and_a_python_caller_are_refused_by_the_same_rules(
+        cli, tmp_path, clikit):
+    """The same RunSpec problems, each with its field (and the request or fault it is
+    about), worded once with the flags and file:line and once in RunSpec's terms."""
+    from emu.faults import FaultPlan
+    from emu.spec import RunSpec, SpecError, validate
+    from emu.workload import load_trace
+
+    trace = clikit.write_trace(tmp_path / "t.jsonl", [
+        {"request_id": "small", "arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5},
+        {"request_id": "big", "arrival_s": 0, "prompt_tokens": 4000, "output_tokens": 96}])
+    proc = cli("validate", "--workload", trace, "--dp", "2", "--block-size", "16",
+               "--num-gpu-blocks", "64", "--planner", "vllm-ascend", "--fault",
+               "kill:rank=3,step=1", "--fault", "kv_fail:request=nope")
+    with pytest.raises(SpecError) as info:
+        validate(RunSpec(trace=load_trace(trace), dp_size=2, out_dir=tmp_path, block_size=16,
+                         num_gpu_blocks=64, planner="vllm-ascend",
+                         additional_config=clikit.STATIC,
+                         faults=FaultPlan.of(["kill:rank=3,step=1", "kv_fail:request=nope"])))
+
+    assert proc.returncode == 1
+    assert [(p.field, p.index) for p in info.value.problems] == [
+        ("trace", 1), ("planner", None), ("faults", 0), ("faults", 1)]
+    planner = ("only with {} (the kit runs the planners of dyntra_lb/planners.py: "
+               "reference, fill-protect)")
+    big = ("request 'big' needs 256 KV blocks (4000 prompt + 96 output tokens, {}) but a "
+           "rank has {}; it could never run")
+    assert proc.stdout.splitlines() == [
+        f"problem: {trace}:2: " + big.format("--block-size 16", "--num-gpu-blocks 64"),
+        "problem: --planner vllm-ascend: " + planner.format("--impl vllm-ascend"),
+        "problem: --fault kill:rank=3,step=1: rank 3 is not a rank of this cluster "
+        "(dp_size=2)",
+        "problem: --fault kv_fail:request=nope: request 'nope' is not in the trace",
+        "4 problem(s) found"]
+    assert [str(p) for p in info.value.problems] == [
+        "RunSpec.trace[1]: " + big.format("block_size=16", "num_gpu_blocks=64"),
+        "RunSpec.planner='vllm-ascend': " + planner.format("impl='vllm-ascend'"),
+        "RunSpec.faults[0] (kill:rank=3,step=1): rank 3 is not a rank of this cluster "
+        "(dp_size=2)",
+        "RunSpec.faults[1] (kv_fail:request=nope): request 'nope' is not in the trace"]

@@ -12,12 +12,11 @@ from collections import Counter
 
 import pytest
 
-from emu.cli.inputs import WORKLOADS_DIR
 from emu.rank.costs import StepCostModel
 from emu.run import run_cluster
 from emu.sites import LOCKSTEP_SITE
 from emu.spec import RunSpec
-from emu.workload import TraceRequest, load_trace
+from emu.workload import WORKLOADS_DIR, TraceRequest, load_trace
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,8 @@
 engines (subclasses of the kit's, below) that run DyntraLB's collectives where that
 design had them, and turned by the guard into named failures with every rank stopped;
 and the correct placement (right after the wave sync) running through 1,000 wave
-boundaries under skewed, bursty arrivals.
+boundaries under skewed, bursty arrivals (on rank threads; its first 50 on rank
+processes too, byte for byte the same).
 
 (A) the gather inside ``schedule()``: a rank without work runs a dummy step instead and
     never reaches the gather a busy rank waits in;
@@ -10,17 +11,20 @@ boundaries under skewed, bursty arrivals.
     whether to gather, so at the tail of a wave a rank that has drained goes on (to its
     next lockstep step) while a busy rank waits in the gather.
 
-Real rank processes and gloo groups throughout; strict mode is on.
+Real rank processes and gloo groups (the soak: rank threads, then processes); strict
+mode is on.
 """
 
 from __future__ import annotations
 
+import pathlib
 import random
 
 import pytest
 
 from emu.cluster.launcher import launch
 from emu.cluster.supervision import ClusterError
+from emu.cluster.threads import run_in_threads
 from emu.impl import make_engine
 from emu.impl.kit.engine import EngineCore
 from emu.run import run_cluster
@@ -35,6 +39,8 @@ STATIC = {"scheduler_config": {"dyntra_lb_config": {
 # Short: the stuck disagreement is found after min(2 s, timeout / 2) of standstill.
 COLLECTIVE_TIMEOUT_S = 10.0
 SOAK_WAVES = 1000
+# The soak's first waves, run again on rank processes over gloo.
+GLOO_WAVES = 50
 
 
 
@@ -91,8 +97,16 @@ def _spec(trace, out_dir, **fields) -> RunSpec:
                    collective_timeout_s=COLLECTIVE_TIMEOUT_S, run_timeout_s=600.0, **fields)
 
 
-def _run_placed(trace, out_dir, placement):
+def _run_placed(trace, out_dir, placement, transport="process"):
+    """Run ``trace`` with DyntraLB's collectives at ``placement``, on rank processes
+    (the launcher) or rank threads."""
     spec = _spec(trace, out_dir)
+    if transport == "thread":
+        pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
+        return run_in_threads(placed_target, (spec, validate(spec), placement),
+                              dp_size=spec.dp_size, out_dir=spec.out_dir,
+                              collective_timeout_s=spec.collective_timeout_s,
+                              run_timeout_s=spec.run_timeout_s)
     return launch(placed_target, (spec, validate(spec), placement), dp_size=spec.dp_size,
                   device="cpu", out_dir=spec.out_dir,
                   collective_timeout_s=spec.collective_timeout_s,
@@ -173,25 +187,46 @@ def test_gather_before_wave_sync_deadlocks_at_the_wave_tail(tmp_path, no_leftove
     assert gather["iteration"] >= 2
 
 
+@pytest.mark.parametrize("transport", ["process", "thread"])
 @pytest.mark.parametrize("placement", ["in_schedule", "before_sync"])
-def test_soak_workload_reaches_both_deadlocks(placement, tmp_path, no_leftover_processes):
+def test_soak_workload_reaches_both_deadlocks(placement, transport, tmp_path,
+                                              no_leftover_processes):
     """The workload of the 1,000-wave test is not tame: with either wrong placement it
-    deadlocks, and the guard names it."""
+    deadlocks, on rank processes as on the rank threads the soak runs on, and the
+    guard names it the same way."""
     with pytest.raises(ClusterError) as info:
-        _run_placed(bursty_trace(SOAK_WAVES), tmp_path, placement)
+        _run_placed(bursty_trace(SOAK_WAVES), tmp_path, placement, transport)
     _assert_named_gather_deadlock(info.value)
 
 
-@pytest.mark.soak  # about 1.5 min on 2 cores (36,000 steps per rank); .ci runs it
+@pytest.mark.soak  # 1,000 waves on rank threads (37,568 steps per rank), 50 on processes
 def test_correct_placement_survives_1000_wave_boundaries(tmp_path, no_leftover_processes):
+    """1,000 bursts, each a wave of its own, on rank threads: the thread transport runs
+    the same engines over in-memory collectives, with event logs byte-identical to rank
+    processes'. The first GLOO_WAVES bursts again on rank processes over gloo: their
+    event logs are the thread run's first lines, byte for byte, so what the threads did
+    at those wave boundaries is what gloo ranks do, and the run goes on from there on
+    the same code and inputs."""
     trace = bursty_trace(SOAK_WAVES)
-    result = run_cluster(_spec(trace, tmp_path))
+    result = run_cluster(_spec(trace, tmp_path / "threads", transport="thread"))
     assert [r.waves for r in result.ranks] == [SOAK_WAVES] * 2
     assert sum(r.num_finished for r in result.ranks) == len(trace)
     assert not result.truncated
     # the hazard was there: many waves where one rank had no work at all, and
     # DyntraLB planned on every non-idle iteration
-    steps = {rank: [e for e in result.events(rank) if e["kind"] == "step"] for rank in (0, 1)}
-    idle_waves = {s["wave"] for s in steps[1]} - {s["wave"] for s in steps[1] if not s["dummy"]}
-    assert len(idle_waves) > SOAK_WAVES // 5
+    assert len(_idle_waves(result, rank=1)) > SOAK_WAVES // 5
     assert all(r.num_plans == r.steps - SOAK_WAVES for r in result.ranks)
+
+    gloo = run_cluster(_spec(bursty_trace(GLOO_WAVES), tmp_path / "processes"))
+    assert [r.waves for r in gloo.ranks] == [GLOO_WAVES] * 2
+    assert len(_idle_waves(gloo, rank=1)) > GLOO_WAVES // 5
+    for rank in (0, 1):
+        lines = gloo.event_logs[rank].read_bytes().splitlines(keepends=True)
+        assert lines == result.event_logs[rank].read_bytes().splitlines(
+            keepends=True)[:len(lines)], rank
+
+
+def _idle_waves(result, rank: int) -> set[int]:
+    """The waves in which ``rank`` ran only dummy steps (it had no request at all)."""
+    steps = [e for e in result.events(rank) if e["kind"] == "step"]
+    return {s["wave"] for s in steps} - {s["wave"] for s in steps if not s["dummy"]}

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from emu.offline import replay
+from emu.offline.logscan import read_log
 from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
@@ -56,7 +57,7 @@ def _check(report, run):
 
 
 def test_replay_of_rank0_log_reproduces_every_plan(run):
-    report = replay.replay(replay.read_log(run.logs[0]), max_num_seqs=MAX_NUM_SEQS)
+    report = replay.replay(read_log(run.logs[0]), max_num_seqs=MAX_NUM_SEQS)
     assert report.summary()["snapshots"] > 50
     _check(report, run)
 
@@ -84,6 +85,6 @@ def test_replay_of_interleaved_rank_logs(run, tmp_path):
         merged.extend(q.pop(0))
     path = tmp_path / "both.log"
     path.write_text("\n".join(merged) + "\n")
-    report = replay.replay(replay.read_log(path), max_num_seqs=MAX_NUM_SEQS)
+    report = replay.replay(read_log(path), max_num_seqs=MAX_NUM_SEQS)
     assert sorted(report.scan.streams) == ["EngineCore_DP0", "EngineCore_DP1"]
     _check(report, run)

@@ -14,14 +14,13 @@ import threading
 import pytest
 
 from dyntra_lb import planners
-from emu.cli.inputs import WORKLOADS_DIR
 from emu.cluster import threads
 from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan
 from emu.metrics import compute_metrics, load_run
 from emu.run import run_cluster
 from emu.spec import RunSpec
-from emu.workload import TraceRequest, load_trace
+from emu.workload import WORKLOADS_DIR, TraceRequest, load_trace
 
 pytestmark = pytest.mark.integration
 
@@ -199,7 +198,7 @@ def test_rank_error_in_thread_mode_is_named(tmp_path):
 
 
 def test_thread_transport_refuses_the_npu(tmp_path):
-    with pytest.raises(ValueError, match="transport 'thread' runs every rank on the CPU"):
+    with pytest.raises(ValueError, match="RunSpec.transport='thread': runs every rank on the CPU"):
         run_cluster(dataclasses.replace(_thread_spec(tmp_path, bundled_prefix("default", 4)),
                                         device="npu"))
 

@@ -10,8 +10,8 @@ import pytest
 from emu.cluster import transport
 from emu.rank.costs import PROFILES
 from emu.run import run_cluster
-from emu.spec import RunSpec, validate
-from emu.workload import TraceError, TraceRequest
+from emu.spec import RunSpec, SpecError, validate
+from emu.workload import TraceRequest
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10, rank=1)]
 LB = {"scheduler_config": {"dyntra_lb_config": {"enabled": True}}}
@@ -41,12 +41,12 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"dp_size": 0}, "RunSpec.dp_size must be an int >= 1"),
+        ({"dp_size": 0}, "RunSpec.dp_size: must be an int >= 1"),
         ({"max_num_seqs": 0}, "RunSpec.max_num_seqs"),
         ({"block_size": True}, "RunSpec.block_size"),
         ({"num_gpu_blocks": 2.0}, "RunSpec.num_gpu_blocks"),
         ({"max_steps": -1}, "RunSpec.max_steps"),
-        ({"stall_steps": 0}, "RunSpec.stall_steps must be an int >= 1"),
+        ({"stall_steps": 0}, "RunSpec.stall_steps: must be an int >= 1"),
         ({"scheduling_policy": "lifo"}, "RunSpec.scheduling_policy"),
         ({"router": "random"}, "RunSpec.router"),
         ({"device": "gpu"}, "RunSpec.device"),
@@ -56,16 +56,17 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
         ({"seed": "1"}, "RunSpec.seed"),
         ({"collective_timeout_s": 0}, "RunSpec.collective_timeout_s"),
         ({"run_timeout_s": -5}, "RunSpec.run_timeout_s"),
-        ({"dp_size": 1025}, "RunSpec.dp_size must be at most 1024"),
-        ({"max_num_seqs": 65_537}, "RunSpec.max_num_seqs must be at most 65536"),
-        ({"num_gpu_blocks": 1_000_001}, "RunSpec.num_gpu_blocks must be at most 1000000"),
-        ({"collective_timeout_s": 1e12}, "RunSpec.collective_timeout_s must be > 0 and at most"),
-        ({"run_timeout_s": 1e12}, "RunSpec.run_timeout_s must be > 0 and at most"),
-        ({"trace": []}, "RunSpec.trace is empty"),
-        ({"trace": "trace.jsonl"}, "RunSpec.trace must be a list"),
+        ({"dp_size": 1025}, "RunSpec.dp_size: must be at most 1024"),
+        ({"max_num_seqs": 65_537}, "RunSpec.max_num_seqs: must be at most 65536"),
+        ({"num_gpu_blocks": 1_000_001}, "RunSpec.num_gpu_blocks: must be at most 1000000"),
+        ({"collective_timeout_s": 1e12},
+         "RunSpec.collective_timeout_s: must be > 0 and at most"),
+        ({"run_timeout_s": 1e12}, "RunSpec.run_timeout_s: must be > 0 and at most"),
+        ({"trace": []}, "RunSpec.trace: is empty"),
+        ({"trace": "trace.jsonl"}, "RunSpec.trace: must be a list"),
         ({"trace": [TRACE[0], TRACE[0]]}, r"RunSpec.trace\[1\]: duplicate request_id 'a'"),
         ({"trace": [TRACE[1], TRACE[0]]}, r"RunSpec.trace\[1\]: arrival_s must be"),
-        ({"trace": [{"request_id": "a"}]}, r"RunSpec.trace\[0\] must be a TraceRequest"),
+        ({"trace": [{"request_id": "a"}]}, r"RunSpec.trace\[0\]: must be a TraceRequest"),
         ({"trace": [TraceRequest("x", 0.0, 4000, 100)], "block_size": 16,
           "num_gpu_blocks": 100}, "needs 257 KV blocks"),
         ({"additional_config": {"scheduler_config": {"dyntra_lb_config": {"mode": "x"}}}},
@@ -81,8 +82,8 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
                    "selects the 'recompute' scheduler (scheduler_config."
                    "recompute_scheduler_enable runs with --impl vllm-ascend)")),
         ({"async_scheduling": True}, "the kit emulates synchronous scheduling only; "),
-        ({"impl": "vllm"}, r"RunSpec.impl must be one of \['kit', 'vllm-ascend'\], got 'vllm'"),
-        ({"async_scheduling": 1}, "RunSpec.async_scheduling must be a bool, got 1"),
+        ({"impl": "vllm"}, r"RunSpec.impl: must be one of \['kit', 'vllm-ascend'\], got 'vllm'"),
+        ({"async_scheduling": 1}, "RunSpec.async_scheduling: must be a bool, got 1"),
     ],
 )
 def test_invalid_spec_is_rejected_before_launch(tmp_path, kwargs, message):
@@ -91,8 +92,11 @@ def test_invalid_spec_is_rejected_before_launch(tmp_path, kwargs, message):
 
 
 def test_pinned_rank_beyond_dp_size(tmp_path):
-    with pytest.raises(TraceError, match="expected an integer in 0..0 for dp_size=1"):
+    with pytest.raises(SpecError) as info:
         run_cluster(_spec(tmp_path, dp_size=1))
+    [problem] = info.value.problems
+    assert (problem.field, problem.index) == ("trace", 1)
+    assert problem.message == "field 'rank': expected an integer in 0..0 for dp_size=1, got 1"
 
 
 def test_default_cost_model_is_the_kv_token_profile():

@@ -16,6 +16,8 @@ from emu.rank.control_costs import ControlCharge, ControlPlaneCost, PlannerWork
 from emu.rank.control_plane import ControlPlane, PlannerCall, planner_work
 from emu.rank.costs import PROFILES, CostProfileError, profile_from_dict
 from emu.sites import ALLGATHER_SITE, DP_SYNC_SITE, FLAG_SITE, LOCKSTEP_SITE
+from emu.spec import RunSpec, check
+from emu.workload import TraceRequest
 
 TERMS = ControlPlaneCost(collective_fixed_s=100e-6, collective_per_peer_s=10e-6,
                          collective_per_byte_s=1e-9, planner_fixed_s=50e-6,
@@ -194,3 +196,13 @@ def test_metrics_of_a_measured_run_say_so_and_of_an_off_run_leave_it_out():
     assert m["control_plane"]["planner_cost"] == "measured"
     assert m["control_plane"]["deterministic"] is False
     assert "control_plane" not in compute_metrics(_run([None, None]))
+
+
+def test_measured_planner_cost_needs_the_control_plane_on(tmp_path):
+    off = dataclasses.replace(PROFILES["kv-token"], control_plane=None)
+    spec = RunSpec(trace=[TraceRequest("r0", 0.0, 64, 4)], dp_size=2, out_dir=tmp_path,
+                   cost_model=off, planner_cost="measured")
+    _, problems = check(spec)
+    assert [p.field for p in problems] == ["planner_cost"]
+    assert "RunSpec.cost_model 'kv-token' has it off" in str(problems[0])
+    assert check(dataclasses.replace(spec, planner_cost="model"))[1] == []

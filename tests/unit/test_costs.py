@@ -8,13 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from emu.cli.main import build_parser
 from emu.rank.costs import (
     PROFILES,
     CostProfileError,
     StepCostModel,
     fit,
     load_profile,
-    main,
     profile_from_dict,
     read_measurements,
     write_profile,
@@ -125,7 +125,9 @@ def test_fit_command_writes_a_loadable_profile(tmp_path, capsys):
     csv_path.write_text("step_ms,running_requests,kv_tokens,scheduled_tokens,note\n" + "".join(
         f"{r[3]},{int(r[0])},{int(r[1])},{int(r[2])},x\n" for r in rows))
     out = tmp_path / "node.json"
-    assert main(["fit", str(csv_path), "--name", "node", "--out", str(out)]) == 0
+    args = build_parser().parse_args(["fit-cost", str(csv_path), "--name", "node", "--out",
+                                      str(out)])
+    assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "RMSE" in printed and "R^2 1.0000" in printed
     profile = load_profile(str(out))

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 import dyntra_lb.planner
 import dyntra_lb.planners
+from emu.cli import explain as explain_command
+from emu.cli.main import build_parser
 from emu.offline import explain
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -152,7 +154,7 @@ def test_trace_renders_every_snapshot_and_ends_with_the_plan(dp, data, max_num_s
     text, plans = _explain(snapshot, max_num_seqs=max_num_seqs, threshold=threshold)
     lines = text.split("\n")
     final = lines.index("final plan (freeze = nothing to admit, Freeze):")
-    assert lines[final + 1:] == [explain._plan_text(r, p) for r, p in enumerate(plans)]
+    assert lines[final + 1:] == [explain.plan_text(r, p) for r, p in enumerate(plans)]
     # the per-rank lists shown under each round agree with the planner's totals
     for i, line in enumerate(lines):
         if line.startswith("round ") and line.endswith(": balance"):
@@ -162,16 +164,22 @@ def test_trace_renders_every_snapshot_and_ends_with_the_plan(dp, data, max_num_s
 # --- command line ------------------------------------------------------------------------
 
 
+def dyntra_emu_explain(argv: list[str]) -> int:
+    """`dyntra-emu explain ARGV`: parsed by the CLI's parser, run by the command."""
+    args = build_parser().parse_args(["explain", *argv])
+    return args.func(args)
+
+
 def test_cli_snapshot(capsys):
-    assert explain.main(["--snapshot", "[[[20,100,30],1],[[40,40],2]]", "--max-num-seqs", "2",
-                         "--threshold", "5"]) == 0
+    assert dyntra_emu_explain(["--snapshot", "[[[20,100,30],1],[[40,40],2]]",
+                               "--max-num-seqs", "2", "--threshold", "5"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("snapshot from --snapshot\nplanner trace: dp=2, max_num_seqs=2")
     assert "DP0  out=[] in=[30] freeze=False" in out
 
 
 def test_cli_dp_adds_empty_ranks(capsys):
-    assert explain.main(["--snapshot", "[[[5,3,9],2],[[4],1]]", "--dp", "3", "--json"]) == 0
+    assert dyntra_emu_explain(["--snapshot", "[[[5,3,9],2],[[4],1]]", "--dp", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["dp"] == 3 and len(data["plans"]) == 3
     assert data["events"][0]["cards"][2] == {"rank": 2, "running": [], "waiting": [],
@@ -180,7 +188,7 @@ def test_cli_dp_adds_empty_ranks(capsys):
 
 
 def test_cli_log_index(capsys):
-    assert explain.main([str(LOGS / "vllm_prefix.log"), "--index", "1"]) == 0
+    assert dyntra_emu_explain([str(LOGS / "vllm_prefix.log"), "--index", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("snapshot 1 of ")
     assert "(line 27, wave 0, step 42)" in out
@@ -189,11 +197,12 @@ def test_cli_log_index(capsys):
 
 
 def test_cli_log_without_max_num_seqs_flags_the_assumption(capsys):
-    assert explain.main([str(LOGS / "indented.log"), "--index", "0"]) == 0
+    assert dyntra_emu_explain([str(LOGS / "indented.log"), "--index", "0"]) == 0
     out = capsys.readouterr().out
     assert "ASSUMPTION: max_num_seqs is not in the log" in out
     assert "logged plan: DIFFERENT" in out
-    assert explain.main([str(LOGS / "indented.log"), "--index", "0", "--max-num-seqs", "2"]) == 0
+    assert dyntra_emu_explain([str(LOGS / "indented.log"), "--index", "0",
+                               "--max-num-seqs", "2"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("logged plan: the same")
 
 
@@ -214,16 +223,16 @@ def test_cli_log_without_max_num_seqs_flags_the_assumption(capsys):
     (["--snapshot", "[[[99999999999],1]]"], "the planner rejects this snapshot"),
 ])
 def test_cli_input_errors(argv, message, capsys):
-    assert explain.main(argv) == 2
+    assert dyntra_emu_explain(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
 
 def test_add_parser_registers_the_subcommand():
     parser = argparse.ArgumentParser(prog="dyntra-emu")
-    explain.add_parser(parser.add_subparsers(dest="command"))
+    explain_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["explain", "--snapshot", "[[[1],1]]", "--dp", "2"])
-    assert args.func is explain.run
+    assert args.func is explain_command.cmd_explain
     assert (args.log, args.index, args.dp, args.threshold, args.max_num_seqs) == (
         None, None, 2, None, None)
 
@@ -234,20 +243,20 @@ STARVED = "[[[10,800],1],[[20,20],2]]"
 
 
 def test_cli_planner_fill_protect_admits_what_the_reference_takes_back(capsys):
-    assert explain.main(["--snapshot", STARVED, "--max-num-seqs", "2"]) == 0
+    assert dyntra_emu_explain(["--snapshot", STARVED, "--max-num-seqs", "2"]) == 0
     reference = capsys.readouterr().out
     assert "DP0  out=[] in=[] freeze=True" in reference
     assert "planner=" not in reference
-    assert explain.main(["--snapshot", STARVED, "--max-num-seqs", "2",
-                         "--planner", "fill-protect"]) == 0
+    assert dyntra_emu_explain(["--snapshot", STARVED, "--max-num-seqs", "2",
+                               "--planner", "fill-protect"]) == 0
     out = capsys.readouterr().out
     assert "planner=fill-protect (--planner)" in out
     assert "DP0  out=[] in=[800] freeze=False" in out
 
 
 def test_cli_planner_json_names_it(capsys):
-    assert explain.main(["--snapshot", STARVED, "--max-num-seqs", "2", "--json",
-                         "--planner", "fill-protect"]) == 0
+    assert dyntra_emu_explain(["--snapshot", STARVED, "--max-num-seqs", "2", "--json",
+                               "--planner", "fill-protect"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["planner"] == "fill-protect"
     assert data["plans"][0] == {"out_blk": [], "in_blk": [800], "freeze": False}
@@ -256,6 +265,6 @@ def test_cli_planner_json_names_it(capsys):
 @pytest.mark.parametrize("name", ["kit", "vllm-ascend"])
 def test_cli_planner_refuses_other_names(capsys, name):
     with pytest.raises(SystemExit) as exit_info:
-        explain.main(["--snapshot", STARVED, "--planner", name])
+        dyntra_emu_explain(["--snapshot", STARVED, "--planner", name])
     assert exit_info.value.code == 2
     assert "argument --planner: invalid choice" in capsys.readouterr().err

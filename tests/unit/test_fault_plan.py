@@ -19,7 +19,6 @@ from emu.faults import (
     KVNotReady,
     KVTransferTimeout,
     SlowRank,
-    check_plan,
     parse_fault,
     plan_problems,
 )
@@ -28,7 +27,7 @@ from emu.impl.kit.scheduler import Scheduler
 from emu.rank import fault_injection
 from emu.rank.costs import StepCostModel
 from emu.rank.fault_injection import FaultInjector, injector_for
-from emu.spec import RunSpec, validate
+from emu.spec import RunSpec, SpecError, validate
 from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10)]
@@ -183,12 +182,19 @@ def test_plan_problems_against_the_run():
             "only once")]
 
 
-def test_check_plan_names_the_fault_and_needs_a_plan():
-    with pytest.raises(ValueError, match=r"RunSpec.faults\[1\] \(kill:rank=5,step=0\): rank 5"):
-        check_plan(FaultPlan.of(["kv_fail:request=a", "kill:rank=5,step=0"]), dp_size=2,
-                   trace=TRACE, lb_mode=None)
-    with pytest.raises(ValueError, match="RunSpec.faults must be a FaultPlan or None"):
-        check_plan(["kill:rank=0,step=1"], dp_size=2, trace=TRACE, lb_mode=None)
+def test_spec_check_names_every_bad_fault_and_needs_a_plan(tmp_path):
+    def spec(faults):
+        return RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, faults=faults)
+
+    with pytest.raises(SpecError) as info:
+        validate(spec(FaultPlan.of(["kv_fail:request=a", "kill:rank=5,step=0",
+                                    "kill:rank=6,step=0"])))
+    assert [(p.field, p.index) for p in info.value.problems] == [("faults", 1), ("faults", 2)]
+    assert str(info.value.problems[0]) == (
+        "RunSpec.faults[1] (kill:rank=5,step=0): rank 5 is not a rank of this cluster "
+        "(dp_size=2)")
+    with pytest.raises(ValueError, match="RunSpec.faults: must be a FaultPlan or None"):
+        validate(spec(["kill:rank=0,step=1"]))
 
 
 def test_run_spec_validation_checks_the_plan(tmp_path):
@@ -202,7 +208,7 @@ def test_run_spec_validation_checks_the_plan(tmp_path):
     with pytest.raises(ValueError, match=r"RunSpec.faults\[0\] \(delay:rank=1,site=dyntra_lb"
                                          r"\.flag,step=3,seconds=1\): site dyntra_lb.flag"):
         validate(spec(["delay:rank=1,site=dyntra_lb.flag,step=3,seconds=1"]))
-    with pytest.raises(ValueError, match="RunSpec.faults must be a FaultPlan"):
+    with pytest.raises(ValueError, match="RunSpec.faults: must be a FaultPlan"):
         validate(spec("kill:rank=0,step=1"))
 
 

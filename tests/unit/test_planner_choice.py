@@ -24,18 +24,19 @@ def test_the_impl_own_planner_is_the_default():
 
 
 def test_the_old_kit_name_is_gone(tmp_path):
-    with pytest.raises(ValueError, match="RunSpec.planner must be one of"):
+    with pytest.raises(ValueError, match="RunSpec.planner: must be one of"):
         validate(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
                          planner="kit"))
 
 
 def test_the_kit_cannot_run_vllm_ascends_planner(tmp_path):
-    with pytest.raises(ValueError, match="RunSpec.planner 'vllm-ascend' needs impl"):
+    with pytest.raises(ValueError, match="RunSpec.planner='vllm-ascend': only with "
+                                         "impl='vllm-ascend'"):
         validate(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, planner="vllm-ascend"))
 
 
 def test_an_unknown_planner_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"RunSpec.planner must be one of \['reference', "
+    with pytest.raises(ValueError, match=r"RunSpec.planner: must be one of \['reference', "
                                    r"'fill-protect', 'vllm-ascend'\]"):
         validate(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, impl="vllm-ascend",
                          planner="literal"))

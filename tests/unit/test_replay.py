@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from dyntra_lb import diagnostics
 from dyntra_lb.planner import balance_load
+from emu.cli import replay as replay_command
+from emu.cli.main import build_parser
 from emu.offline import replay
 from emu.offline.logscan import clean_line, read_log, scan_lines
 
@@ -247,9 +249,15 @@ def test_edited_modifications_line_is_a_mismatch_at_its_step(tmp_path):
     assert bad.recomputed[0] == {"out_blk": [], "in_blk": [], "freeze": True}
 
 
+def dyntra_emu_replay(argv: list[str]) -> int:
+    """`dyntra-emu replay ARGV`: parsed by the CLI's parser, run by the command."""
+    args = build_parser().parse_args(["replay", *argv])
+    return args.func(args)
+
+
 def test_cli_reports_the_edited_line(tmp_path, capsys):
     path, _ = _edited_copy(tmp_path)
-    assert replay.main([str(path)]) == 1
+    assert dyntra_emu_replay([str(path)]) == 1
     out = capsys.readouterr().out
     assert "snapshots: 4  compared: 4  reproduced: 3 (75.0%)  mismatched: 1" in out
     assert "MISMATCH snapshot 2 at line" in out and "step 43" in out
@@ -261,7 +269,7 @@ def test_cli_reports_the_edited_line(tmp_path, capsys):
 
 
 def test_json_output(capsys):
-    assert replay.main([str(LOGS / "vllm_prefix.log"), "--json"]) == 0
+    assert dyntra_emu_replay([str(LOGS / "vllm_prefix.log"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["summary"] == {"snapshots": 4, "compared": 4, "reproduced": 4,
                                "mismatched": 0, "not_compared": 0}
@@ -274,7 +282,7 @@ def test_json_output(capsys):
 def test_plots_are_written(tmp_path, capsys):
     out_dir = tmp_path / "plots"
     path, _ = _edited_copy(tmp_path)
-    assert replay.main([str(path), "--plot", str(out_dir)]) == 1
+    assert dyntra_emu_replay([str(path), "--plot", str(out_dir)]) == 1
     files = sorted(p.name for p in out_dir.iterdir())
     assert files == ["overview.png", "snapshot_00000.png", "snapshot_00001.png",
                      "snapshot_00002.png", "snapshot_00003.png"]
@@ -283,7 +291,7 @@ def test_plots_are_written(tmp_path, capsys):
 
 
 def test_unreadable_file_exits_2(tmp_path, capsys):
-    assert replay.main([str(tmp_path / "missing.log")]) == 2
+    assert dyntra_emu_replay([str(tmp_path / "missing.log")]) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and "Traceback" not in err
 
@@ -292,17 +300,17 @@ def test_unreadable_file_exits_2(tmp_path, capsys):
                                   ["x.log", "--threshold", "abc"]])
 def test_bad_flags_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:
-        replay.main(argv)
+        dyntra_emu_replay(argv)
     assert exc.value.code == 2
 
 
 def test_add_parser_registers_the_subcommand():
     parser = argparse.ArgumentParser(prog="dyntra-emu")
     sub = parser.add_subparsers(dest="command")
-    replay.add_parser(sub)
+    replay_command.add_parser(sub)
     args = parser.parse_args(["replay", str(LOGS / "plain.log"), "--max-num-seqs", "4",
                               "--threshold", "0.1"])
-    assert args.func is replay.run
+    assert args.func is replay_command.cmd_replay
     assert (args.max_num_seqs, args.threshold, args.json, args.plot) == (4, 0.1, False, None)
 
 
@@ -370,5 +378,5 @@ def test_replay_with_another_planner_uses_it_and_says_so(capsys):
             r.snapshot.requests_by_rank, len(r.snapshot.requests_by_rank),
             max_num_seqs=r.max_num_seqs, threshold=r.threshold)
         assert r.recomputed == [p.to_dict() for p in expected]
-    assert replay.main([str(LOGS / "vllm_prefix.log"), "--planner", "fill-protect"]) in (0, 1)
+    assert dyntra_emu_replay([str(LOGS / "vllm_prefix.log"), "--planner", "fill-protect"]) in (0, 1)
     assert "planner=fill-protect (--planner)" in capsys.readouterr().out

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
+from emu.spec import RunSpec, check
 from emu.workload import (
     MAX_TOKENS,
     TraceError,
     TraceRequest,
     arrival_us,
-    check_ranks,
     load_trace,
     make_router,
     validate_trace,
@@ -189,15 +189,14 @@ def test_pinned_rank_checked_against_dp_size(tmp_path):
     assert validate_trace(path, dp_size=4) == [
         f"{path}:2: field 'rank': expected an integer in 0..3 for dp_size=4, got 4"
     ]
+    # A trace loaded without the DP size: the RunSpec's check holds it against dp_size.
     trace = load_trace(path)
-    check_ranks(trace, 5)
-    with pytest.raises(TraceError) as info:
-        check_ranks(trace, 4)
-    assert str(info.value) == (
-        "request 'r1' (entry 2): field 'rank': expected an integer in 0..3 for dp_size=4, got 4"
-    )
-    with pytest.raises(ValueError, match="dp_size must be an integer >= 1"):
-        check_ranks(trace, 0)
+    assert check(RunSpec(trace=trace, dp_size=5, out_dir=tmp_path))[1] == []
+    [problem] = check(RunSpec(trace=trace, dp_size=4, out_dir=tmp_path))[1]
+    assert str(problem) == ("RunSpec.trace[1]: field 'rank': expected an integer in 0..3 for "
+                            "dp_size=4, got 4")
+    [problem] = check(RunSpec(trace=trace, dp_size=0, out_dir=tmp_path))[1]
+    assert str(problem) == "RunSpec.dp_size: must be an int >= 1, got 0"
 
 
 def _unpinned(i):
