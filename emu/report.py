@@ -172,8 +172,9 @@ def headroom_summary(a: dict, b: dict, labels=("A", "B")) -> list[str]:
     if control and control["total_s"] and b.get("output_tokens"):
         gross = b["output_tokens"] / (b["virtual_time_s"] - control["total_s"])
         lines.append(f"  {labels[1]}'s figure is net of DyntraLB's control plane, "
-                     f"{_control_text(control)}; without that charge it would reach "
-                     f"{gross:.1f} tok/s ({(gross - ta) / ta * 100:+.1f} %)")
+                     f"{_control_text(control)}; the same steps without that charge: "
+                     f"{gross:.1f} tok/s ({(gross - ta) / ta * 100:+.1f} %; a run without "
+                     f"it may take other steps)")
     return lines
 
 
