@@ -66,6 +66,8 @@ class RankHarness(ABC):
         self.wall: WallLog | None = None
 
         self.clock_us = 0  # this rank's virtual time
+        # What the control plane charged after the last step: its finishes came before.
+        self.control_us = 0
         self.iteration = 0  # non-idle iterations so far
         self.truncated = False
         self.num_arrived = 0
@@ -109,8 +111,14 @@ class RankHarness(ABC):
         turns into the next sends (``emu.rank.intake``)."""
         step_us = self.lockstep.step(own_cost_us, self._num_waiting(), self._num_running(),
                                      num_finished)
-        self.arrivals.finished(self.lockstep.finished_total, step_start_us)
+        # the finishes reported came at the end of the last step, before its control plane
+        self.arrivals.finished(self.lockstep.finished_total, step_start_us - self.control_us)
         return step_us
+
+    def wave_ended(self) -> None:
+        """After the iteration that ended a wave (every rank idle): every request taken
+        so far has finished, at the end of that iteration's step."""
+        self.arrivals.nothing_in_flight(self.clock_us - self.control_us)
 
     def settle_control_plane(self, step_us: int, planner_call: PlannerCall | None,
                              planner_wall_s: float) -> tuple[list[dict], ControlCharge | None]:
@@ -125,6 +133,7 @@ class RankHarness(ABC):
         charge = self.control_plane.charge(collectives, planner_call, step_us, planner_wall_s)
         if charge.measured:
             collectives += self.recorder.take()  # the exchange of the measured time
+        self.control_us = charge.charged_us
         return collectives, charge
 
     def _control_plane(self, planner: str) -> ControlPlane | None:

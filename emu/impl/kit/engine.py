@@ -146,7 +146,7 @@ class EngineCore(RankHarness):
             if not self.engines_running:
                 self.current_wave += 1
                 self.step_counter = 0
-                self.arrivals.nothing_in_flight(self.clock_us)
+                self.wave_ended()
             self.iteration += 1
             if self.iteration >= self.spec.max_steps:
                 self.truncated = True

@@ -187,7 +187,7 @@ class _EmulatedEngine:
         result = super()._has_global_unfinished_reqs(local_unfinished)
         self._emu_rank.end_iteration(local_unfinished, plan_applied)
         if not result:  # the wave ends: whatever was sent has finished
-            self._emu_rank.arrivals.nothing_in_flight(self._emu_rank.clock_us)
+            self._emu_rank.wave_ended()
         return result
 
     def _balance_load(self, *args, **kwargs):
