@@ -222,6 +222,9 @@ def _ab_headline(a: dict, b: dict, labels) -> str:
         ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
         ("virtual time (s)", a["virtual_time_s"], b["virtual_time_s"], 1, ""),
     ]
+    if "control_plane" in a or "control_plane" in b:
+        rows.append(("DyntraLB control plane (s)", (a.get("control_plane") or {}).get("total_s"),
+                     (b.get("control_plane") or {}).get("total_s"), 1, ""))
     width = max(len(r[0]) for r in rows)
     lines = [f"Key metrics, {labels[0]} -> {labels[1]}:"]
     for name, va, vb, scale, unit in rows:
