@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from emu.cli.errors import ClusterFailed, RunInterrupted, Terminated, UsageError
+from emu.cli.errors import ClusterFailed, RunInterrupted, UsageError
 from emu.cli.progress import SweepProgress, note
 from emu.executors import (
     EXECUTORS,
@@ -99,8 +100,8 @@ def run_batch(args, executor: Executor, specs: Sequence, names: Sequence[str],
             progress.run_done()
             finished.append(index)
             if not bar:
-                note(args, f"{args.command}: {len(finished)}/{len(specs)} runs done "
-                           f"({names[index]})")
+                note(args, f"{args.command}: {len(finished)}/{len(specs)} runs done: "
+                           f"{names[index]}")
 
         try:
             return executor.run(specs, on_done)
@@ -111,10 +112,8 @@ def run_batch(args, executor: Executor, specs: Sequence, names: Sequence[str],
                 f"other run was stopped; {len(finished)} of {len(specs)} runs finished"
             ) from None
         except RunsInterrupted as exc:
-            signal_name, exit_code = (("SIGTERM", 143) if isinstance(exc.__cause__, Terminated)
-                                      else ("SIGINT", 130))
             raise RunInterrupted(
-                f"interrupted by {signal_name}; {what} is partial: {exc.finished} of "
+                f"interrupted by {exc.signal_name}; {what} is partial: {exc.finished} of "
                 f"{exc.total} runs finished (metrics.json in {layout}), the runs "
                 "under way were stopped (run.json: interrupted); no table or plots were "
-                "written", exit_code) from None
+                "written", 128 + signal.Signals[exc.signal_name].value) from None

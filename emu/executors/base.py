@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -26,13 +28,49 @@ class RunFailed(RuntimeError):
 
 
 class RunsInterrupted(Exception):
-    """SIGINT or SIGTERM (the ``KeyboardInterrupt``, ``__cause__``) stopped the batch
-    after ``finished`` of ``total`` runs; the runs under way were stopped."""
+    """SIGINT or SIGTERM (``signal_name``; the ``KeyboardInterrupt`` is ``__cause__``)
+    stopped the batch after ``finished`` of ``total`` runs; the runs under way were
+    stopped."""
 
-    def __init__(self, finished: int, total: int):
-        super().__init__(f"{finished} of {total} runs finished")
+    def __init__(self, finished: int, total: int, signal_name: str):
+        super().__init__(f"{signal_name}: {finished} of {total} runs finished")
         self.finished = finished
         self.total = total
+        self.signal_name = signal_name
+
+
+class SignalsSeen:
+    """While a batch runs (in the main thread): which of SIGINT and SIGTERM arrived, so
+    that ``RunsInterrupted`` names it even where a library turns the handler's exception
+    into a plain KeyboardInterrupt (Ray does, inside its waits). Each signal still goes
+    to the handler that was there (the command's); one left at its default raises
+    KeyboardInterrupt, so that the batch stops its runs first; an ignored one stays
+    ignored."""
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.name = "SIGINT"  # what a KeyboardInterrupt without a signal counts as
+        self._previous: dict = {}
+
+    def __enter__(self) -> SignalsSeen:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._SIGNALS:
+                handler = signal.getsignal(signum)
+                if handler is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.name = signal.Signals(signum).name
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt(self.name)
 
 
 class Executor(Protocol):

@@ -15,7 +15,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from emu.executors.base import RunFailed, RunsInterrupted, run_spec
+from emu.executors.base import RunFailed, RunsInterrupted, SignalsSeen, run_spec
 from emu.spec import RunSpec
 
 # In a job process: the batch's stop event (``_start_job``).
@@ -56,7 +56,7 @@ class LocalExecutor:
         results: dict[int, dict] = {}
         context = multiprocessing.get_context("spawn")
         stop_event = context.Event()
-        with concurrent.futures.ProcessPoolExecutor(
+        with SignalsSeen() as signals, concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.jobs, mp_context=context, max_tasks_per_child=1,
                 initializer=_start_job, initargs=(stop_event,)) as pool:
             futures = {pool.submit(_run_job, spec): i for i, spec in enumerate(specs)}
@@ -79,5 +79,5 @@ class LocalExecutor:
                     job.terminate()
                 if not isinstance(exc, KeyboardInterrupt):
                     raise
-                raise RunsInterrupted(len(results), len(specs)) from exc
+                raise RunsInterrupted(len(results), len(specs), signals.name) from exc
         return [results[i] for i in range(len(specs))]

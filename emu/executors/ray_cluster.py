@@ -24,7 +24,7 @@ import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from emu.executors.base import ExecutorError, RunFailed, RunsInterrupted
+from emu.executors.base import ExecutorError, RunFailed, RunsInterrupted, SignalsSeen
 from emu.executors.ray_task import StopBoard, run_task, unpack
 from emu.spec import RunSpec
 
@@ -72,10 +72,14 @@ class RayExecutor:
                 ray.init(address=self.address, logging_level=logging.WARNING,
                          log_to_driver=False)
         except Exception as exc:
+            ray.shutdown()
             where = "a local Ray" if self.address is None else f"--ray-address {self.address}"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExecutorError(f"--executor ray: cannot start or join {where}: {first}") \
                 from None
+        except BaseException:  # Ctrl-C while Ray starts: stop what started
+            ray.shutdown()
+            raise
         finally:
             if sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
@@ -117,26 +121,27 @@ class RayExecutor:
             tasks[task.options(**options).remote(index, spec, board)] = index
         results: dict[int, dict] = {}
         pending = list(tasks)
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-                for ref in ready:
-                    index = tasks[ref]
-                    outcome = self._outcome(ref, index, specs[index])
-                    self._release(groups.pop(index, None))
-                    if "error" in outcome:
-                        raise RunFailed(index, outcome["error"])
-                    results[index] = outcome
-                    on_done(index)
-        except BaseException as exc:  # a failed run, SIGINT, SIGTERM
-            self._stop(board, pending, tasks, specs)
-            if not isinstance(exc, KeyboardInterrupt):
-                raise
-            raise RunsInterrupted(len(results), len(specs)) from exc
-        finally:
-            for group in groups.values():
-                self._release(group)
-            ray.kill(board)
+        with SignalsSeen() as signals:
+            try:
+                while pending:
+                    ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+                    for ref in ready:
+                        index = tasks[ref]
+                        outcome = self._outcome(ref, index, specs[index])
+                        self._release(groups.pop(index, None))
+                        if "error" in outcome:
+                            raise RunFailed(index, outcome["error"])
+                        results[index] = outcome
+                        on_done(index)
+            except BaseException as exc:  # a failed run, SIGINT, SIGTERM
+                self._stop(board, pending, tasks, specs)
+                if not isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise RunsInterrupted(len(results), len(specs), signals.name) from exc
+            finally:
+                for group in groups.values():
+                    self._release(group)
+                ray.kill(board)
         return [results[i] for i in range(len(specs))]
 
     def _outcome(self, ref, index: int, spec: RunSpec) -> dict:

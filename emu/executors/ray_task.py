@@ -31,13 +31,14 @@ from emu.spec import RunSpec
 
 class StopBoard:
     """A Ray actor (async, no CPU) shared by the batch's tasks: which runs began, and
-    whether the batch stopped."""
+    whether the batch stopped. Every method is a coroutine, so all of them run on the
+    actor's event loop (the one the stop event belongs to)."""
 
     def __init__(self):
         self._stopped = asyncio.Event()
         self._began: set[int] = set()
 
-    def begin(self, index: int) -> bool:
+    async def begin(self, index: int) -> bool:
         """Called by run ``index``'s task before it starts the run: False once the batch
         stopped (the task then returns without running)."""
         if self._stopped.is_set():
@@ -45,7 +46,7 @@ class StopBoard:
         self._began.add(index)
         return True
 
-    def stop(self) -> list[int]:
+    async def stop(self) -> list[int]:
         """Called by the driver to stop the batch; returns the runs that began. Every
         ``begin`` after it returns False."""
         self._stopped.set()
