@@ -11,7 +11,9 @@ under way by then (job processes and Ray workers take seconds to start)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import threading
 
 import psutil
@@ -39,10 +41,12 @@ def spec(out_dir, *, dp_size: int, transport: str, faults=None) -> RunSpec:
 
 
 class Descendants:
-    """Every process below this one seen while the block runs (sampled)."""
+    """Every process below this one seen while the block runs (sampled), and the Ray
+    placement groups that were created, when Ray is up."""
 
     def __init__(self):
         self.seen: set[psutil.Process] = set()
+        self.groups: dict[str, dict] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -57,6 +61,13 @@ class Descendants:
     def _sample(self) -> None:
         while not self._done.wait(0.2):
             self.seen.update(psutil.Process().children(recursive=True))
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                from ray.util import placement_group_table
+
+                with contextlib.suppress(Exception):  # Ray shutting down
+                    self.groups.update({k: v for k, v in placement_group_table().items()
+                                        if v["state"] == "CREATED"})
 
 
 def _tracker_of_this_process(process: psutil.Process) -> bool:
@@ -100,3 +111,6 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
         import ray
 
         assert not ray.is_initialized()
+        # The process-transport run held its rank's CPU in a placement group on one node.
+        assert [(g["strategy"], list(g["bundles"].values())) for g in
+                descendants.groups.values()] == [("STRICT_PACK", [{"CPU": 1.0}])]
