@@ -184,3 +184,20 @@ def test_executor_ray_without_ray_names_the_install(clikit, tmp_path, tiny_trace
                                    "pip install -e '.[ray]'")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("command,args,fragment", [
+    ("sweep", ["--grid", "mode=static", "--ray-address", "10.0.0.1:6379"],
+     "--ray-address: only with --executor ray"),
+    ("sweep", ["--grid", "mode=static", "--executor", "ray", "--jobs", "2"],
+     "--jobs: only with --executor local"),
+    ("ab", ["--executor", "ray"], "--executor ray: only with --seeds N"),
+    ("ab", ["--jobs", "2"], "--jobs: only with --seeds N"),
+])
+def test_executor_flags_that_do_not_apply(cli, clikit, tmp_path, tiny_trace, command, args,
+                                          fragment):
+    """Refused before Ray is looked for: no Ray needed."""
+    proc = cli(command, "--workload", tiny_trace, *clikit.SMALL, *args, "--out", "never")
+    clikit.assert_user_error(proc, fragment)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "never").exists()
