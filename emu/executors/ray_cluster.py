@@ -159,7 +159,10 @@ class RayExecutor:
         """Stop the batch: cancel what has not begun, let the runs under way stop and send
         their partial files back, kill what is still running after STOP_GRACE_S."""
         ray = self._ray
-        began = set(ray.get(board.stop.remote()))
+        try:
+            began = set(ray.get(board.stop.remote(), timeout=STOP_GRACE_S))
+        except ray.exceptions.RayError:  # Ray no longer answers: treat every task as begun
+            began = {tasks[ref] for ref in pending}
         running = [ref for ref in pending if tasks[ref] in began]
         for ref in pending:
             if tasks[ref] not in began:
