@@ -45,6 +45,7 @@ def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
             assert (a / log).read_bytes() == (b / log).read_bytes(), (name, log)
 
 
+@pytest.mark.timeout(900)  # two sweeps, one starting Ray, on two shared cores
 def test_sweep_on_ray_equals_local(cli, clikit, tmp_path, ray_installed):
     trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
     flags = ["sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
@@ -67,6 +68,7 @@ def test_sweep_on_ray_equals_local(cli, clikit, tmp_path, ray_installed):
                [r["name"] for r in sweeps[0]["rows"]])
 
 
+@pytest.mark.timeout(1200)  # eight process-transport runs, one at a time
 def test_ab_seeds_on_ray_equals_local(cli, tmp_path, ray_installed):
     """On the process transport: each run reserves its two CPUs in a placement group."""
     flags = ["ab", "--workload", "recipe:pr12292,n=2,rate=20", "--seeds", "2", "--seed", "3",
@@ -100,6 +102,7 @@ def _open_events_log(processes) -> Path | None:
     return None
 
 
+@pytest.mark.timeout(600)
 def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed):
     # Ten million output tokens per request: the runs would last hours.
     trace = clikit.write_trace(tmp_path / "endless.jsonl", [

@@ -78,6 +78,7 @@ def _tracker_of_this_process(process: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request):
     if executor == "ray":
