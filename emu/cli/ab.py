@@ -12,6 +12,13 @@ from pathlib import Path
 from dyntra_lb.config import unknown_keys
 from emu.ab_seeds import FILE_NAME as AB_FILE
 from emu.ab_seeds import write_ab_json
+from emu.cli.batch import (
+    add_executor_options,
+    batch_executor,
+    check_executor_flags,
+    describe_executor,
+    run_batch,
+)
 from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
 from emu.cli.inputs import (
@@ -24,6 +31,7 @@ from emu.cli.inputs import (
     warn_ignored_keys,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.progress import note
 from emu.cli.running import resolve_launch, run_one
 from emu.impl import PLANNERS
 from emu.knobs import Int
@@ -38,6 +46,8 @@ examples:
   dyntra-emu ab --additional-config @decode_node.json
       the config with DyntraLB disabled (A) vs as given (B)
   dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
+  dyntra-emu ab --workload recipe:pr12292,n=300 --seeds 5 --executor ray
+      the A/B on 5 seeds, its 10 runs as Ray tasks on a local Ray
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
 a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
@@ -138,19 +148,30 @@ def cmd_ab(args) -> int:
     pairs = _pairs(args, launch, sources, seeds, out_dir)
     warn_ignored_keys("ab", ignored_keys(
         [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
-    subdirs = RUN_DIRS if args.seeds is None else tuple(
-        f"seed{s}/{name}" for s in seeds for name in RUN_DIRS)
-    prepare_out_dir(out_dir, args.overwrite, subdirs)
-    results = []
-    for seed, pair in zip(seeds, pairs, strict=True):
-        prefix = "" if args.seeds is None else f"seed {seed} "
-        results.append([run_one(args, spec, config, launch,
-                                f"{prefix}{name.upper()} ({label})")
-                        for (spec, config), name, label in zip(pair, RUN_DIRS, labels,
-                                                               strict=True)])
     if args.seeds is not None:
+        results = _run_seeds(args, seeds, pairs, labels, out_dir)
         return _report_seeds(args, seeds, results, labels, launch.dp, out_dir)
-    return _report(pairs[0], results[0], labels, out_dir)
+    prepare_out_dir(out_dir, args.overwrite, RUN_DIRS)
+    metrics = [run_one(args, spec, config, launch, f"{name.upper()} ({label})")
+               for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
+    return _report(pairs[0], metrics, labels, out_dir)
+
+
+def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
+    """Every run of ``ab --seeds`` as one batch on the executor (``emu.cli.batch``);
+    returns [metrics of A, metrics of B] per seed."""
+    specs = [spec for pair in pairs for spec, _ in pair]
+    names = [f"seed{seed}/{name} ({label})" for seed in seeds
+             for name, label in zip(RUN_DIRS, labels, strict=True)]
+    with batch_executor(args, specs) as executor:
+        prepare_out_dir(out_dir, args.overwrite,
+                        tuple(f"seed{s}/{name}" for s in seeds for name in RUN_DIRS))
+        note(args, f"ab: {len(seeds)} seeds x 2 runs of {args.workload}, {specs[0].dp_size} "
+                   f"ranks, {describe_executor(args)}, {specs[0].transport} transport; "
+                   f"writing {out_dir}")
+        metrics = run_batch(args, executor, specs, names, "ab --seeds",
+                            f"{out_dir}/seed<s>/a and b/")
+    return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
 def _report(pair, metrics, labels, out_dir: Path) -> int:
@@ -178,8 +199,8 @@ def _report(pair, metrics, labels, out_dir: Path) -> int:
     for line in headroom_summary(metrics[0], metrics[1], labels):
         print(line)
     for label, m in zip(labels, metrics, strict=True):
-        for note in no_effect_notes(m):
-            print(f"note ({label}): {note}")
+        for text in no_effect_notes(m):
+            print(f"note ({label}): {text}")
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
     return 0
@@ -196,8 +217,8 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path) -> int:
     print(table)
     for seed, *metrics in pairs:
         for label, m in zip(labels, metrics, strict=True):
-            for note in no_effect_notes(m):
-                print(f"note (seed {seed}, {label}): {note}")
+            for text in no_effect_notes(m):
+                print(f"note (seed {seed}, {label}): {text}")
     (out_dir / "summary.md").write_text(
         f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={dp}\n\n"
         f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
@@ -241,6 +262,16 @@ def _check_combinations(args) -> None:
     if args.additional_config is not None and (args.config_a or args.config_b):
         raise UsageError("--additional-config: not allowed with --config-a/--config-b "
                          "(give either one config for B, or both A and B)")
+    if args.seeds is None:
+        given = [flag for flag, value in (("--executor ray", args.executor == "ray"),
+                                          ("--jobs", args.jobs is not None),
+                                          ("--ray-address", args.ray_address is not None))
+                 if value]
+        if given:
+            raise UsageError(f"{given[0]}: only with --seeds N (the runs of the seeds are "
+                             "a batch; a single A/B runs its two runs here, one after the "
+                             "other)")
+    check_executor_flags(args)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -266,6 +297,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="with --workload recipe:NAME: run the A/B on N workload seeds "
                              "(--seed, --seed + 1, ...) and report each delta as a mean with a "
                              "95 %% confidence interval")
+    add_executor_options(parser, "the runs of --seeds")
     add_run_options(parser)
     parser.set_defaults(func=cmd_ab)
     return parser
