@@ -319,5 +319,8 @@ def test_devtools_trace_engine_reads_the_timeline(cli, tiny_trace, tmp_path, cli
             expected.append(["dummy step" if s["dummy"] else "step", start, own])
             if step > own:
                 expected.append(["bubble", start + own, step - own])
+            charged = (s.get("control_plane") or {}).get("charged_s", 0)
+            if charged > 0:  # DyntraLB's work after the step, before the next one
+                expected.append(["DyntraLB control plane", start + step, _us(charged)])
         assert engine["slices"] == expected
         assert engine["roots"] == len(expected)
