@@ -141,3 +141,42 @@ def test_planner_b_is_checked_before_run_a_starts(cli, tiny_trace, tmp_path, cli
 
     clikit.assert_user_error(proc, "--planner-b vllm-ascend: only with --impl vllm-ascend")
     assert not out.exists()
+
+
+def _one_error_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_a_tree_ab_is_refused_in_one_line_before_anything_runs(cli, tiny_trace, tmp_path,
+                                                               clikit):
+    """--vllm-ascend-a/-b: both, with --impl vllm-ascend, alone with what else could make
+    the two runs differ, each a vllm-ascend tree; else one line, exit 2, no output."""
+    out = tmp_path / "refused"
+    not_a_tree = tmp_path / "not-a-tree"
+    not_a_tree.mkdir()
+    base = ["ab", "--workload", tiny_trace, *clikit.SMALL, "--out", out]
+    va = ["--impl", "vllm-ascend"]
+    cases = [
+        ([*va, "--vllm-ascend-a", not_a_tree], "--vllm-ascend-b: required with "
+                                               "--vllm-ascend-a"),
+        ([*va, "--vllm-ascend-b", not_a_tree], "--vllm-ascend-a: required with "
+                                               "--vllm-ascend-b"),
+        (["--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", not_a_tree],
+         "--vllm-ascend-a: needs --impl vllm-ascend (the trees are vllm-ascend's code; "
+         "--impl kit runs ours)"),
+        ([*va, "--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", not_a_tree,
+          "--planner-b", "reference"], "--planner-b: not allowed with --vllm-ascend-a/"),
+        ([*va, "--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", not_a_tree,
+          "--config-a", "{}", "--config-b", "{}"], "--config-a: not allowed with "),
+        ([*va, "--vllm-ascend", not_a_tree, "--vllm-ascend-a", not_a_tree,
+          "--vllm-ascend-b", not_a_tree], "--vllm-ascend: not allowed with "),
+        ([*va, "--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", tmp_path / "missing"],
+         f"--vllm-ascend-a: {not_a_tree} is not a vllm-ascend source tree"),
+    ]
+    for flags, message in cases:
+        proc = cli(*base, *flags)
+        clikit.assert_user_error(proc, message)
+        assert _one_error_line(proc), flags
+        assert not out.exists(), flags
