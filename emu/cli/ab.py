@@ -40,11 +40,15 @@ examples:
   dyntra-emu ab --additional-config @decode_node.json
       the config with DyntraLB disabled (A) vs as given (B)
   dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
+  dyntra-emu ab --impl vllm-ascend --vllm-ascend-a ~/src/va-base --vllm-ascend-b ~/src/va \\
+      --workload recipe:pr12292,n=300 --seeds 5 --dp 8 --block-size 2048 --transport thread
+      a vllm-ascend branch (B) against its base (A): same trace, config and seeds
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
 a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
 ab.json (every run's metrics and the deltas; a baseline for `dyntra-emu gate`) and
-seed<s>/a, seed<s>/b.
+seed<s>/a, seed<s>/b with each seed's plots. With --vllm-ascend-a/-b, summary.md and
+ab.json say which tree is which (path, git commit, content hash).
 """
 
 

@@ -105,6 +105,30 @@ def test_ab_over_workload_seeds(cli, tmp_path):
         assert b["plan_churn"]["active_steps"] > 0  # B is static from step 0
     assert traces[0] != traces[1]  # different seeds, different traces
     assert "mean ± 95 % CI" in (out / "summary.md").read_text()
+    # every metric over the seeds: each side's mean and B's change, from the runs' metrics
+    every = {row["metric"]: row for row in json.loads((out / "ab.json").read_text())["metrics"]}
+    runs = {(seed, side): json.loads((out / f"seed{seed}" / side / "metrics.json").read_text())
+            for seed in (3, 4) for side in "ab"}
+    for metric, path in (("throughput_tok_s", ("throughput_tok_s",)),
+                         ("tpot_ms.p99", ("tpot_ms", "p99")),
+                         ("pauses.total", ("pauses", "total"))):
+        values = {}
+        for key, m in runs.items():
+            for part in path:
+                m = m[part]
+            values[key] = m
+        row = every[metric]
+        assert row["a_mean"] == pytest.approx((values[3, "a"] + values[4, "a"]) / 2)
+        assert row["b_mean"] == pytest.approx((values[3, "b"] + values[4, "b"]) / 2)
+        deltas = [values[s, "b"] - values[s, "a"] for s in (3, 4)]
+        assert row["delta"] == pytest.approx(sum(deltas) / 2)
+        assert row["delta_ci95"] == pytest.approx(12.706 * abs(deltas[0] - deltas[1]) / 2)
+    assert "Every metric, mean over the 2 seeds" in proc.stdout
+    assert re.search(r"^throughput_tok_s\s", proc.stdout, re.M)
+    assert "Headroom over 2 seeds: " in proc.stdout
+    for seed in (3, 4):
+        for plot in ("load_ab.png", "bubble_ab.png", "tpot_ab.png"):
+            assert (out / f"seed{seed}" / plot).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_ab_seeds_needs_a_generated_workload(cli, tiny_trace, clikit):
