@@ -22,9 +22,12 @@ one kernel it calls, ``_balance``: parsing, the fill, the main loop and cancella
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import os
+import sys
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -68,16 +71,39 @@ def _cached_jit(fn, files=_KERNEL_FILES):
     looking at the files of the callees it compiled in (a limit its caching notes
     state). So the cache index is stamped with ``files`` as well (by default the kernel
     modules): an edit to any of them compiles anew instead of loading a kernel built
-    from the old code."""
+    from the old code.
+
+    numba also keeps one index per source file and drops it when another numba version
+    wrote it, so two environments over one checkout (the README's ``.venv`` and
+    ``.venv-upstream``, whose vLLM pins another numba) threw each other's kernel away
+    at every switch. Each environment therefore has its own index and data files, named
+    with :func:`environment_tag`."""
     try:
         kernel = njit(cache=True)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
         return njit(fn)
     index = getattr(kernel._cache, "_cache_file", None)
-    if not hasattr(index, "_source_stamp"):
+    if not all(hasattr(index, name) for name in _INDEX_FIELDS):
         return njit(fn)  # a numba laid out otherwise: no disk cache rather than a stale one
     index._source_stamp = (index._source_stamp, *map(_stamp, files))
+    base = index._index_name.removesuffix(".nbi")
+    tag = environment_tag()
+    index._index_name = f"{base}.{tag}.nbi"
+    index._index_path = os.path.join(index._cache_path, index._index_name)
+    index._data_name_pattern = f"{base}.{tag}.{{number:d}}.nbc"
     return kernel
+
+
+# What _cached_jit changes on numba's index of a kernel's cache files.
+_INDEX_FIELDS = ("_source_stamp", "_cache_path", "_index_name", "_index_path",
+                 "_data_name_pattern")
+
+
+def environment_tag() -> str:
+    """The environment a cached kernel was compiled in, as a part of its cache file
+    names: the interpreter's prefix (its virtualenv) and numba's version, hashed."""
+    key = f"{sys.prefix}\0{numba.__version__}".encode()
+    return "env" + hashlib.sha256(key).hexdigest()[:12]
 
 
 def _stamp(path: str) -> tuple[float, int]:

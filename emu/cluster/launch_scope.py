@@ -125,21 +125,20 @@ class StopSignals:
 
     @contextmanager
     def deferred(self):
-        """Around starting a rank. SIGINT is also ignored meanwhile, which the new
-        process inherits through exec (Python then installs no KeyboardInterrupt
-        handler): a Ctrl-C in its first moments cannot interrupt it. Here SIGINT is
-        blocked too, so one arriving meanwhile stays pending (Linux never discards a
-        blocked signal) and reaches the handler once the block is lifted. The caller
-        has started multiprocessing's resource tracker already: starting it unblocks
-        SIGINT."""
+        """Around starting a rank. SIGINT is blocked in this thread meanwhile, and a new
+        process inherits that through exec: a Ctrl-C in its first moments stays pending
+        until the rank ignores it (``emu.cluster.rank_boot``), so it cannot interrupt it.
+        It is blocked, not ignored: dispositions are process-wide, and a SIGINT taken by
+        another thread of this process (torch's import starts one, the rendezvous store
+        another; they do not block it) was discarded while ignored, so Ctrl-C during a
+        rank's start was lost and the run went on. Now the handler records it and it is
+        raised once the block ends. The caller has started multiprocessing's resource
+        tracker already: starting it unblocks SIGINT."""
         self._defer = True
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if self._previous else None
         try:
             yield
         finally:
-            if handler is not None:
-                signal.signal(signal.SIGINT, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             self._defer = False
         if self.received is not None and self._armed:

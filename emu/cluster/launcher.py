@@ -81,7 +81,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
     ranks = _RankProcesses()
     try:
         def start(files: LaunchFiles, signals: StopSignals) -> _RankProcesses:
-            with signals.deferred():  # a fork server started here ignores SIGINT
+            with signals.deferred():  # a fork server started here blocks SIGINT
                 starter = rank_starter(device_kind, preload)
             environ = dict(os.environ)
             for rank in range(dp_size):

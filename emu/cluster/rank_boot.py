@@ -19,7 +19,8 @@ way.
 
 Ctrl-C in a terminal reaches the whole process group, ranks included; the launcher
 handles it and stops every rank, so a rank ignores SIGINT instead of printing a
-traceback from wherever the interrupt found it.
+traceback from wherever the interrupt found it. A spawned rank starts with SIGINT
+blocked (the launcher blocks it while starting the rank) until it ignores it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def main(spec: RankSpec, payload: bytes, conn) -> None:
     """The start target of every rank launched by `emu.cluster.launcher.launch`."""
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The launcher started this rank with SIGINT blocked: one that came meanwhile was
+    # pending and is dropped now (emu.cluster.launch_scope.StopSignals.deferred).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if _forked_by_fork_server():
         _leave_fork_server(spec.environ)
     from emu.cluster.rank_process import rank_main

@@ -15,14 +15,46 @@ It also makes the server ignore SIGTERM. A SIGTERM sent to the whole process gro
 some job runners do) must reach the launcher, which stops every rank and reports where
 each one was; were the server to die of it first, every rank would die of its
 parent-death signal without a word. A rank sets SIGTERM back to the default at once.
+
+And it makes the server remove its socket's directory when it exits. The launcher's
+multiprocessing makes that directory (``pymp-*`` in TMPDIR) for the server's socket and
+removes it at its own exit; a launcher killed by SIGKILL cannot, and the directory was
+left behind. The server outlives it by design (it exits once the launcher is gone,
+``emu.cluster.rank_boot``), so it removes the directory then; after a normal exit the
+launcher has removed it already.
 """
 
+import atexit
+import os
+import shutil
 import signal
+from multiprocessing import forkserver
 
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
 import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
 import emu.impl  # noqa: F401  the rank target
 from dyntra_lb import planner
 
+_SERVER_PID = os.getpid()
+
+
+def _remove_socket_dir() -> None:
+    """At the server's exit: remove its socket and, when that lies in multiprocessing's
+    ``pymp-*`` directory, the directory. The server's main loop records the socket's
+    address where the launcher keeps it (CPython has no public accessor). Ranks are
+    forks of the server and inherit this handler; it does nothing in them."""
+    address = forkserver._forkserver._forkserver_address
+    if os.getpid() != _SERVER_PID or not isinstance(address, str):
+        return  # a rank; or no address, or one in the abstract namespace (bytes)
+    try:
+        os.unlink(address)
+    except OSError:
+        pass
+    directory = os.path.dirname(address)
+    if os.path.basename(directory).startswith("pymp-"):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 planner.warm_up()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+atexit.register(_remove_socket_dir)

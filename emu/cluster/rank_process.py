@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import os
 import pathlib
 import pickle
@@ -160,4 +161,22 @@ def join_from_env(target, args, *, device: str = "auto",
         dist.barrier(group=dp_group)  # no rank closes its connections while peers still use them
     finally:
         dist.destroy_process_group()
+    del ctx, dp_group, device_group
+    _end_group_threads()
     return result
+
+
+def _end_group_threads() -> None:
+    """Under torchrun, after ``destroy_process_group``: make the groups go now.
+
+    ``destroy_process_group`` only unregisters the groups; each one, with its gloo
+    threads (a socket loop per group, worker loops), lives until its last reference
+    goes, and the target's objects hold references in reference cycles (the engine and
+    its collective recorder point at each other), which only the cyclic garbage
+    collector frees. Left alone, those threads were still running when the process
+    exited (the collector had not run since) and went on handling the peers' sockets
+    through interpreter finalization and C++ static destruction; now and then, on a
+    loaded machine, that ended the process with SIGABRT after a successful run. A
+    collection here destroys the groups, which joins their threads, while the process
+    is healthy. (Rank processes of ``launch`` leave through ``os._exit`` instead.)"""
+    gc.collect()

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import multiprocessing
 import os
+import tempfile
 from collections.abc import Iterator
 from multiprocessing import forkserver
 
@@ -65,17 +66,31 @@ class RankStarter:
 
 def rank_starter(device_kind: str, preload: Preload) -> RankStarter:
     """The starter of a launch's ranks (see the module docstring)."""
-    if START_METHOD[device_kind] == "forkserver":
+    if START_METHOD[device_kind] == "forkserver" and _fork_server_socket_fits():
         try:
             server = _server(preload)
             return RankStarter(multiprocessing.get_context("forkserver"),
                                server._forkserver_pid, server)  # no public accessor
-        except OSError:  # its socket lives in TMPDIR: "AF_UNIX path too long" if long
+        except OSError:  # no Unix socket to be had: spawn
             pass
     # A spawned rank loads the compiled planner from numba's disk cache: fill the cache
     # here, once, rather than have every rank compile it while its peers wait.
     planner.warm_up()
     return RankStarter(multiprocessing.get_context("spawn"), os.getpid())
+
+
+# The fork server's socket: <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX (multiprocessing's
+# names, 8 random characters each); a Unix socket's path holds at most 107 bytes (Linux).
+_FORK_SERVER_SOCKET = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SOCKET_PATH_MAX = 107
+
+
+def _fork_server_socket_fits() -> bool:
+    """Whether the fork server's socket path fits a Unix socket address. When it does
+    not (a long TMPDIR, as pytest's under xdist), ranks are spawned; multiprocessing
+    would otherwise make its temporary directory, fail to bind the socket in it, and
+    leave the directory for this process's exit to remove, which a SIGKILL skips."""
+    return len(os.fsencode(tempfile.gettempdir())) + _FORK_SERVER_SOCKET <= _SOCKET_PATH_MAX
 
 
 def _server(preload: Preload) -> forkserver.ForkServer:

@@ -1,44 +1,37 @@
 """Strict mode's parts that both engines share: the error a violation raises and the
-checks that read the same promise off either scheduler (a paused request keeps its KV,
-admission stays within the plan's set). Each engine's own checker
-(``emu.impl.kit.invariants``, ``emu.impl.vllm_ascend.invariants``) calls them at the
-end of every non-idle iteration."""
+checks of DyntraLB's promises (``PromiseChecker``), read off what either scheduler did.
+Each engine's own checker (``emu.impl.kit.invariants``, ``emu.impl.vllm_ascend.
+invariants``) hands it each ``schedule()`` and the end of every non-idle iteration.
+
+DyntraLB's promises (docs/protocol.md, "Plan application"; docs/strict-mode.md has each
+one broken on purpose and the message it produced), checked on what the scheduler did,
+not on what DyntraLB's state says about itself:
+
+- a plan generated at iteration k is applied at iteration k+1: exactly the running
+  requests its ``out_blk`` matches (by block count, in running order, each value once)
+  stop running, and no other request stops running except by a KV preemption;
+- only the plan's admission set is admitted (its ``in_blk`` matched the same way
+  against the admission candidates the plan was made on); a frozen rank admits nothing;
+- a paused request keeps the KV block ids and the computed tokens it had before the
+  iteration that paused it, for as long as it is paused, and resumes from those tokens
+  with those blocks (no silent recompute).
+
+The last promise, that every rank enters the same collectives (same descriptor,
+``step_counter`` and ``current_wave``), is checked across ranks by the watchdog
+(``emu.cluster.watchdog``), which names the ranks and where each waits.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from dyntra_lb.planner import Plan
 
 
 class InvariantError(AssertionError):
     """A strict-mode invariant does not hold on this rank (the message names the rank,
     the iteration and the request)."""
-
-
-class PausedBlocks:
-    """The KV block ids each DyntraLB-paused request held when it was paused, for the
-    check that it keeps exactly those until it runs again (both impls' strict mode)."""
-
-    def __init__(self):
-        self._held: dict[str, list[int]] = {}
-
-    def problems(self, paused_now, paused, blocks_of) -> list[str]:
-        """After an iteration that paused ``paused_now``, with ``paused`` the ids still
-        paused and ``blocks_of(rid)`` a request's block ids now."""
-        for rid in paused_now:
-            self._held[rid] = blocks_of(rid)
-        for rid in list(self._held):
-            if rid not in paused:
-                del self._held[rid]
-        for rid in paused:
-            self._held.setdefault(rid, blocks_of(rid))
-        return [f"paused request {rid!r} held KV blocks {blocks} when paused, now {now}"
-                for rid, blocks in self._held.items() if (now := blocks_of(rid)) != blocks]
-
-
-def admission_problems(admitted, admit_ids) -> list[str]:
-    """Requests admitted outside the plan's admission set (None: no plan, no limit)."""
-    if admit_ids is None:
-        return []
-    return [f"request {rid!r} was admitted under a plan whose admission set is "
-            f"{sorted(admit_ids)}" for rid in admitted if rid not in admit_ids]
 
 
 def violation(rank: int, iteration: int, wave: int, step_counter: int,
@@ -47,3 +40,183 @@ def violation(rank: int, iteration: int, wave: int, step_counter: int,
     return InvariantError(
         f"strict invariant violated on rank {rank} at iteration {iteration} (wave {wave}, "
         f"step_counter {step_counter}): {what}")
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a request holds at one moment: its KV block ids and computed tokens."""
+
+    blocks: tuple[int, ...]
+    computed: int
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """What one ``schedule()`` did, read right after it: the requests running then, those
+    it preempted for KV, those it admitted (new and resumed, in order), and what each
+    resumed one holds with ``computed`` counting the tokens computed before this step."""
+
+    running: frozenset[str]
+    preempted: frozenset[str]
+    admitted: tuple[str, ...]
+    resumed: dict[str, Held]
+
+
+@dataclass(frozen=True)
+class IterationEnd:
+    """A rank's scheduler at the end of an iteration, after DyntraLB's hook: the running
+    requests in order with their DyntraLB block counts, this rank's plan generated in
+    this iteration (None when no all-gather ran) and the admission candidates it was
+    made on, as (request id, block count) in schedule order."""
+
+    iteration: int
+    running: tuple[str, ...]
+    counts: tuple[int, ...]
+    plan: Plan | None
+    candidates: tuple[tuple[str, int], ...]
+
+
+def plan_pauses(out_blk: Sequence[int], running: Sequence[str],
+                counts: Sequence[int]) -> list[str]:
+    """The running requests a plan's ``out_blk`` pauses: matched by block count in running
+    order, each value once; a value no request matches is ignored."""
+    remaining = list(out_blk)
+    paused = []
+    for rid, blocks in zip(running, counts, strict=True):
+        if not remaining:
+            break
+        if blocks in remaining:
+            remaining.remove(blocks)
+            paused.append(rid)
+    return paused
+
+
+def admission_set(plan: Plan | None, candidates: Iterable[tuple[str, int]]) -> set[str] | None:
+    """The requests a plan lets the waiting loop admit (None: no plan, no limit): none when
+    it freezes the rank, else the candidates its ``in_blk`` matches, in their order."""
+    if plan is None:
+        return None
+    if plan.freeze:
+        return set()
+    remaining = list(plan.in_blk)
+    admit = set()
+    for rid, blocks in candidates:
+        if not remaining:
+            break
+        if blocks in remaining:
+            remaining.remove(blocks)
+            admit.add(rid)
+    return admit
+
+
+@dataclass(frozen=True)
+class _Pause:
+    iteration: int  # the iteration that paused the request
+    before: Held  # what it held at the end of the iteration before
+
+
+class PromiseChecker:
+    """DyntraLB's promises on one rank, for either impl. Its engine hands over what each
+    ``schedule()`` did (``scheduled``, right after it) and the state at the end of each
+    non-idle iteration (``problems``), with ``held_of(request_id)``: what a request in
+    flight holds now (None when it is not in flight)."""
+
+    def __init__(self, held_of: Callable[[str], Held | None]):
+        self.held_of = held_of
+        self._before: IterationEnd | None = None
+        self._to_pause: dict[str, Held] = {}  # what the last plan pauses, held before
+        self._scheduled: Scheduled | None = None
+        self._paused: dict[str, _Pause] = {}
+
+    def scheduled(self, scheduled: Scheduled) -> None:
+        self._scheduled = scheduled
+
+    def problems(self, end: IterationEnd) -> list[str]:
+        """The promises broken in iteration ``end.iteration``, one text per request."""
+        scheduled = self._scheduled
+        if scheduled is None:  # nothing was scheduled: no plan applied, nobody admitted
+            scheduled = Scheduled(frozenset(end.running), frozenset(), (), {})
+        problems = []
+        if self._before is not None:
+            problems += self._plan_applied(self._before, scheduled, end.iteration)
+        problems += self._resumed_where_paused(scheduled)
+        problems += self._paused_keep_what_they_held()
+        self._before, self._scheduled = end, None
+        if end.plan is not None:
+            pauses = plan_pauses(end.plan.out_blk, end.running, end.counts)
+            self._to_pause = {rid: self.held_of(rid) for rid in pauses}
+        else:
+            self._to_pause = {}
+        return problems
+
+    def _plan_applied(self, before: IterationEnd, scheduled: Scheduled,
+                      iteration: int) -> list[str]:
+        plan, k = before.plan, before.iteration
+        made = (f"the plan generated at iteration {k} (out_blk {plan.out_blk}, in_blk "
+                f"{plan.in_blk}, freeze {plan.freeze})" if plan is not None
+                else f"no plan (none was generated at iteration {k})")
+        stopped = [rid for rid in before.running
+                   if rid not in scheduled.running and rid not in scheduled.preempted]
+        problems = [f"request {rid!r} stopped running at iteration {iteration} without a KV "
+                    f"preemption, but {made} does not pause it"
+                    for rid in stopped if rid not in self._to_pause]
+        problems += [f"request {rid!r} still runs at iteration {iteration}, but {made} "
+                     f"pauses it" for rid in self._to_pause if rid in scheduled.running]
+        for rid in stopped:
+            if rid in self._to_pause:
+                self._paused[rid] = _Pause(iteration, self._to_pause[rid])
+        admit = admission_set(plan, before.candidates)
+        if admit is not None:
+            for rid in scheduled.admitted:
+                if rid in admit:
+                    continue
+                if plan.freeze:
+                    problems.append(f"{made} freezes this rank, yet request {rid!r} was "
+                                    f"admitted at iteration {iteration}")
+                else:
+                    problems.append(f"request {rid!r} was admitted at iteration {iteration} "
+                                    f"outside the admission set {sorted(admit)} of {made}")
+        return problems
+
+    def _resumed_where_paused(self, scheduled: Scheduled) -> list[str]:
+        problems = []
+        for rid, now in scheduled.resumed.items():
+            pause = self._paused.pop(rid, None)
+            if pause is None:
+                continue
+            before = pause.before
+            if now.computed != before.computed:
+                problems.append(
+                    f"request {rid!r}, paused at iteration {pause.iteration} with "
+                    f"{before.computed} computed tokens, resumed from {now.computed}: it "
+                    f"recomputes instead of continuing")
+            if now.blocks[:len(before.blocks)] != before.blocks:
+                problems.append(
+                    f"request {rid!r}, paused at iteration {pause.iteration} holding KV "
+                    f"blocks {_show(before.blocks)}, resumed holding {_show(now.blocks)}")
+        return problems
+
+    def _paused_keep_what_they_held(self) -> list[str]:
+        problems = []
+        for rid, pause in list(self._paused.items()):
+            now = self.held_of(rid)
+            if now is None:  # finished while paused (its last output arrived late)
+                del self._paused[rid]
+                continue
+            before = pause.before
+            if now.blocks != before.blocks:
+                problems.append(
+                    f"paused request {rid!r} held KV blocks {_show(before.blocks)} before "
+                    f"iteration {pause.iteration} paused it, now {_show(now.blocks)}")
+            if now.computed != before.computed:
+                problems.append(
+                    f"paused request {rid!r} had {before.computed} computed tokens before "
+                    f"iteration {pause.iteration} paused it, now {now.computed}")
+        return problems
+
+
+def _show(blocks: Sequence[int]) -> str:
+    """Block ids for a message: all of a few, the ends of many."""
+    if len(blocks) <= 8:
+        return str(list(blocks))
+    return f"[{', '.join(map(str, blocks[:4]))}, ..., {blocks[-1]}] ({len(blocks)} blocks)"

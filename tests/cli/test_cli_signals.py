@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -207,6 +209,58 @@ def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, cli
     assert len(lines) == 2, stderr  # the start line and that one
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     assert _launch_files(tmp, proc.pid) == []
+
+
+def _still_running(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `processes` still running (not gone, not a zombie) after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in processes:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ranks, tmpdir", [
+    ("processes", "short"), ("processes", "long"), ("threads", "short")])
+def test_sigkill_mid_run_leaves_no_process_and_no_temporary_file(tmp_path, clikit, ranks,
+                                                                 tmpdir):
+    """SIGKILL of the launcher mid-run. Rank processes die with it, its fork server and
+    resource tracker exit, and nothing is left in TMPDIR or /dev/shm. The fork server's
+    socket lives in a `pymp-*` directory that the killed launcher could not remove: the
+    fork server removes it as it exits. With a TMPDIR too long for that socket the ranks
+    are spawned and no such directory is made (one was, and left behind). Rank threads
+    die with the process; their guard record has no name to leave behind."""
+    out = tmp_path / "out"
+    short = Path(tempfile.mkdtemp(prefix="dyntra-test-", dir="/tmp"))
+    tmp = short if tmpdir == "short" else tmp_path / ("t" * 80)
+    try:
+        proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp,
+                      flags=("--transport", "process" if ranks == "processes" else "thread"))
+        log = out / "rank1.events.jsonl"
+        _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
+        helpers = psutil.Process(proc.pid).children()  # fork server, resource tracker
+        started = _ranks(proc)
+        assert len(started) == (2 if ranks == "processes" else 0)
+        fork_server = any("forkserver" in " ".join(p.cmdline()) for p in helpers)
+        assert fork_server == (ranks == "processes" and tmpdir == "short")
+        if fork_server:  # its socket's directory, to be removed
+            assert [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
+        proc.kill()
+        proc.communicate()
+
+        assert _still_running(started + helpers, timeout=30) == []
+        assert sorted(p.name for p in tmp.iterdir()) == []
+        assert _launch_files(tmp, proc.pid) == []
+        assert json.loads((out / "run.json").read_text())["state"] == "running"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 _SUBREAPER_SCRIPT = textwrap.dedent("""

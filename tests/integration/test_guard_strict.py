@@ -1,6 +1,8 @@
 """Strict mode in real clusters: the shared workloads (pauses, plan-limited admission, KV
-loads) run clean under it, and each invariant, broken on purpose inside one rank, stops
-the run with a ClusterError naming that rank, the iteration and the request."""
+loads) run clean under it, and the kit's own invariants (requests and KV blocks
+conserved), broken on purpose inside one rank, stop the run with a ClusterError naming
+that rank, the iteration and the request. DyntraLB's promises, broken the same way:
+test_strict_promises.py."""
 
 from __future__ import annotations
 
@@ -62,24 +64,7 @@ def _lose_request(engine, request_id):
     scheduler.add_request = add_request
 
 
-def _drop_kv_of_paused(engine, request_id):
-    policy = engine.scheduler.lb
-    pause = policy._pause_request
-
-    def pause_request(request):
-        pause(request)
-        engine.scheduler.kv_cache_manager.free(request)  # as a preemption would
-        request.num_computed_tokens = 0
-
-    policy._pause_request = pause_request
-
-
-def _admit_everything(engine, request_id):
-    engine.scheduler.lb.can_admit = lambda request: True
-
-
-SABOTAGE = {"leak": _leak_blocks_of_finished, "lose": _lose_request,
-            "unpause": _drop_kv_of_paused, "admit": _admit_everything}
+SABOTAGE = {"leak": _leak_blocks_of_finished, "lose": _lose_request}
 
 
 def sabotaged_target(ctx, args):
@@ -156,15 +141,3 @@ def test_a_request_lost_from_the_queues_is_named(tmp_path):
     assert err.message.endswith(
         "at iteration 0 (wave 0, step_counter 1): requests in flight and queues disagree: "
         "in no queue ['ghost'], queued but not in flight [], in two queues []")
-
-
-def test_a_paused_request_losing_its_kv_is_named(kit, tmp_path):
-    err = _run_sabotaged(_spec(kit.static_trace(2), tmp_path), 0, "unpause")
-    assert re.search(r": paused request '[\w-]+' is PREEMPTED and holds 0 KV blocks$",
-                     err.message)
-
-
-def test_admission_outside_the_plan_is_named(kit, tmp_path):
-    err = _run_sabotaged(_spec(kit.static_trace(2), tmp_path), 1, "admit")
-    assert re.search(r": request '[\w-]+' was admitted under a plan whose admission set "
-                     r"is \[.*\]$", err.message)

@@ -178,3 +178,36 @@ def test_an_edit_to_a_callee_in_another_file_compiles_the_kernel_anew(tmp_path):
     (tmp_path / "callee.py").write_text(
         "from numba import njit\n\n@njit(inline='always')\ndef f(x):\n    return x + 100\n")
     assert run() == "101 0 1"         # compiled anew from the edited callee
+
+
+def test_two_environments_over_one_checkout_keep_each_others_cached_kernel(tmp_path):
+    # The README's .venv and .venv-upstream differ in their prefix and their numba
+    # version; numba keeps one index per source file and drops an index another
+    # version wrote, so each switch compiled the planner anew (30-36 s). Here the
+    # other environment is this interpreter with another prefix and numba version.
+    (tmp_path / "kernel.py").write_text(textwrap.dedent("""
+        from dyntra_lb.planner_native import _cached_jit
+
+        def g(x):
+            return x + 1
+
+        g = _cached_jit(g, (__file__,))
+    """))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    other = ("import sys, numba; sys.prefix = '/opt/other-venv'; "
+             "numba.__version__ = '0.0.1'; ")
+    code = ("import kernel; print(kernel.g(1), "
+            "sum(kernel.g.stats.cache_hits.values()), sum(kernel.g.stats.cache_misses.values()))")
+
+    def run(prelude=""):
+        return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
+                              text=True, check=True, timeout=120, cwd=tmp_path,
+                              env=env).stdout.strip()
+
+    assert run() == "2 0 1"           # compiled in this environment
+    assert run(other) == "2 0 1"      # compiled in the other one
+    assert run() == "2 1 0"           # this one's kernel is still there
+    assert run(other) == "2 1 0"      # and the other one's
+    tags = {p.name.split(".")[-2] for p in (tmp_path / "cache").rglob("*.nbi")}
+    assert len(tags) == 2

@@ -114,6 +114,36 @@ def test_second_schedule_before_the_update_schedules_the_next_chunk():
     check_kv_conservation(scheduler)
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_paused_request_finishing_when_its_late_output_arrives_leaves_the_queues(policy):
+    """With async scheduling the output of a step arrives after the next ``schedule()``.
+    A request DyntraLB pauses in that next step, whose late output is its last token,
+    finishes while it waits: as in vLLM's ``update_from_output`` (and vllm-ascend's
+    ``_handle_stopped_request``) it leaves ``waiting`` and ``skipped_waiting`` too, and
+    the next ``schedule()`` runs without it (it raised KeyError scheduling it again)."""
+    scheduler = make_scheduler(dyntra_lb=True, policy=policy)
+    short, other = Request("short", 4, 2), Request("other", 12, 10)
+    scheduler.add_request(short)
+    scheduler.add_request(other)
+    step(scheduler, 0.0)                        # prefills: the first token of each
+    last = scheduler.schedule(1.0)              # short's last token is computed ...
+    assert last.num_scheduled_tokens == {"short": 1, "other": 1}
+    blocks = num_blocks(short.num_tokens, BS)
+    scheduler.lb.set_plan(Plan(out_blk=[blocks], in_blk=[], freeze=True))
+    paused = scheduler.schedule(2.0)            # ... and short is paused before it arrives
+    assert paused.paused_req_ids == ["short"]
+    assert short in scheduler.skipped_waiting
+    finished = scheduler.update_from_output(last, 2.0)
+    assert finished == [short] and short.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert short not in scheduler.waiting and short not in scheduler.skipped_waiting
+    assert "short" not in scheduler.requests and not scheduler.lb.paused_req_ids
+    scheduler.update_from_output(paused, 3.0)
+    scheduler.lb.clear_plan()
+    output, _ = step(scheduler, 3.0)
+    assert output.num_scheduled_tokens == {"other": 1}
+    check_kv_conservation(scheduler)
+
+
 def test_new_request_reported_once_and_running_first():
     scheduler = make_scheduler(max_num_batched_tokens=6)
     scheduler.add_request(Request("a", 5, 4))

@@ -53,6 +53,7 @@ def test_a_rank_skipping_the_all_gather_is_named_at_vllm_ascends_line(
     print(f"failed after {time.monotonic() - start:.1f} s (collective timeout "
           f"{COLLECTIVE_TIMEOUT_S:g} s)")
     err = info.value
+    print(err.message)  # the strict-mode note's "message it produced"
     assert err.message.startswith("collective mismatch")
     origin = f"dyntra_lb.allgather@{CORE.as_posix()}:{gather_line}"
     assert "rank 0 waits in seq" in err.message and origin in err.message

@@ -19,9 +19,10 @@ own (``docs/protocol.md`` describes the step).
 
 Each non-idle iteration appends one step record to the rank's event log (and the
 records of the requests it finished); wall-clock measurements go to the wall log. In
-strict mode the iteration then checks the invariants (``emu.impl.kit.invariants``). Every
-collective goes through the rank's ``emu.rank.recorder.CollectiveRecorder``; the clock, arrivals,
-faults, logs and stall watch are the rank harness's (``emu.rank.harness``).
+strict mode the checker sees what each ``schedule()`` did and the iteration then checks
+the invariants (``emu.impl.kit.invariants``). Every collective goes through the rank's
+``emu.rank.recorder.CollectiveRecorder``; the clock, arrivals, faults, logs and stall
+watch are the rank harness's (``emu.rank.harness``).
 """
 
 from __future__ import annotations
@@ -191,6 +192,8 @@ class EngineCore(RankHarness):
             return step
         now_s = step.clock_us / 1e6
         step.output = output = self.schedule(now_s)
+        if self.strict is not None:
+            self.strict.scheduled(output)
         step.executed = output.total_num_scheduled_tokens > 0
         if not step.executed:
             step.finished = tuple(scheduler.update_from_output(output, now_s))
@@ -273,7 +276,7 @@ class EngineCore(RankHarness):
                              balance.planner_s if balance is not None else None,
                              balance.collectives_s if balance is not None else None)
         if self.strict is not None:
-            self.strict.check(step.output, step.finished)
+            self.strict.check(step.balance, step.finished)
 
     def _step_record(self, step: _Step, plan_generated) -> StepRecord:
         scheduler = self.scheduler

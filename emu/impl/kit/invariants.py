@@ -1,45 +1,83 @@
-"""Strict mode: the kit engine's invariants, checked at the end of every non-idle
-iteration (after DyntraLB's hook, which may start KV loads).
+"""Strict mode for a kit rank, checked in every non-idle iteration: the kit engine's own
+invariants, and DyntraLB's promises (``emu.rank.invariants.PromiseChecker``, shared with
+``emu.impl.vllm_ascend.invariants``).
+
+The kit engine's own invariants, at the end of the iteration (after DyntraLB's hook,
+which may start KV loads):
 
 - requests are conserved: every arrived request is finished or in exactly one queue,
   and none finishes twice;
 - at most ``max_num_seqs`` run;
 - KV blocks are conserved: the pool's used blocks are the blocks the requests in flight
   hold, and a request holds blocks only while it runs, is paused, loads remote KV or
-  has computed tokens;
-- a DyntraLB-paused request keeps exactly the block ids it held when it was paused,
-  until it resumes;
-- while a plan is present, only its admission set is admitted.
+  has computed tokens.
 
-A violation raises ``emu.rank.invariants.InvariantError`` naming the rank, the iteration and the
-request. That every rank reaches each collective with the same descriptor,
-``step_counter`` and ``current_wave`` is checked across ranks by the launcher's
-watchdog (``emu.cluster.watchdog``).
+A violation raises ``emu.rank.invariants.InvariantError`` naming the rank, the iteration
+and the request.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dyntra_lb.blocks import block_counts
 from emu.impl.kit.scheduler import RequestStatus
-from emu.rank.invariants import PausedBlocks, admission_problems, violation
+from emu.rank.invariants import Held, IterationEnd, PromiseChecker, Scheduled, violation
 
 
 class StrictChecker:
-    """The checks of one kit rank (``engine`` is its ``emu.impl.kit.engine.EngineCore``)."""
+    """The checks of one kit rank (``engine`` is its ``emu.impl.kit.engine.EngineCore``): the
+    engine calls ``scheduled`` right after each ``schedule()`` and ``check`` at the end
+    of each non-idle iteration."""
 
     def __init__(self, engine: Any):
         self.engine = engine
         self._finished_ids: set[str] = set()
-        self._paused_blocks = PausedBlocks()
+        lb_enabled = engine.scheduler.lb is not None
+        self._promises = PromiseChecker(self._held) if lb_enabled else None
 
-    def check(self, output: Any, finished: tuple) -> None:
+    def scheduled(self, output: Any) -> None:
+        """What ``schedule()`` returned (``emu.impl.kit.scheduler.SchedulerOutput``)."""
+        if self._promises is None:
+            return
         scheduler = self.engine.scheduler
+        kv = scheduler.kv_cache_manager
+        resumed = {}
+        for rid in output.resumed_req_ids:  # computed tokens before this step's
+            computed = (scheduler.requests[rid].num_computed_tokens
+                        - output.num_scheduled_tokens.get(rid, 0))
+            resumed[rid] = Held(tuple(kv.get_blocks(rid)), computed)
+        self._promises.scheduled(Scheduled(
+            frozenset(r.request_id for r in scheduler.running),
+            frozenset(output.preempted_req_ids),
+            (*output.new_req_ids, *output.resumed_req_ids), resumed))
+
+    def check(self, balance: Any, finished: tuple) -> None:
+        """At the end of an iteration: ``balance`` is DyntraLB's part of it (its plan
+        generated, if any), ``finished`` the requests it finished."""
+        scheduler = self.engine.scheduler
+        if self._promises is not None:
+            for problem in self._promises.problems(self._iteration_end(scheduler, balance)):
+                self._violation(problem)
         self._requests_conserved(scheduler, finished)
         self._kv_conserved(scheduler)
-        if scheduler.lb is not None:
-            self._paused_keep_blocks(scheduler, output)
-            self._admission_within_plan(scheduler, output)
+
+    def _iteration_end(self, scheduler, balance) -> IterationEnd:
+        plan = balance.plan if balance is not None else None
+        block_size = scheduler.cache_config.block_size
+        candidates = scheduler.lb.admission_candidates if plan is not None else []
+        return IterationEnd(
+            self.engine.iteration, tuple(r.request_id for r in scheduler.running),
+            tuple(block_counts(scheduler.running, block_size)), plan,
+            tuple(zip((r.request_id for r in candidates),
+                      block_counts(candidates, block_size), strict=True)))
+
+    def _held(self, request_id: str) -> Held | None:
+        request = self.engine.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        kv = self.engine.scheduler.kv_cache_manager
+        return Held(tuple(kv.get_blocks(request_id)), request.num_computed_tokens)
 
     def _requests_conserved(self, scheduler, finished: tuple) -> None:
         requests = scheduler.requests
@@ -90,27 +128,6 @@ class StrictChecker:
             self._violation(f"KV blocks not conserved: the pool has {used} in use, the "
                             f"requests in flight hold {held_total}; blocks held by requests "
                             f"no longer in flight: {gone}")
-
-    def _paused_keep_blocks(self, scheduler, output) -> None:
-        kv = scheduler.kv_cache_manager
-        paused = scheduler.lb.paused_req_ids
-        for rid in paused:
-            request = scheduler.requests.get(rid)
-            if request is None:
-                self._violation(f"paused request {rid!r} is not in flight")
-            blocks = kv.get_blocks(rid)
-            if request.status != RequestStatus.PREEMPTED or not blocks:
-                self._violation(f"paused request {rid!r} is {request.status.name} and holds "
-                                f"{len(blocks)} KV blocks")
-        paused_now = output.paused_req_ids if output is not None else ()
-        for problem in self._paused_blocks.problems(paused_now, paused, kv.get_blocks):
-            self._violation(problem)
-
-    def _admission_within_plan(self, scheduler, output) -> None:
-        if output is not None:
-            admitted = (*output.new_req_ids, *output.resumed_req_ids)
-            for problem in admission_problems(admitted, scheduler.lb.admit_req_ids):
-                self._violation(problem)
 
     def _violation(self, what: str) -> None:
         engine = self.engine

@@ -423,6 +423,7 @@ class Scheduler:
         requests = self.requests
         inflight = self._inflight_prefills
         finished: list[Request] = []
+        finished_waiting: list[Request] = []
         acceptance = self.spec_decode
         scheduled_spec = output.scheduled_spec_decode_tokens
         for req_id in output.num_scheduled_tokens:
@@ -449,6 +450,8 @@ class Scheduler:
             else:
                 request.token_times_s.extend([now_s] * num_new)
             if request.num_output_tokens >= request.output_tokens:
+                if request.status != RequestStatus.RUNNING:
+                    finished_waiting.append(request)
                 request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                 request.finish_s = now_s
                 self._free_request(request)
@@ -458,6 +461,12 @@ class Scheduler:
         if finished:
             self.running[:] = [r for r in self.running if r.status == RequestStatus.RUNNING]
             self._finished_unreported = True
+        if finished_waiting:
+            # Paused (by DyntraLB) after the step whose output this is, as happens when
+            # the output arrives a step late (async scheduling): as vLLM, the finished
+            # request leaves the waiting queues too.
+            self.waiting.remove_requests(finished_waiting)
+            self.skipped_waiting.remove_requests(finished_waiting)
         return finished
 
     def _free_request(self, request: Request) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 
 from dyntra_lb.config import check_deployment
 from emu.impl import Implementation, planner_name
@@ -85,16 +86,15 @@ class VllmAscendImplementation(Implementation):
             core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
                                config.dyntra_lb.enable_diagnostics)
         variant = _variant(config, spec.dp_size, spec.async_scheduling)
-        with model_dir(max_model_len_of(spec)) as model_path:
-            vllm_config = build_vllm_config(
-                spec, rank=ctx.rank, variant=variant,
-                dyntra_lb_enabled=config.dyntra_lb.enabled, model_path=model_path,
-                additional_config=config.raw)
-            preset_ascend_config(vllm_config)
-            return EmulatedRank(
-                ctx, spec, vllm_config=vllm_config, core_module=core,
-                dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
-                planner=planner_name(spec.planner, spec.impl))
+        model_path = model_dir(pathlib.Path(spec.out_dir), max_model_len_of(spec))
+        vllm_config = build_vllm_config(
+            spec, rank=ctx.rank, variant=variant, dyntra_lb_enabled=config.dyntra_lb.enabled,
+            model_path=model_path, additional_config=config.raw)
+        preset_ascend_config(vllm_config)
+        return EmulatedRank(
+            ctx, spec, vllm_config=vllm_config, core_module=core,
+            dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
+            planner=planner_name(spec.planner, spec.impl))
 
     def describe(self, spec) -> dict:
         return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,

@@ -203,20 +203,30 @@ class _EmulatedEngine:
         start = time.perf_counter()
         try:
             if rank.plan_memo is None:
-                return self._plans(*args, **kwargs)
-            # The planner's arguments as bytes: lists of ints, one C call to make and compare.
-            key = pickle.dumps((args, sorted(kwargs.items())), pickle.HIGHEST_PROTOCOL)
-            plans = rank.plan_memo(key, lambda: pickle.dumps(self._plans(*args, **kwargs),
-                                                             pickle.HIGHEST_PROTOCOL))
-            return pickle.loads(plans)  # this rank's own copy
+                plans = self._plans(*args, **kwargs)
+            else:
+                # The planner's arguments as bytes: lists of ints, one C call to make and
+                # compare.
+                key = pickle.dumps((args, sorted(kwargs.items())), pickle.HIGHEST_PROTOCOL)
+                memo = rank.plan_memo(key, lambda: pickle.dumps(self._plans(*args, **kwargs),
+                                                                pickle.HIGHEST_PROTOCOL))
+                plans = pickle.loads(memo)  # this rank's own copy
         finally:
             rank.planner_s += time.perf_counter() - start
+        rank.plans = plans  # what strict mode holds the next schedule() to
+        return plans
 
     def _plans(self, *args, **kwargs):
         ours = self._emu_rank.our_planner
         if ours is not None:
             return [plan.to_dict() for plan in ours(*args, **kwargs)]
         return super()._balance_load(*args, **kwargs)
+
+    def _do_lb_allgather(self, admission_candidates):
+        """Production's method runs unchanged; strict mode keeps the admission candidates
+        it publishes (the plan's admission set is matched against them)."""
+        self._emu_rank.candidates = admission_candidates
+        return super()._do_lb_allgather(admission_candidates)
 
 
 def _pure_planner(core_module, our_planner) -> bool:
@@ -310,7 +320,8 @@ class EmulatedRank(RankHarness):
         self._finished: list[_RequestRecord] = []
         self.planner_s = 0.0
         self.collectives_s = 0.0
-        self._admit_ids = None  # the admission set schedule() ran under (None: no plan)
+        self.plans = None  # the plans _balance_load returned in this iteration
+        self.candidates: list = []  # the admission candidates _do_lb_allgather published
 
     # ------------------------------------------------------------------ forward
 
@@ -319,6 +330,8 @@ class EmulatedRank(RankHarness):
         self._begin_step()
         now_s = self.clock_us / 1e6
         self._note_schedule(scheduler_output, now_s)
+        if self.strict is not None:
+            self.strict.scheduled(scheduler_output)
         scheduler = self.scheduler
         total = scheduler_output.total_num_scheduled_tokens
         if total > 0:
@@ -380,8 +393,6 @@ class EmulatedRank(RankHarness):
                 if pauses and pauses[-1][1] is None:
                     pauses[-1][1] = now_s
         self._preempted = sorted(scheduler_output.preempted_req_ids or ())
-        admit = getattr(self.scheduler, "_lb_admit_req_ids", None)
-        self._admit_ids = set(admit) if admit is not None else None
 
     def on_output(self, output) -> None:
         """A request's output (``OutputSink``), stamped with the end of the forward that
@@ -416,7 +427,8 @@ class EmulatedRank(RankHarness):
                              self.planner_s if self.dyntra_lb else None,
                              self.collectives_s if self.dyntra_lb else None)
         if self.strict is not None:
-            self.strict.check(self._paused, self._admitted + self._resumed, self._admit_ids)
+            self.strict.check(None if self.plans is None else self.plans[self.dp_rank],
+                              self.candidates)
         self.iteration += 1
         self._running_ids = [r.request_id for r in scheduler.running]
         self._new_iteration()

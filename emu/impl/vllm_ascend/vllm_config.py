@@ -1,10 +1,11 @@
 """The ``VllmConfig`` of one emulated decode rank, built from a ``RunSpec``.
 
 vLLM needs a model to build its config; no weights are ever loaded, so a directory with
-a small Hugging Face ``config.json`` of a MoE model stands in for it (MoE, because vLLM
-runs ``DPEngineCoreProc`` — the class DyntraLB replaces — only for MoE models; a GLM-4.5
-MoE with one MTP layer, so that a cost profile with draft tokens becomes vLLM's own
-speculative config, ``method="mtp"``, see ``speculative_config``). The
+a small Hugging Face ``config.json`` of a MoE model (``vllm-model/`` in the run's output
+directory) stands in for it (MoE, because vLLM runs ``DPEngineCoreProc`` — the class
+DyntraLB replaces — only for MoE models; a GLM-4.5 MoE with one MTP layer, so that a cost
+profile with draft tokens becomes vLLM's own speculative config, ``method="mtp"``, see
+``speculative_config``). The
 scheduler settings are the same flags the kit uses; the KV pool is fixed with
 ``num_gpu_blocks_override`` (one block more than the kit's pool: vLLM reserves block 0
 as its null block); the node is a P/D decode node (``kv_role="kv_consumer"``) whose
@@ -15,10 +16,8 @@ connector is the emulated one of ``emu.impl.vllm_ascend.connector``; the user's
 from __future__ import annotations
 
 import json
+import os
 import pathlib
-import shutil
-import tempfile
-from contextlib import contextmanager
 
 from emu.impl.vllm_ascend.connector import CONNECTOR_NAME, register_connector
 
@@ -55,16 +54,19 @@ def _model_config_json(max_model_len: int) -> dict:
     }
 
 
-@contextmanager
-def model_dir(max_model_len: int):
-    """A temporary model directory; vLLM reads it while the config and the engine are
-    built, and it is removed right after."""
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dyntra-emu-model-"))
-    try:
-        (path / "config.json").write_text(json.dumps(_model_config_json(max_model_len)))
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def model_dir(out_dir: pathlib.Path, max_model_len: int) -> pathlib.Path:
+    """The model directory vLLM reads while the config and the engine are built:
+    ``vllm-model/`` in the run's output directory, which keeps it as a record of the
+    model vLLM was given. (It was a temporary directory removed after the build; a rank
+    stopped while it built, e.g. because another rank failed, left it in TMPDIR.) Every
+    rank writes the same ``config.json``, each through a file of its own renamed into
+    place, so a rank never reads a half-written one."""
+    path = out_dir / "vllm-model"
+    path.mkdir(exist_ok=True)
+    mine = path / f".config.json.{os.getpid()}"
+    mine.write_text(json.dumps(_model_config_json(max_model_len)))
+    os.replace(mine, path / "config.json")
+    return path
 
 
 def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,

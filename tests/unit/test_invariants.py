@@ -1,0 +1,101 @@
+"""The promise checks of strict mode (``emu.rank.invariants``) as pure logic: how a plan
+is expected to apply, and what the checker makes of what a scheduler did. (In real
+ranks, with each promise broken: tests/integration/test_strict_promises.py and
+tests/upstream/test_vllm_ascend_promises.py.)"""
+
+from __future__ import annotations
+
+from dyntra_lb.planner import Plan
+from emu.rank.invariants import (
+    Held,
+    IterationEnd,
+    PromiseChecker,
+    Scheduled,
+    admission_set,
+    plan_pauses,
+)
+
+
+def test_out_blk_pauses_by_block_count_in_running_order_each_value_once():
+    running, counts = ("a", "b", "c", "d"), (5, 3, 5, 9)
+    assert plan_pauses([5], running, counts) == ["a"]
+    assert plan_pauses([5, 5, 3], running, counts) == ["a", "b", "c"]
+    assert plan_pauses([7, 9], running, counts) == ["d"]  # 7 matches nothing
+    assert plan_pauses([], running, counts) == []
+
+
+def test_the_admission_set_is_in_blk_matched_against_the_candidates_in_order():
+    candidates = (("x", 4), ("y", 2), ("z", 4))
+    assert admission_set(None, candidates) is None
+    assert admission_set(Plan([], [4], freeze=True), candidates) == set()
+    assert admission_set(Plan([], [4], False), candidates) == {"x"}
+    assert admission_set(Plan([1], [4, 4, 8], False), candidates) == {"x", "z"}
+
+
+class Rank:
+    """What a checked rank holds, and the checker fed by a test iteration by iteration."""
+
+    def __init__(self):
+        self.held: dict[str, Held] = {}
+        self.checker = PromiseChecker(self.held.get)
+        self.iteration = 0
+
+    def end(self, running, counts, plan=None, candidates=()) -> list[str]:
+        problems = self.checker.problems(IterationEnd(
+            self.iteration, tuple(running), tuple(counts), plan, tuple(candidates)))
+        self.iteration += 1
+        return problems
+
+    def schedule(self, running, preempted=(), admitted=(), resumed=None) -> None:
+        self.checker.scheduled(Scheduled(frozenset(running), frozenset(preempted),
+                                         tuple(admitted), resumed or {}))
+
+
+def test_a_pause_that_keeps_its_kv_and_resumes_where_it_stopped_passes():
+    rank = Rank()
+    rank.held.update(a=Held((1, 2), 20), b=Held((3,), 10))
+    assert rank.end(["a", "b"], [2, 1], Plan([2], [], False)) == []
+    rank.schedule(["b"])                                        # a paused
+    assert rank.end(["b"], [1]) == []
+    rank.held["a"] = Held((1, 2, 4), 20)                        # a new block for the token
+    rank.schedule(["a", "b"], admitted=["a"], resumed={"a": Held((1, 2, 4), 20)})
+    assert rank.end(["a", "b"], [2, 1]) == []
+
+
+def test_a_kv_preemption_is_no_pause_and_unplanned_stops_are():
+    rank = Rank()
+    rank.held.update(a=Held((1,), 5), b=Held((2,), 5))
+    assert rank.end(["a", "b"], [1, 1], Plan([], [], False)) == []
+    rank.schedule(["a"], preempted=["b"])
+    assert rank.end(["a"], [1]) == []
+    rank.schedule([])
+    (problem,) = rank.end([], [])
+    assert problem.startswith("request 'a' stopped running at iteration 2 without a KV "
+                              "preemption, but no plan (none was generated at iteration 1)")
+
+
+def test_what_a_paused_request_holds_is_compared_with_before_the_pause():
+    rank = Rank()
+    rank.held.update(a=Held((1, 2), 20))
+    rank.end(["a"], [2], Plan([2], [], True))
+    rank.held["a"] = Held((7, 8), 20)                           # moved during the pause
+    rank.schedule([])
+    (problem,) = rank.end([], [])
+    assert problem == ("paused request 'a' held KV blocks [1, 2] before iteration 1 "
+                       "paused it, now [7, 8]")
+    rank.held["a"] = Held((1, 2), 0)
+    rank.schedule([])
+    (problem,) = rank.end([], [])
+    assert problem == ("paused request 'a' had 20 computed tokens before iteration 1 "
+                       "paused it, now 0")
+
+
+def test_a_paused_request_that_finishes_while_paused_is_forgotten():
+    rank = Rank()
+    rank.held.update(a=Held((1,), 3))
+    rank.end(["a"], [1], Plan([1], [], True))
+    rank.schedule([])
+    rank.end([], [])
+    del rank.held["a"]                                          # its late output finished it
+    rank.schedule([])
+    assert rank.end([], []) == []
