@@ -49,7 +49,7 @@ class StrictChecker:
         scheduler = rank.scheduler
         if self._promises is not None:
             running = scheduler.running
-            block_size = rank.block_size
+            block_size = rank.spec.block_size
             end = IterationEnd(
                 rank.iteration, tuple(r.request_id for r in running),
                 tuple(block_counts(running, block_size)),
