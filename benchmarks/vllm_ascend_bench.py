@@ -63,8 +63,10 @@ def startup(side: str, dp: int, out: pathlib.Path) -> dict:
              for i in range(4 * dp)]
     times = {}
     for name in ("first", "again"):
+        # Ranks that import vLLM each (per-rank) meet in their first collective only once
+        # the slowest import ends: minutes at dp 8 on 2 loaded cores.
         spec = _spec(trace, dp, out / name, "process", block_size=BLOCK_SIZE,
-                     num_gpu_blocks=512, max_num_seqs=4)
+                     num_gpu_blocks=512, max_num_seqs=4, collective_timeout_s=900.0)
         start = time.perf_counter()
         run_cluster(spec)
         times[name] = time.perf_counter() - start
@@ -127,7 +129,8 @@ def main() -> int:
     print(machine_line(f"--impl vllm-ascend, {args.table}, {args.repeats} samples per side"))
     identical = True
     header = " | ".join(f"{s} {k} s" for k in keys for s in sides)
-    ratio = f" | ratio {sides[0]}/{sides[1]}" * len(keys) if len(sides) == 2 else ""
+    ratio = ("".join(f" | ratio {sides[0]}/{sides[1]} {k}" for k in keys)
+             if len(sides) == 2 else "")
     print(f"| dp | {header}{ratio} | peak MB |")
     with tempfile.TemporaryDirectory(prefix="vllm-ascend-bench-") as tmp:
         for dp in args.dp:

@@ -44,11 +44,14 @@ Observe = Callable[[str, str, torch.Tensor, Callable[[], Any]], Any]
 
 class BalanceStep(NamedTuple):
     """What DyntraLB did in one iteration: this rank's plan generated (None when no
-    all-gather ran), and the wall time of the planner and of DyntraLB's collectives."""
+    all-gather ran), the wall time of the planner and of DyntraLB's collectives, and the
+    gathered snapshot the planner ran on (``requests_by_rank``, None without an
+    all-gather; views of the receive buffers, valid until the next all-gather)."""
 
     plan: Plan | None
     planner_s: float
     collectives_s: float
+    requests_by_rank: list | None = None
 
 
 _NO_BALANCE = BalanceStep(None, 0.0, 0.0)
@@ -269,7 +272,7 @@ class DyntraLBCoordinator:
 
         plan = plans[self.dp_rank]
         self.policy.set_plan(plan)
-        self._step = BalanceStep(plan, planner_s, self._step.collectives_s)
+        self._step = BalanceStep(plan, planner_s, self._step.collectives_s, requests_by_rank)
         return has_new_long
 
     def _plan(self, requests_by_rank: list) -> list[Plan]:
@@ -297,8 +300,7 @@ class DyntraLBCoordinator:
         else:
             self._observe(site, op, tensor, fn)
         step = self._step
-        self._step = BalanceStep(step.plan, step.planner_s,
-                                 step.collectives_s + time.perf_counter() - start)
+        self._step = step._replace(collectives_s=step.collectives_s + time.perf_counter() - start)
 
     def _all_reduce_flag(self) -> None:
         self._flag.to_device()

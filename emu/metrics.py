@@ -150,8 +150,8 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     config and engine settings) and `seed` are recorded as given by the caller."""
     dp = run.dp_size
     n_steps = len(run.steps[0]) if run.steps else 0
-    virtual_time_s = max((s["clock_s"] + s["step_time_s"] for rank in run.steps for s in rank),
-                         default=0.0)
+    virtual_time_s = max((s["clock_s"] + s["step_time_s"] + _charged_s(s)
+                          for rank in run.steps for s in rank), default=0.0)
     busy_time_s = sum(s["step_time_s"] for s in run.steps[0]) if n_steps else 0.0
 
     series = step_series(run)
@@ -187,7 +187,9 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
             "max_running_blocks": max((s["running_blocks"] for s in rank_steps), default=0),
         })
 
+    control = control_plane(run, busy_time_s)
     return {
+        **({} if control is None else {"control_plane": control}),
         "schema_version": SCHEMA_VERSION,
         "config": config,
         "seed": seed,
@@ -243,13 +245,47 @@ def bubble_ratio(run: Run) -> float | None:
     return _ratio(waiting, total)
 
 
+def _charged_s(step: dict) -> float:
+    """What DyntraLB's control plane charged after this step (0 when not recorded)."""
+    control = step.get("control_plane")
+    return control["charged_s"] if control is not None else 0.0
+
+
+def control_plane(run: Run, busy_time_s: float) -> dict | None:
+    """DyntraLB's control plane in virtual time (the step records' ``control_plane``,
+    the same on every rank; None when the run's profile did not charge it): the total
+    charged, its collectives and planner parts (before any overlap with the forward
+    under async scheduling), the steps that planned and the mean charge of such a step,
+    and the share of the busy time (forwards plus control plane) it took.
+    ``planner_cost`` "measured" (``--planner-cost measured``): the planner was charged
+    its measured wall time, so the run is not deterministic."""
+    steps = run.steps[0] if run.steps else []
+    if not steps or "control_plane" not in steps[0]:
+        return None
+    charges = [s["control_plane"] for s in steps]
+    total = sum(c["charged_s"] for c in charges)
+    active = [c["charged_s"] for s, c in zip(steps, charges, strict=True) if s["lb_active"]]
+    measured = any(c.get("planner_measured") for c in charges)
+    return {
+        "total_s": total,
+        "collectives_s": sum(c["collectives_s"] for c in charges),
+        "planner_s": sum(c["planner_s"] for c in charges),
+        "active_steps": len(active),
+        "per_active_step_ms": _ratio(sum(active) * 1e3, len(active)),
+        "busy_share": _ratio(total, busy_time_s + total),
+        "planner_cost": "measured" if measured else "model",
+        "deterministic": not measured,
+    }
+
+
 def headroom(run: Run, output_tokens: int, virtual_time_s: float,
              busy_time_s: float) -> dict:
     """How much a perfect balancer could gain on these steps, after TensorRT-LLM's
     attention-DP "balance ratio" and "speed-of-light throughput" (its ADP Balance
     Strategy blog): per step, the balance ratio is mean over max of the ranks' work (here
     their own step cost), and a perfectly balanced step would take max x ratio = the mean
-    own cost. Idle gaps between waves stay as they are."""
+    own cost. Idle gaps between waves and DyntraLB's control plane between steps stay as
+    they are."""
     per_step = list(zip(*run.steps, strict=True)) if run.steps else []
     ratios = []
     sol_busy_s = 0.0

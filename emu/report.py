@@ -26,7 +26,8 @@ _STATS = ("p50", "p90", "p99", "mean")
 # Top-level metrics in the order the A/B table lists them; keys not named here follow
 # in sorted order. `config`, `seed` and `schema_version` are not metrics.
 _AB_ORDER = (
-    "throughput_tok_s", "bubble_ratio", "balance_ratio", "balance_steps", "headroom", "steps",
+    "throughput_tok_s", "bubble_ratio", "balance_ratio", "balance_steps", "headroom",
+    "control_plane", "steps",
     "virtual_time_s", "busy_time_s", "requests_finished", "requests_total",
     "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "pauses",
     "plan_churn", "per_rank",
@@ -253,7 +254,25 @@ def headroom_summary(a: dict, b: dict, labels=("A", "B")) -> list[str]:
              f"{tb:.1f} tok/s ({got / ta * 100:+.1f} %)"]
     if possible > 0:
         lines[0] += f", {got / possible * 100:.0f} % of that headroom"
+    control = b.get("control_plane")
+    if control and control["total_s"] and b.get("output_tokens"):
+        gross = b["output_tokens"] / (b["virtual_time_s"] - control["total_s"])
+        lines.append(f"  {labels[1]}'s figure is net of DyntraLB's control plane, "
+                     f"{_control_text(control)}; the same steps without that charge: "
+                     f"{gross:.1f} tok/s ({(gross - ta) / ta * 100:+.1f} %; a run without "
+                     f"it may take other steps)")
     return lines
+
+
+def _control_text(control: dict) -> str:
+    """DyntraLB's control plane of a run in one phrase (metrics' ``control_plane``)."""
+    per_step = control["per_active_step_ms"]
+    text = (f"{control['total_s']:.3f} s of virtual time ("
+            + ("" if per_step is None else f"{per_step:.3f} ms per planning step, ")
+            + f"{_pct(control['busy_share'])} of busy time)")
+    if not control["deterministic"]:
+        text += ", the planner at its measured wall time (not deterministic)"
+    return text
 
 
 def _cost_model_name(m: dict) -> str:
@@ -272,6 +291,9 @@ def _lb_rows(m: dict) -> list[tuple]:
         ("pause duration p50 / p99", f"{_num(pauses['duration_ms']['p50'], 1)} / "
                                      f"{_num(pauses['duration_ms']['p99'], 1)} ms"),
     ]
+    control = m.get("control_plane")
+    if control is not None:
+        rows.append(("control plane (virtual time)", _control_text(control)))
     wall = m.get("wall") or {}
     for key, label in (("planner_ms", "planner wall time per step"),
                        ("lb_comm_ms", "DyntraLB collectives per step")):

@@ -12,5 +12,9 @@ LOCKSTEP_SITE = "engine.lockstep"
 # vLLM's DP-state all-reduce every 32nd step (whether any rank has unfinished work).
 DP_SYNC_SITE = "engine.dp_sync"
 
-# In the order a step can enter them.
+# --planner-cost measured only: the emulator's MAX all-reduce of each rank's planner wall
+# time on the DP group, so every rank charges the slowest (emu.rank.control_plane).
+PLANNER_COST_SITE = "emu.planner_cost"
+
+# In the order a step can enter them (the faults' sites: PLANNER_COST_SITE is not one).
 COLLECTIVE_SITES = (LOCKSTEP_SITE, DP_SYNC_SITE, FLAG_SITE, ALLGATHER_SITE)

@@ -34,6 +34,7 @@ from emu.impl.kit.scheduler import SCHEDULING_POLICIES
 from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
 from emu.knobs import Choice, Int, Knob, NonNegativeSeconds, Seconds, Switch, Text, knob
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
+from emu.rank.control_costs import PLANNER_COSTS
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.workload import ROUTERS, TraceRequest
 
@@ -102,6 +103,11 @@ class RunSpec:
         "(in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
         "_balance_load, --impl vllm-ascend only)",
         shown_default="the impl's own: reference for kit, vllm-ascend for vllm-ascend")
+    planner_cost: str = knob(
+        "model", Choice(PLANNER_COSTS),
+        "how DyntraLB's planner is charged in virtual time: model (the cost profile's "
+        "control_plane terms, deterministic) or measured (each planner call's measured "
+        "wall time, the slowest rank's; not deterministic, a what-if)")
     async_scheduling: bool = knob(
         False, Switch(),
         "vLLM's async scheduling (the Async* DyntraLB scheduler; --impl vllm-ascend only)")
@@ -355,6 +361,11 @@ def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
             f"runs every rank on the CPU; {names.setting('device', 'npu')} needs rank "
             f"processes (use {names.setting('device', 'cpu')} or "
             f"{names.setting('device', 'auto')})"))
+    if spec.planner_cost == "measured" and spec.cost_model.control_plane is None:
+        problems.append(Problem(
+            "planner_cost", names.where("planner_cost"),
+            f"charges the planner's wall time to DyntraLB's control plane, but "
+            f"{names.where('cost_model')} has it off (control_plane null)"))
     return problems
 
 

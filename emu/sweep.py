@@ -7,8 +7,8 @@ Every ``--grid KEY=V1,V2,...`` names a ``dyntra_lb_config`` key (``mode`` among 
 its values; the grid is their product, each point the base ``--additional-config`` with
 those keys set (and DyntraLB enabled). The baseline is the base config with DyntraLB
 off. All runs share the workload, engine settings and seed, and run on the thread
-transport (``emu.cluster.threads``), ``--jobs`` at a time, each in a process of its own. Then
-``DIR`` holds:
+transport (``emu.cluster.threads``), on an executor (``emu.executors``: ``--jobs`` job
+processes on this machine, or Ray tasks with ``--executor ray``). Then ``DIR`` holds:
 
 - ``sweep.json``, ``sweep.csv``, ``summary.md``: one row per config with throughput, DP
   bubble, balance, TPOT p50/p99, TTFT p90 and pauses, each with its change against the
@@ -22,24 +22,19 @@ transport (``emu.cluster.threads``), ``--jobs`` at a time, each in a process of 
 The best config is printed as a ready ``--additional-config`` JSON.
 
 This module is the sweep itself, below the CLI: the grid, each point's RunSpec (the
-base spec with the point's config), the runs (``emu.run.run`` in job processes, so each
-run records its config as any other run of that spec), the table and the plots. The
-command (``emu.cli.sweep``) checks the specs, shows progress through ``run_points``'s
-callback and turns its errors (ValueError, ``SweepFailed``, ``SweepInterrupted``) into
-the CLI's.
+base spec with the point's config), the table and the plots. The command
+(``emu.cli.sweep``) checks the specs and runs them as a batch (``emu.cli.batch``: each
+one ``emu.run.run`` on the executor, so each run records its config as any other run of
+that spec).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import csv
 import dataclasses
 import itertools
 import json
-import multiprocessing
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig
@@ -150,91 +145,6 @@ def point_spec(base: RunSpec, point: Point, out_dir: Path) -> RunSpec:
     thread transport) with the point's config, run into ``out_dir``/runs/<name>."""
     return dataclasses.replace(base, additional_config=point.config,
                                out_dir=out_dir / "runs" / point.name)
-
-
-# ----------------------------------------------------------------------- running
-
-
-class SweepFailed(RuntimeError):
-    """A run of the sweep failed; the runs under way and the queued ones were stopped.
-    The message names the run and where its report is."""
-
-
-class SweepInterrupted(Exception):
-    """SIGINT or SIGTERM (the ``KeyboardInterrupt``, ``__cause__``) stopped the sweep
-    after ``finished`` of ``total`` runs; the runs under way were stopped."""
-
-    def __init__(self, finished: int, total: int):
-        super().__init__(f"{finished} of {total} runs finished")
-        self.finished = finished
-        self.total = total
-
-
-# In a job process: the sweep's stop event (``_start_job``), set once the sweep stops
-# early (a failed run, SIGINT, SIGTERM).
-_stop_event: Any = None
-
-
-def _start_job(stop_event) -> None:
-    """A job process's initializer."""
-    global _stop_event
-    _stop_event = stop_event
-
-
-def _run_point(spec: RunSpec) -> dict:
-    """In a job process: one run of the sweep (``emu.run.run``, which writes its
-    metrics.json); returns the metrics, or {"error": text} when the cluster failed,
-    {"stopped": True} when the sweep stopped before the run started."""
-    if _stop_event.is_set():
-        return {"stopped": True}
-    from emu.cluster.supervision import ClusterError
-    from emu.run import run
-
-    try:
-        return run(spec).metrics
-    except ClusterError as exc:
-        (Path(spec.out_dir) / "error.txt").write_text(str(exc) + "\n")
-        return {"error": f"rank {exc.rank} failed: {exc.message}" if exc.rank is not None
-                else exc.message}
-
-
-def run_points(points: list[Point], specs: list[RunSpec], jobs: int,
-               on_done: Callable[[Point], None]) -> dict[str, dict]:
-    """Run every point's (checked) spec, ``jobs`` at a time, each in a fresh process,
-    calling ``on_done(point)`` as each run finishes; returns the metrics by point name.
-    A failed run stops the sweep (SweepFailed), SIGINT or SIGTERM too
-    (SweepInterrupted); either stops the runs under way."""
-    results: dict[str, dict] = {}
-    context = multiprocessing.get_context("spawn")
-    stop_event = context.Event()
-    with concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, max_tasks_per_child=1,
-            initializer=_start_job, initargs=(stop_event,)) as pool:
-        futures = {pool.submit(_run_point, spec): (p, spec)
-                   for p, spec in zip(points, specs, strict=True)}
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                point, spec = futures[future]
-                metrics = future.result()
-                if "error" in metrics:
-                    raise SweepFailed(
-                        f"run {point.name} ({point.label}) failed: {metrics['error']}; "
-                        f"report in {Path(spec.out_dir) / 'error.txt'}")
-                results[point.name] = metrics
-                on_done(point)
-        except BaseException as exc:  # a failed run, SIGINT, SIGTERM
-            # Runs not started yet end at once (the pool may have handed some to a job
-            # process already); the runs under way stop their clusters as on SIGTERM and
-            # record themselves as interrupted (run.json).
-            stop_event.set()
-            for future in futures:
-                future.cancel()
-            for job in multiprocessing.active_children():
-                job.terminate()
-            if not isinstance(exc, KeyboardInterrupt):
-                raise
-            raise SweepInterrupted(len(results), len(points)) from exc
-    return results
 
 
 # ----------------------------------------------------------------------- the table

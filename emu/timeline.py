@@ -13,7 +13,9 @@ threads, as vLLM splits a step between the engine core and its scheduler:
   rank in the lockstep collective (``step_time - own_cost``; none when this rank was the
   slowest); at the step's end the other collectives it entered (``engine.dp_sync``,
   ``dyntra_lb.flag``, ``dyntra_lb.allgather``) and ``plan generated`` (the plan
-  DyntraLB made for the next step) as instants.
+  DyntraLB made for the next step) as instants, then a ``DyntraLB control plane`` slice
+  for the virtual time its collectives and planner were charged before the next step
+  (none when the cost profile has the control plane off, or it charged nothing).
 - ``scheduler``: at the step's start what ``schedule()`` did: ``plan applied``,
   ``admit``, ``pause``, ``resume``, ``preempt``; at its end ``finish``. The request ids
   are in each instant's args.
@@ -139,6 +141,11 @@ def _rank_events(rank: int, steps: list[dict]) -> list[dict]:
         if s["plan_generated"] is not None:
             events.append(_instant("plan generated", "dyntra_lb", pid, engine, end,
                                    {"iter": s["iter"], **s["plan_generated"]}))
+        control = s.get("control_plane")
+        if control is not None and control["charged_s"] > 0:
+            events.append({"ph": "X", "name": "DyntraLB control plane", "cat": "dyntra_lb",
+                           "pid": pid, "tid": engine, "ts": end, "dur": us(control["charged_s"]),
+                           "cname": "yellow", "args": {"iter": s["iter"], **control}})
     return events
 
 

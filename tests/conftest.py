@@ -12,6 +12,7 @@ the example database in ``.hypothesis/``, for hunting new failures locally:
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, database=None, max_examples=300,
@@ -45,3 +46,16 @@ def pytest_terminal_summary(terminalreporter):
                report.longrepr[2]}
     for reason in sorted(reasons):
         terminalreporter.write_line(reason.removeprefix("Skipped: "))
+
+
+@pytest.fixture
+def ray_installed():
+    """The tests of ``--executor ray`` need Ray (``pip install -e '.[ray]'``); without it
+    they are skipped with that reason, unless DYNTRA_RAY_REQUIRED=1 (what .ci/run sets,
+    having installed it) makes that an error."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if os.environ.get("DYNTRA_RAY_REQUIRED") == "1":
+            pytest.fail("Ray is required here (DYNTRA_RAY_REQUIRED=1): pip install -e '.[ray]'")
+        pytest.skip("Ray not installed: pip install -e '.[ray]'")

@@ -13,6 +13,13 @@ from pathlib import Path
 from dyntra_lb.config import unknown_keys
 from emu.ab_seeds import FILE_NAME as AB_FILE
 from emu.ab_seeds import write_ab_json
+from emu.cli.batch import (
+    add_executor_options,
+    batch_executor,
+    check_executor_flags,
+    describe_executor,
+    run_batch,
+)
 from emu.cli.errors import PROG, UsageError
 from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
 from emu.cli.inputs import (
@@ -25,6 +32,7 @@ from emu.cli.inputs import (
     warn_ignored_keys,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.progress import note
 from emu.cli.running import resolve_launch, run_one
 from emu.impl import PLANNERS
 from emu.knobs import Int
@@ -43,6 +51,8 @@ examples:
   dyntra-emu ab --impl vllm-ascend --vllm-ascend-a ~/src/va-base --vllm-ascend-b ~/src/va \\
       --workload recipe:pr12292,n=300 --seeds 5 --dp 8 --block-size 2048 --transport thread
       a vllm-ascend branch (B) against its base (A): same trace, config and seeds
+  dyntra-emu ab --workload recipe:pr12292,n=300 --seeds 5 --executor ray
+      the A/B on 5 seeds, its 10 runs as Ray tasks on a local Ray
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
 a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
@@ -151,23 +161,36 @@ def cmd_ab(args) -> int:
     pairs = _pairs(args, launch, sources, seeds, out_dir, trees)
     warn_ignored_keys("ab", ignored_keys(
         [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
-    subdirs = RUN_DIRS if args.seeds is None else tuple(
-        f"seed{s}/{name}" for s in seeds for name in RUN_DIRS)
-    prepare_out_dir(out_dir, args.overwrite, subdirs)
+    about = [] if trees is None else tree_lines(trees)
+    if args.seeds is not None:
+        # Each run of the batch has a fresh process of its own (a local job, a Ray task
+        # with max_calls=1): two trees on rank threads never meet in one process.
+        results = _run_seeds(args, seeds, pairs, labels, out_dir)
+        return _report_seeds(args, seeds, results, labels, launch.dp, out_dir, about, trees)
+    prepare_out_dir(out_dir, args.overwrite, RUN_DIRS)
     # Rank threads import their tree into the process that hosts them, which can hold
     # one tree: with two trees, each run gets a fresh process of its own.
     apart = trees is not None and args.transport == "thread"
-    results = []
-    for seed, pair in zip(seeds, pairs, strict=True):
-        prefix = "" if args.seeds is None else f"seed {seed} "
-        results.append([run_one(args, spec, config, launch,
-                                f"{prefix}{name.upper()} ({label})", apart=apart)
-                        for (spec, config), name, label in zip(pair, RUN_DIRS, labels,
-                                                               strict=True)])
-    about = [] if trees is None else tree_lines(trees)
-    if args.seeds is not None:
-        return _report_seeds(args, seeds, results, labels, launch.dp, out_dir, about, trees)
-    return _report(pairs[0], results[0], labels, out_dir, about)
+    metrics = [run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
+               for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
+    return _report(pairs[0], metrics, labels, out_dir, about)
+
+
+def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
+    """Every run of ``ab --seeds`` as one batch on the executor (``emu.cli.batch``);
+    returns [metrics of A, metrics of B] per seed."""
+    specs = [spec for pair in pairs for spec, _ in pair]
+    names = [f"seed{seed}/{name} ({label})" for seed in seeds
+             for name, label in zip(RUN_DIRS, labels, strict=True)]
+    with batch_executor(args, specs) as executor:
+        prepare_out_dir(out_dir, args.overwrite,
+                        tuple(f"seed{s}/{name}" for s in seeds for name in RUN_DIRS))
+        note(args, f"ab: {len(seeds)} seeds x 2 runs of {args.workload}, {specs[0].dp_size} "
+                   f"ranks, {describe_executor(args)}, {specs[0].transport} transport; "
+                   f"writing {out_dir}")
+        metrics = run_batch(args, executor, specs, names, "ab --seeds",
+                            f"{out_dir}/seed<s>/a and b/")
+    return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
 def _report(pair, metrics, labels, out_dir: Path, about: list[str]) -> int:
@@ -197,8 +220,8 @@ def _report(pair, metrics, labels, out_dir: Path, about: list[str]) -> int:
     for line in headroom_summary(metrics[0], metrics[1], labels):
         print(line)
     for label, m in zip(labels, metrics, strict=True):
-        for note in no_effect_notes(m):
-            print(f"note ({label}): {note}")
+        for text in no_effect_notes(m):
+            print(f"note ({label}): {text}")
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
     return 0
@@ -224,8 +247,8 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
     table = seed_table(pairs)
     stats = seed_metric_stats(pairs)
     headroom = seeds_headroom(pairs, labels)
-    notes = [f"(seed {seed}, {label}) {note}" for seed, *metrics in pairs
-             for label, m in zip(labels, metrics, strict=True) for note in no_effect_notes(m)]
+    notes = [f"(seed {seed}, {label}) {text}" for seed, *metrics in pairs
+             for label, m in zip(labels, metrics, strict=True) for text in no_effect_notes(m)]
     plots = []
     for seed in seeds:
         seed_dir = out_dir / f"seed{seed}"
@@ -241,8 +264,8 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
     print()
     for line in headroom:
         print(line)
-    for note in notes:
-        print(f"note {note}")
+    for text in notes:
+        print(f"note {text}")
     write_ab_seeds_summary_md(
         out_dir / "summary.md", title=f"dyntra-emu ab --seeds {args.seeds}: "
         f"{args.workload}, dp={dp}", labels=labels, about=about, key_table=table,
@@ -268,6 +291,9 @@ def _ab_headline(a: dict, b: dict, labels) -> str:
         ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
         ("virtual time (s)", a["virtual_time_s"], b["virtual_time_s"], 1, ""),
     ]
+    if "control_plane" in a or "control_plane" in b:
+        rows.append(("DyntraLB control plane (s)", (a.get("control_plane") or {}).get("total_s"),
+                     (b.get("control_plane") or {}).get("total_s"), 1, ""))
     width = max(len(r[0]) for r in rows)
     lines = [f"Key metrics, {labels[0]} -> {labels[1]}:"]
     for name, va, vb, scale, unit in rows:
@@ -284,6 +310,16 @@ def _check_combinations(args) -> None:
     if args.additional_config is not None and (args.config_a or args.config_b):
         raise UsageError("--additional-config: not allowed with --config-a/--config-b "
                          "(give either one config for B, or both A and B)")
+    if args.seeds is None:
+        given = [flag for flag, value in (("--executor ray", args.executor == "ray"),
+                                          ("--jobs", args.jobs is not None),
+                                          ("--ray-address", args.ray_address is not None))
+                 if value]
+        if given:
+            raise UsageError(f"{given[0]}: only with --seeds N (the runs of the seeds are "
+                             "a batch; a single A/B runs its two runs here, one after the "
+                             "other)")
+    check_executor_flags(args)
 
 
 def check_trees(args):
@@ -372,6 +408,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="with --workload recipe:NAME: run the A/B on N workload seeds "
                              "(--seed, --seed + 1, ...) and report each delta as a mean with a "
                              "95 %% confidence interval")
+    add_executor_options(parser, "the runs of --seeds")
     add_run_options(parser)
     parser.set_defaults(func=cmd_ab)
     return parser

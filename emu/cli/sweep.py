@@ -8,12 +8,18 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from dyntra_lb.config import DyntraLBConfig
-from emu.cli.errors import ClusterFailed, RunInterrupted, Terminated, UsageError
+from emu.cli.batch import (
+    add_executor_options,
+    batch_executor,
+    check_executor_flags,
+    describe_executor,
+    run_batch,
+)
+from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_input_options, add_output_options, wrap
 from emu.cli.inputs import (
     build_spec,
@@ -24,15 +30,12 @@ from emu.cli.inputs import (
     spec_problems,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
-from emu.cli.progress import SweepProgress, note
+from emu.cli.progress import note
 from emu.cli.running import resolve_launch
-from emu.knobs import Int
 from emu.sweep import (
     GRID_KEYS,
     MAX_POINTS,
     OBJECTIVES,
-    SweepFailed,
-    SweepInterrupted,
     best_row,
     build_points,
     make_rows,
@@ -42,7 +45,6 @@ from emu.sweep import (
     plot_kv_blocks,
     plot_pareto,
     point_spec,
-    run_points,
     with_lb,
     write_csv,
 )
@@ -55,6 +57,8 @@ EPILOG = """examples:
   dyntra-emu sweep --additional-config @node.json --grid long_req_block_threshold=8,16,32 \\
       --grid mode=dynamic --objective tpot_p99
   dyntra-emu sweep --grid bubble_threshold=1,3,5 --max-tpot-p99-ms 60
+  dyntra-emu sweep --grid bubble_threshold=1,3,5 --grid mode=static,dynamic --executor ray \\
+      --ray-address 10.0.0.1:6379
 """
 
 
@@ -75,10 +79,7 @@ def _check_flags(args) -> None:
     """The sweep's own flags, before any input is read."""
     if not args.grid:
         raise UsageError("--grid: required (e.g. --grid bubble_threshold=1,2,5)")
-    cores = os.cpu_count() or 1
-    if args.jobs > cores:
-        raise UsageError(f"--jobs {args.jobs}: more than the {cores} cores of this "
-                         "machine (each job is a busy process of its own)")
+    check_executor_flags(args)
     if args.device == "npu":
         raise UsageError("--device npu: sweep runs on the thread transport, CPU only")
     if args.max_tpot_p99_ms is not None and args.objective not in (None, "throughput"):
@@ -129,17 +130,20 @@ def cmd_sweep(args) -> int:
         raise UsageError(f"--grid: {n} points ({sizes}) is more than {MAX_POINTS}; "
                          f"with the baseline that is {n + 1} runs. Pass --yes to run "
                          "them all")
-    _check_out(out_dir, args.overwrite)
     specs = [point_spec(base, p, out_dir) for p in points]
-    for spec in specs:
-        Path(spec.out_dir).mkdir(parents=True)
-
-    note(args, f"sweep: {n} configs + baseline on workload {base.workload} "
-               f"({len(base.trace)} requests), {base.dp_size} ranks, {args.jobs} "
-               f"job(s) at a time, thread transport; writing {out_dir}")
-    start = time.monotonic()
-    results = _run(args, points, specs)
-    wall = time.monotonic() - start
+    with batch_executor(args, specs) as executor:
+        _check_out(out_dir, args.overwrite)
+        for spec in specs:
+            Path(spec.out_dir).mkdir(parents=True)
+        note(args, f"sweep: {n} configs + baseline on workload {base.workload} "
+                   f"({len(base.trace)} requests), {base.dp_size} ranks, "
+                   f"{describe_executor(args)}, thread transport; writing {out_dir}")
+        start = time.monotonic()
+        metrics = run_batch(args, executor, specs,
+                            [f"{p.name} ({p.label})" for p in points], "the sweep",
+                            f"{out_dir / 'runs'}/<name>/")
+        wall = time.monotonic() - start
+    results = {p.name: m for p, m in zip(points, metrics, strict=True)}
     note(args, f"sweep: {n + 1} runs finished in {wall:.1f} s wall-clock")
 
     rows = make_rows(points, results, out_dir)
@@ -185,37 +189,6 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def _run(args, points, specs) -> dict[str, dict]:
-    """Every run of the sweep (``emu.sweep.run_points``) under one progress bar (or a
-    status line per finished run without a terminal); its failures as the CLI's."""
-    bar = not args.quiet and sys.stderr.isatty()
-    base = specs[0]
-    finished: list = []
-
-    with SweepProgress([Path(s.out_dir) for s in specs], base.dp_size, len(base.trace),
-                       bar) as progress:
-        def on_done(point) -> None:
-            progress.run_done()
-            finished.append(point)
-            if not bar:
-                note(args, f"sweep: {len(finished)}/{len(points)} runs done "
-                           f"({point.name}: {point.label})")
-
-        try:
-            return run_points(points, specs, args.jobs, on_done)
-        except SweepFailed as exc:
-            raise ClusterFailed(str(exc)) from None
-        except SweepInterrupted as exc:
-            signal_name, exit_code = (("SIGTERM", 143) if isinstance(exc.__cause__, Terminated)
-                                      else ("SIGINT", 130))
-            runs = Path(base.out_dir).parent
-            raise RunInterrupted(
-                f"interrupted by {signal_name}; the sweep is partial: {exc.finished} of "
-                f"{exc.total} runs finished (metrics.json in {runs}/<name>/), the runs "
-                "under way were stopped (run.json: interrupted); no table or plots were "
-                "written", exit_code) from None
-
-
 def _positive_ms(text: str) -> float:
     try:
         value = float(text)
@@ -232,9 +205,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "sweep", help="run a grid of DyntraLB configs on one workload; rank them",
         description=wrap(
             "Run a grid of DyntraLB configs (the product of every --grid KEY=V1,V2,...) and "
-            "a baseline with DyntraLB off on one workload, --jobs at a time on the thread "
-            "transport; write a table of throughput, bubble, balance and latency with the "
-            "change against the baseline, a Pareto plot, and print the best config."),
+            "a baseline with DyntraLB off on one workload, on the thread transport, --jobs at "
+            "a time here or as Ray tasks (--executor ray); write a table of throughput, "
+            "bubble, balance and latency with the change against the baseline, a Pareto "
+            "plot, and print the best config."),
         formatter_class=Formatter, allow_abbrev=False, epilog=EPILOG)
     add_input_options(parser, single_config=False)
     parser.add_argument("--additional-config", metavar="JSON|@FILE",
@@ -243,9 +217,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
                         help="a dyntra_lb_config key and its values (repeatable; the grid "
                              f"is the product). Keys: {', '.join(GRID_KEYS)}")
-    parser.add_argument("--jobs", type=Int(1).parse, default=1, metavar="N",
-                        help="runs at a time, one process each (default: 1; at most the "
-                             "number of cores)")
+    add_executor_options(parser, "runs")
     parser.add_argument("--objective", choices=OBJECTIVES,
                         help="what the best config optimises (default: throughput)")
     parser.add_argument("--max-tpot-p99-ms", type=_positive_ms, metavar="MS",

@@ -16,17 +16,18 @@ some job runners do) must reach the launcher, which stops every rank and reports
 each one was; were the server to die of it first, every rank would die of its
 parent-death signal without a word. A rank sets SIGTERM back to the default at once.
 
-And it makes the server remove its socket's directory when it exits. The launcher's
-multiprocessing makes that directory (``pymp-*`` in TMPDIR) for the server's socket and
-removes it at its own exit; a launcher killed by SIGKILL cannot, and the directory was
-left behind. The server outlives it by design (it exits once the launcher is gone,
-``emu.cluster.rank_boot``), so it removes the directory then; after a normal exit the
-launcher has removed it already.
+And it makes the server remove its socket when it exits, and the socket's directory if
+no sibling's socket is left there. The launcher's multiprocessing makes that directory
+(``pymp-*`` in TMPDIR, one per launcher, shared by all its fork servers) and removes it
+at its own exit; a launcher killed by SIGKILL cannot, and the directory was left behind.
+A server outlives it by design (it exits once the launcher is gone,
+``emu.cluster.rank_boot``), so the last server to go removes the directory then. While
+the launcher lives, the directory keeps a running server's socket (``emu.cluster.
+rank_start`` starts a server before it stops the one it evicts).
 """
 
 import atexit
 import os
-import shutil
 import signal
 from multiprocessing import forkserver
 
@@ -38,9 +39,9 @@ from dyntra_lb import planner
 _SERVER_PID = os.getpid()
 
 
-def _remove_socket_dir() -> None:
-    """At the server's exit: remove its socket and, when that lies in multiprocessing's
-    ``pymp-*`` directory, the directory. The server's main loop records the socket's
+def _remove_socket() -> None:
+    """At the server's exit: remove its socket, and the ``pymp-*`` directory it lies in
+    when no sibling's socket is left there. The server's main loop records the socket's
     address where the launcher keeps it (CPython has no public accessor). Ranks are
     forks of the server and inherit this handler; it does nothing in them."""
     address = forkserver._forkserver._forkserver_address
@@ -52,9 +53,12 @@ def _remove_socket_dir() -> None:
         pass
     directory = os.path.dirname(address)
     if os.path.basename(directory).startswith("pymp-"):
-        shutil.rmtree(directory, ignore_errors=True)
+        try:
+            os.rmdir(directory)  # only when empty: the last server to go removes it
+        except OSError:
+            pass
 
 
 planner.warm_up()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-atexit.register(_remove_socket_dir)
+atexit.register(_remove_socket)

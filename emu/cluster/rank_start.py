@@ -97,8 +97,6 @@ def _server(preload: Preload) -> forkserver.ForkServer:
     """The running fork server of ``preload``, started if needed."""
     server = _servers.pop(preload, None)
     if server is None:
-        while len(_servers) >= MAX_SERVERS:
-            _servers.popitem(last=False)[1]._stop()
         server = forkserver.ForkServer()
         # "__main__" as in multiprocessing's default: a rank need not import the launching
         # script (e.g. the dyntra-emu console script) again.
@@ -107,7 +105,16 @@ def _server(preload: Preload) -> forkserver.ForkServer:
     with _environment(dict(preload.environ)):
         server.ensure_running()  # restarts a server that died
     _servers[preload] = server
+    while len(_servers) > MAX_SERVERS:  # evicted after the new one runs (rank_preload)
+        _stop(_servers.popitem(last=False)[1])
     return server
+
+
+def _stop(server: forkserver.ForkServer) -> None:
+    """Stop an evicted server. It removes its own socket as it exits
+    (``emu.cluster.rank_preload``), before multiprocessing tries to."""
+    with contextlib.suppress(FileNotFoundError):
+        server._stop()
 
 
 @contextlib.contextmanager

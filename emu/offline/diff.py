@@ -12,7 +12,8 @@ What is compared, per rank and iteration (the kinds of ``STEP_FIELDS``): the pla
 DyntraLB generated and the one the scheduler applied, what the scheduler did (paused,
 resumed, admitted, preempted, finished, tokens, dummy step), the snapshot (running and
 waiting counts and block sums), ``step_counter`` and the wave, the collective sequence
-(site, op, shape, dtype), the KV pool and virtual time; then every request record; then
+(site, op, shape, dtype), the KV pool and virtual time (with DyntraLB's control-plane
+charge); then every request record; then
 the diagnostics lines of ``rank<r>.log`` with the prefixes removed
 (``emu.offline.logscan.clean_line``).
 
@@ -52,7 +53,7 @@ STEP_FIELDS = {
     "step_counter": "counter", "wave": "counter",
     "collectives": "collectives",
     "kv_free_blocks": "kv", "kv_held_blocks": "kv", "paused_kv_blocks": "kv",
-    "clock_s": "time", "own_cost_s": "time", "step_time_s": "time",
+    "clock_s": "time", "own_cost_s": "time", "step_time_s": "time", "control_plane": "time",
 }
 # Kinds in the order a reader looks at them (what DyntraLB decided first).
 KINDS = ("outcome", "steps", "plan", "schedule", "snapshot", "counter", "collectives", "kv", "time",

@@ -33,6 +33,12 @@ token per running request per step):
 
 A profile with k = 0 writes no MTP keys (``to_dict``), so its metrics and files are
 those of a profile without them.
+
+``control_plane`` prices what DyntraLB adds between two forwards (its collectives and
+its planner, ``emu.rank.control_costs.ControlPlaneCost``, charged by
+``emu.rank.control_plane``); every bundled profile has the default terms. ``None``
+(``"control_plane": null`` in a profile file) turns the charge off: the event logs are
+then byte for byte those of the emulator before it existed.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import numpy as np
 
 from emu.knobs import is_number
 from emu.limits import MAX_SMALL_FILE_BYTES, FileTooLarge, read_limited
+from emu.rank.control_costs import ControlPlaneCost
 
 # The coefficient fields of a profile, in the order of the cost formula.
 TERMS = ("fixed_s", "per_kv_token_s", "per_scheduled_token_s", "per_running_request_s",
@@ -91,6 +98,7 @@ class StepCostModel:
     num_speculative_tokens: int = 0
     draft_acceptance_rate: float = 0.0
     draft_step_s: float = 0.0
+    control_plane: ControlPlaneCost | None = ControlPlaneCost()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -107,6 +115,10 @@ class StepCostModel:
             raise ValueError(
                 f"cost model fixed_s must be at least 1 microsecond, got {self.fixed_s!r}")
         self._check_mtp()
+        if self.control_plane is not None and not isinstance(self.control_plane,
+                                                             ControlPlaneCost):
+            raise ValueError(f"cost model control_plane must be a ControlPlaneCost or None "
+                             f"(off), got {type(self.control_plane).__name__}")
 
     def _check_mtp(self) -> None:
         k, rate, draft = (self.num_speculative_tokens, self.draft_acceptance_rate,
@@ -141,7 +153,7 @@ class StepCostModel:
         """The profile as the JSON object ``profile_from_dict`` reads back; without
         speculative decoding (k = 0) the MTP keys are left out, so metrics.json and
         profile files stay as they were before the keys existed."""
-        data = asdict(self)
+        data = asdict(self)  # control_plane: its terms as an object, or None (off)
         if not self.num_speculative_tokens:
             for key in MTP_FIELDS:
                 del data[key]
@@ -210,6 +222,11 @@ def profile_from_dict(data, source: str) -> StepCostModel:
         raise CostProfileError(f"{source}: key 'name' is missing (the profile's name)")
     values = {name: 0.0 for name in TERMS}
     values.update(data)
+    if "control_plane" in data and data["control_plane"] is not None:
+        try:
+            values["control_plane"] = ControlPlaneCost.from_dict(data["control_plane"], source)
+        except ValueError as exc:
+            raise CostProfileError(str(exc)) from None
     for key in TERMS:
         value = values[key]
         if not is_number(value) or not math.isfinite(value) or value < 0:

@@ -14,6 +14,8 @@ import json
 import pathlib
 from dataclasses import dataclass
 
+from emu.rank.control_costs import ControlCharge
+
 # One encoder for every record: json.dumps with options would build a new one per call.
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 # What _dumps writes for a string and a float (json's own functions).
@@ -46,6 +48,10 @@ def _plan(plan: dict | None) -> str:
             f'"out_blk":{_ints(plan["out_blk"])}}}')
 
 
+def _control(charge: ControlCharge) -> str:
+    return f'"control_plane":{charge.json()},'
+
+
 def _collectives(records: list[dict]) -> str:
     parts = []
     for c in records:
@@ -75,7 +81,8 @@ def _collectives(records: list[dict]) -> str:
 class StepRecord:
     """One non-idle iteration of one rank, as both engines report it. Times are virtual
     microseconds; the event log writes them as seconds (docs/metrics.md has every
-    field)."""
+    field). ``control_plane`` is what DyntraLB's control plane charged after the
+    forward; None (the profile has it off) leaves the key out of the log."""
 
     iter: int
     wave: int
@@ -100,9 +107,12 @@ class StepRecord:
     kv_held_blocks: int
     paused_kv_blocks: dict
     collectives: list
+    control_plane: ControlCharge | None = None
 
     def to_dict(self) -> dict:
-        return {
+        control = ({} if self.control_plane is None
+                   else {"control_plane": self.control_plane.to_dict()})
+        return {**control,
             "iter": self.iter, "wave": self.wave, "step_counter": self.step_counter,
             "clock_s": self.clock_us / 1e6, "own_cost_s": self.own_cost_us / 1e6,
             "step_time_s": self.step_us / 1e6, "dummy": self.dummy,
@@ -128,6 +138,7 @@ class StepRecord:
             f'{{"admitted":{d(self.admitted) if self.admitted else "[]"},'
             f'"clock_s":{_float(self.clock_us / 1e6)},'
             f'"collectives":{_collectives(self.collectives)},'
+            f'{"" if self.control_plane is None else _control(self.control_plane)}'
             f'"dummy":{"true" if self.dummy else "false"},'
             f'"finished":{d(self.finished) if self.finished else "[]"},'
             f'"iter":{self.iter},"kind":"step",'

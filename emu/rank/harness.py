@@ -4,7 +4,8 @@ Both engines — the kit's loop (``emu.impl.kit.engine.EngineCore``) and vLLM's 
 around vllm-ascend's code (``emu.impl.vllm_ascend.engine.EmulatedRank``) — are a
 ``RankHarness``: the trace as it reaches the rank (``intake.Arrivals``), the rank's
 faults (``fault_injection``), its step-cost profile and the lockstep clock that turns
-each step into virtual time (``clock``), the recorder every collective goes through
+each step into virtual time (``clock``), the price of DyntraLB's control plane between
+two forwards (``control_plane``), the recorder every collective goes through
 (``recorder``), the event and wall logs (``eventlog``), the counters of the summary
 handed back to the launcher, and the stall watch. The engine supplies the loop and
 reads its own scheduler's queues; the harness does the rest the same way for both, so
@@ -19,6 +20,8 @@ from typing import Any
 
 from emu.rank.clock import LockstepClock
 from emu.rank.context import RankContext, RankSummary, StallError
+from emu.rank.control_costs import ControlCharge
+from emu.rank.control_plane import ControlPlane, PlannerCall, max_over_ranks
 from emu.rank.eventlog import EventLog, StepRecord, WallLog
 from emu.rank.fault_injection import injector_for
 from emu.rank.intake import Arrivals
@@ -27,7 +30,8 @@ from emu.rank.recorder import CollectiveRecorder
 
 class RankHarness(ABC):
     """The common parts of one rank (see the module docstring), over the validated
-    ``spec`` (``emu.spec.RunSpec``).
+    ``spec`` (``emu.spec.RunSpec``); ``planner`` names the planner the rank runs (the
+    control plane models its work).
 
     A subclass provides the loop (``_run_loop``), its ``step_counter`` and
     ``current_wave`` (read by the recorder at every collective), its queue lengths
@@ -40,7 +44,7 @@ class RankHarness(ABC):
     head-of-line request needs).
     """
 
-    def __init__(self, ctx: RankContext, spec: Any):
+    def __init__(self, ctx: RankContext, spec: Any, planner: str):
         self.ctx = ctx
         self.spec = spec
         self.dp_rank = ctx.rank
@@ -57,10 +61,13 @@ class RankHarness(ABC):
         self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
                                       device=ctx.device, observe=self.recorder,
                                       carry_finished=spec.max_concurrency is not None)
+        self.control_plane = self._control_plane(planner)
         self.events: EventLog | None = None
         self.wall: WallLog | None = None
 
         self.clock_us = 0  # this rank's virtual time
+        # What the control plane charged after the last step: its finishes came before.
+        self.control_us = 0
         self.iteration = 0  # non-idle iterations so far
         self.truncated = False
         self.num_arrived = 0
@@ -104,8 +111,40 @@ class RankHarness(ABC):
         turns into the next sends (``emu.rank.intake``)."""
         step_us = self.lockstep.step(own_cost_us, self._num_waiting(), self._num_running(),
                                      num_finished)
-        self.arrivals.finished(self.lockstep.finished_total, step_start_us)
+        # the finishes reported came at the end of the last step, before its control plane
+        self.arrivals.finished(self.lockstep.finished_total, step_start_us - self.control_us)
         return step_us
+
+    def wave_ended(self) -> None:
+        """After the iteration that ended a wave (every rank idle): every request taken
+        so far has finished, at the end of that iteration's step."""
+        self.arrivals.nothing_in_flight(self.clock_us - self.control_us)
+
+    def settle_control_plane(self, step_us: int, planner_call: PlannerCall | None,
+                             planner_wall_s: float) -> tuple[list[dict], ControlCharge | None]:
+        """At the end of a non-idle iteration, after DyntraLB's part: the iteration's
+        collectives (for its step record) and what DyntraLB's control plane charges the
+        clock (None when the profile has it off). ``planner_call``: the planner's
+        arguments if it ran (None otherwise), ``planner_wall_s`` its wall time;
+        ``step_us``: the iteration's DP step time."""
+        collectives = self.recorder.take()
+        if self.control_plane is None:
+            return collectives, None
+        charge = self.control_plane.charge(collectives, planner_call, step_us, planner_wall_s)
+        if charge.measured:
+            collectives += self.recorder.take()  # the exchange of the measured time
+        self.control_us = charge.charged_us
+        return collectives, charge
+
+    def _control_plane(self, planner: str) -> ControlPlane | None:
+        spec = self.spec
+        terms = spec.cost_model.control_plane
+        if terms is None:
+            return None
+        exchange = (max_over_ranks(self.dp_group, self.recorder)
+                    if spec.planner_cost == "measured" else None)
+        return ControlPlane(terms, dp_size=self.dp_size, planner=planner,
+                            overlap=spec.async_scheduling, exchange=exchange)
 
     def check_progress(self, executed: bool, local_unfinished: bool) -> None:
         """After each non-idle iteration: name a stuck rank instead of letting it spin

@@ -23,8 +23,8 @@ The last promise, that every rank enters the same collectives (same descriptor,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from dyntra_lb.planner import Plan
 
@@ -53,13 +53,15 @@ class Held:
 @dataclass(frozen=True)
 class Scheduled:
     """What one ``schedule()`` did, read right after it: the requests running then, those
-    it preempted for KV, those it admitted (new and resumed, in order), and what each
-    resumed one holds with ``computed`` counting the tokens computed before this step."""
+    it preempted for KV, those it admitted (new and resumed, in order), what each
+    resumed one holds with ``computed`` counting the tokens computed before this step,
+    and how many draft tokens it scheduled per request (MTP)."""
 
     running: frozenset[str]
     preempted: frozenset[str]
     admitted: tuple[str, ...]
     resumed: dict[str, Held]
+    drafts: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -113,19 +115,30 @@ def admission_set(plan: Plan | None, candidates: Iterable[tuple[str, int]]) -> s
 class _Pause:
     iteration: int  # the iteration that paused the request
     before: Held  # what it held at the end of the iteration before
+    # Draft tokens of its last step whose output had not landed when it was paused
+    # (``late_outputs``): their rejection may still lower ``before.computed`` once.
+    in_flight_drafts: int = 0
 
 
 class PromiseChecker:
     """DyntraLB's promises on one rank, for either impl. Its engine hands over what each
     ``schedule()`` did (``scheduled``, right after it) and the state at the end of each
     non-idle iteration (``problems``), with ``held_of(request_id)``: what a request in
-    flight holds now (None when it is not in flight)."""
+    flight holds now (None when it is not in flight).
 
-    def __init__(self, held_of: Callable[[str], Held | None]):
+    ``late_outputs``: a step's output is processed in the next iteration, after that
+    iteration's ``schedule()`` (vLLM's async scheduling). A request paused right after a
+    step in which it verified drafts then has its rejected drafts rolled back once that
+    output lands, in the pausing iteration: vLLM lowers its computed tokens by them,
+    keeping its blocks. The checker allows exactly that, and only then."""
+
+    def __init__(self, held_of: Callable[[str], Held | None], late_outputs: bool = False):
         self.held_of = held_of
+        self.late_outputs = late_outputs
         self._before: IterationEnd | None = None
         self._to_pause: dict[str, Held] = {}  # what the last plan pauses, held before
         self._scheduled: Scheduled | None = None
+        self._last_drafts: Mapping[str, int] = {}  # drafts of the last iteration's step
         self._paused: dict[str, _Pause] = {}
 
     def scheduled(self, scheduled: Scheduled) -> None:
@@ -141,7 +154,7 @@ class PromiseChecker:
             problems += self._plan_applied(self._before, scheduled, end.iteration)
         problems += self._resumed_where_paused(scheduled)
         problems += self._paused_keep_what_they_held()
-        self._before, self._scheduled = end, None
+        self._before, self._scheduled, self._last_drafts = end, None, scheduled.drafts
         if end.plan is not None:
             pauses = plan_pauses(end.plan.out_blk, end.running, end.counts)
             self._to_pause = {rid: self.held_of(rid) for rid in pauses}
@@ -164,7 +177,8 @@ class PromiseChecker:
                      f"pauses it" for rid in self._to_pause if rid in scheduled.running]
         for rid in stopped:
             if rid in self._to_pause:
-                self._paused[rid] = _Pause(iteration, self._to_pause[rid])
+                drafts = self._last_drafts.get(rid, 0) if self.late_outputs else 0
+                self._paused[rid] = _Pause(iteration, self._to_pause[rid], drafts)
         admit = admission_set(plan, before.candidates)
         if admit is not None:
             for rid in scheduled.admitted:
@@ -208,7 +222,10 @@ class PromiseChecker:
                 problems.append(
                     f"paused request {rid!r} held KV blocks {_show(before.blocks)} before "
                     f"iteration {pause.iteration} paused it, now {_show(now.blocks)}")
-            if now.computed != before.computed:
+            rolled_back = before.computed - now.computed
+            if 0 < rolled_back <= pause.in_flight_drafts:  # its last output landed late
+                self._paused[rid] = _Pause(pause.iteration, Held(before.blocks, now.computed))
+            elif now.computed != before.computed:
                 problems.append(
                     f"paused request {rid!r} had {before.computed} computed tokens before "
                     f"iteration {pause.iteration} paused it, now {now.computed}")

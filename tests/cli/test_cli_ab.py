@@ -45,6 +45,13 @@ def test_ab_off_against_default_config(cli, tiny_trace, tmp_path, clikit):
     assert rows["plan_churn.active_steps"][1] == "0"
     assert int(rows["plan_churn.active_steps"][2]) > 0
     assert "Key metrics, DyntraLB off -> DyntraLB on:" in proc.stdout
+    # DyntraLB's control plane: nothing for A, B's charge in the key metrics and the
+    # headroom line net of it
+    total_b = json.loads((out / "b" / "metrics.json").read_text())["control_plane"]["total_s"]
+    assert total_b > 0 and float(rows["control_plane.total_s"][1]) == 0
+    assert re.search(r"DyntraLB control plane \(s\)\s+0\.000 -> " + f"{total_b:.3f}",
+                     proc.stdout)
+    assert "DyntraLB on's figure is net of DyntraLB's control plane" in proc.stdout
 
     metrics_a = json.loads((out / "a" / "metrics.json").read_text())
     metrics_b = json.loads((out / "b" / "metrics.json").read_text())

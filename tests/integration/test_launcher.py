@@ -17,8 +17,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from emu.cluster import rank_start
 from emu.cluster.launcher import launch
 from emu.cluster.supervision import ClusterError
+from emu.rank.context import Preload
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +102,11 @@ def skip_collective_target(ctx, late_rank):
     dist.all_reduce(x, group=ctx.dp_group)
 
 
+def forked_target(ctx, args):
+    """Whether this rank is a fork of a fork server (which imported rank_preload)."""
+    return "emu.cluster.rank_preload" in sys.modules
+
+
 def pid_file_target(ctx, args):
     (ctx.out_dir / f"rank{ctx.rank}.pid").write_text(str(os.getpid()))
     time.sleep(3600)
@@ -132,6 +139,20 @@ def test_ranks_run_target_with_both_groups_and_return_in_rank_order(
         assert r["sizes"] == (dp_size, dp_size)
         assert r["out_dir"] == tmp_path / "out"
     assert (tmp_path / "out").is_dir()
+
+
+def test_a_fork_server_evicted_leaves_its_siblings_sockets(monkeypatch, tmp_path,
+                                                          no_leftover_processes):
+    """A launcher's fork servers share one socket directory; one that exits while the
+    launcher lives (evicted for another preload) removes its own socket only, so the next
+    launch still forks its ranks. (It removed the whole directory: the next server could
+    not bind and the ranks were spawned; a running server's socket vanished.)"""
+    monkeypatch.setattr(rank_start, "MAX_SERVERS", 1)
+    preloads = [Preload(("json",)), Preload(("csv",)), Preload(("json",))]
+    for preload in preloads:  # each launch evicts the server of the one before
+        forked = launch(forked_target, None, dp_size=2, device="cpu", out_dir=tmp_path,
+                        preload=preload)
+        assert forked == [True, True]
 
 
 def test_two_launches_at_once_do_not_collide(no_leftover_processes):

@@ -9,6 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from emu.rank.control_costs import ControlCharge
 from emu.rank.eventlog import StepRecord
 
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
@@ -32,7 +33,9 @@ records = st.builds(
     paused=ids, resumed=ids, admitted=ids, preempted=ids, finished=ids,
     plan_generated=plans, kv_free_blocks=ints, kv_held_blocks=ints,
     paused_kv_blocks=st.dictionaries(st.text(max_size=12), ints, max_size=3),
-    collectives=collectives)
+    collectives=collectives,
+    control_plane=st.none() | st.builds(ControlCharge, collectives_us=ints, planner_us=ints,
+                                        charged_us=ints, measured=st.booleans()))
 
 
 def reference_line(record: StepRecord, rank: int) -> str:

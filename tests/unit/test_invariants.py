@@ -35,9 +35,9 @@ def test_the_admission_set_is_in_blk_matched_against_the_candidates_in_order():
 class Rank:
     """What a checked rank holds, and the checker fed by a test iteration by iteration."""
 
-    def __init__(self):
+    def __init__(self, late_outputs: bool = False):
         self.held: dict[str, Held] = {}
-        self.checker = PromiseChecker(self.held.get)
+        self.checker = PromiseChecker(self.held.get, late_outputs)
         self.iteration = 0
 
     def end(self, running, counts, plan=None, candidates=()) -> list[str]:
@@ -46,9 +46,9 @@ class Rank:
         self.iteration += 1
         return problems
 
-    def schedule(self, running, preempted=(), admitted=(), resumed=None) -> None:
+    def schedule(self, running, preempted=(), admitted=(), resumed=None, drafts=None) -> None:
         self.checker.scheduled(Scheduled(frozenset(running), frozenset(preempted),
-                                         tuple(admitted), resumed or {}))
+                                         tuple(admitted), resumed or {}, drafts or {}))
 
 
 def test_a_pause_that_keeps_its_kv_and_resumes_where_it_stopped_passes():
@@ -99,3 +99,32 @@ def test_a_paused_request_that_finishes_while_paused_is_forgotten():
     del rank.held["a"]                                          # its late output finished it
     rank.schedule([])
     assert rank.end([], []) == []
+
+
+def _paused_after_drafts(late_outputs: bool, rejected: int) -> list[str]:
+    """a verifies 3 drafts in iteration 0, whose plan pauses it; in iteration 1 (the
+    pausing one) that step's output lands and ``rejected`` of the drafts roll back.
+    The problems of iterations 1 and 2 (a broken promise is reported in both: a real
+    rank stops at the first)."""
+    rank = Rank(late_outputs)
+    rank.held.update(a=Held((1, 2), 24), b=Held((3,), 8))
+    rank.schedule(["a", "b"], drafts={"a": 3, "b": 3})
+    assert rank.end(["a", "b"], [2, 1], Plan([2], [], False)) == []
+    rank.schedule(["b"])                                        # a paused
+    rank.held["a"] = Held((1, 2), 24 - rejected)                # its late output landed
+    problems = rank.end(["b"], [1])
+    rank.schedule(["b"])
+    return problems + rank.end(["b"], [1])                      # and it stays there
+
+
+def test_late_outputs_may_roll_back_a_paused_requests_rejected_drafts_once():
+    assert _paused_after_drafts(late_outputs=True, rejected=2) == []
+    assert _paused_after_drafts(late_outputs=True, rejected=3) == []
+    more_than_drafted = _paused_after_drafts(late_outputs=True, rejected=4)
+    assert more_than_drafted == 2 * ["paused request 'a' had 24 computed tokens before "
+                                     "iteration 1 paused it, now 20"]
+
+
+def test_without_late_outputs_a_paused_request_loses_no_computed_token():
+    assert _paused_after_drafts(late_outputs=False, rejected=1) == 2 * [
+        "paused request 'a' had 24 computed tokens before iteration 1 paused it, now 23"]

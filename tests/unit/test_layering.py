@@ -49,9 +49,11 @@ def test_importing_the_pure_modules_loads_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_the_sweep_runner_imports_first_in_a_fresh_interpreter():
-    # A sweep job process unpickles its task, importing emu.sweep before anything else.
-    subprocess.run([sys.executable, "-c", "import emu.sweep"], check=True)
+@pytest.mark.parametrize("module", ["emu.executors.local", "emu.executors.ray_task"])
+def test_the_batch_runners_import_first_in_a_fresh_interpreter(module):
+    # A local job process or a Ray worker unpickles its task, importing the task's module
+    # before anything else.
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True)
 
 
 # --------------------------------------------------------------------------- emu's floors
@@ -63,6 +65,7 @@ FLOORS = [
     ("the front ends: the command line, python -m emu, the pytest plugin",
      ["emu.cli", "emu.__main__", "emu.pytest_plugin"]),
     ("a grid of runs (dyntra-emu sweep)", ["emu.sweep"]),
+    ("where a batch of runs executes: local job processes, Ray", ["emu.executors"]),
     ("one run: run(spec), measured and recorded; in a fresh process",
      ["emu.run", "emu.run_apart"]),
     ("RunSpec and every rule that refuses one", ["emu.spec"]),
@@ -215,7 +218,7 @@ def test_an_import_added_inside_a_function_is_seen(tmp_path):
     upward = import_graph(_tree_with(tmp_path / "up", "emu.rank.clock",
                                      "from emu.cli.main import main"))
     assert upward_imports(upward) == [
-        "emu.rank.clock (floor 7: what every rank has: context, harness, clock, costs, "
+        "emu.rank.clock (floor 8: what every rank has: context, harness, clock, costs, "
         "logs, recorder) imports emu.cli.main (floor 0: the front ends: the command line, "
         "python -m emu, the pytest plugin)"]
     circle = import_graph(_tree_with(tmp_path / "circle", "emu.workload",

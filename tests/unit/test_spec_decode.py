@@ -34,10 +34,11 @@ def test_mtp_profile_file_round_trips(tmp_path):
 
 
 def test_profile_without_drafts_writes_no_mtp_keys():
-    # metrics.json's config.cost_model stays what it was before the fields existed
+    # metrics.json's config.cost_model has no MTP keys without drafts (the control
+    # plane's terms are there whatever the drafts)
     assert set(StepCostModel().to_dict()) == {
         "name", "description", "fixed_s", "per_kv_token_s", "per_scheduled_token_s",
-        "per_running_request_s", "per_kv_block_s"}
+        "per_running_request_s", "per_kv_block_s", "control_plane"}
     for name, profile in PROFILES.items():
         assert ("num_speculative_tokens" in profile.to_dict()) == (name == "kv-token-mtp3")
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from emu.metrics import compute_metrics, load_run
 from emu.run import run_cluster
 from tests.integration.conftest import spec
 from tests.upstream.conftest import REPO, TREE, upstream_spec
@@ -34,7 +35,8 @@ def _diff(*args) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", ["static", "dynamic"])
 def test_kit_and_vllm_ascend_are_identical_step_by_step(upstream_run, tmp_path, name):
     """The same named run (trace, config, engine settings, seed) on both impls: every
-    step record, request record and diagnostics line is the same."""
+    step record, request record and diagnostics line is the same, DyntraLB's
+    control-plane charge (the default profile's terms) included."""
     kit_dir = tmp_path / "kit"
     run_cluster(spec(name, 2, kit_dir))
     vllm_ascend = upstream_run(name, 2)
@@ -44,6 +46,8 @@ def test_kit_and_vllm_ascend_are_identical_step_by_step(upstream_run, tmp_path, 
     assert report["identical"]
     counts = report["counts"]
     assert counts["plans"] > 0 and counts["requests"] == len(spec(name, 2, "-").trace)
+    control = compute_metrics(load_run(kit_dir))["control_plane"]
+    assert control["planner_s"] > 0 and control["collectives_s"] > 0
     if name == "static":  # diagnostics on: rank 0's tables were compared line by line
         assert counts["diagnostics_lines"] > counts["plans"]
 

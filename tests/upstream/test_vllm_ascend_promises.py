@@ -100,7 +100,7 @@ def test_a_broken_promise_is_named_with_its_rank_iteration_and_request(tmp_path,
     err = info.value
     print(f"{kind}: {err.message}")  # the note's "message it produced"
     assert err.rank == BROKEN_RANK, err
-    head = (rf"emu\.cluster\.guard\.InvariantError: strict invariant violated on rank "
+    head = (rf"emu\.rank\.invariants\.InvariantError: strict invariant violated on rank "
             rf"{BROKEN_RANK} at iteration (\d+) \(wave \d+, step_counter \d+\): ")
     match = re.fullmatch(head + BROKEN[kind], err.message)
     assert match, err.message

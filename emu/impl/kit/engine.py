@@ -41,6 +41,7 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.rank.control_plane import PlannerCall
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.remote_kv import RemoteKVConnector
@@ -74,7 +75,7 @@ class EngineCore(RankHarness):
     arrivals, recorder, faults, logs)."""
 
     def __init__(self, ctx: Any, spec: Any, config: Any, planner: str):
-        super().__init__(ctx, spec)
+        super().__init__(ctx, spec, planner)
         faults = self.faults
         lb_config = config.dyntra_lb
         latencies = (spec.kv_latency_fixed_s, spec.kv_latency_per_block_s)
@@ -140,12 +141,12 @@ class EngineCore(RankHarness):
             self.check_progress(step.executed, local_unfinished)
             self.engines_running = self._has_global_unfinished_reqs(local_unfinished)
             step.balance = self._balance
-            self._end_iteration(step, iter_start)
-            self.clock_us = step.clock_us + step.step_us
+            control_us = self._end_iteration(step, iter_start)
+            self.clock_us = step.clock_us + step.step_us + control_us
             if not self.engines_running:
                 self.current_wave += 1
                 self.step_counter = 0
-                self.arrivals.nothing_in_flight(self.clock_us)
+                self.wave_ended()
             self.iteration += 1
             if self.iteration >= self.spec.max_steps:
                 self.truncated = True
@@ -265,20 +266,29 @@ class EngineCore(RankHarness):
 
     # ------------------------------------------------------------------ logs
 
-    def _end_iteration(self, step: _Step, iter_start: float) -> None:
-        """The iteration's records, then (strict mode) the invariants."""
+    def _end_iteration(self, step: _Step, iter_start: float) -> int:
+        """The iteration's records, then (strict mode) the invariants; returns what
+        DyntraLB's control plane charged after the forward (microseconds)."""
         balance = step.balance
         plan_generated = balance.plan if balance is not None else None
         if plan_generated is not None:
             self.num_plans += 1
-        self.write_iteration(self._step_record(step, plan_generated),
+        planner_call = (PlannerCall(balance.requests_by_rank, self.spec.max_num_seqs,
+                                    self.coordinator.bubble_threshold)
+                        if balance is not None and balance.requests_by_rank is not None
+                        else None)
+        collectives, charge = self.settle_control_plane(
+            step.step_us, planner_call, balance.planner_s if balance is not None else 0.0)
+        self.write_iteration(self._step_record(step, plan_generated, collectives, charge),
                              [r.record() for r in step.finished], iter_start,
                              balance.planner_s if balance is not None else None,
                              balance.collectives_s if balance is not None else None)
         if self.strict is not None:
             self.strict.check(step.balance, step.finished)
+        return charge.charged_us if charge is not None else 0
 
-    def _step_record(self, step: _Step, plan_generated) -> StepRecord:
+    def _step_record(self, step: _Step, plan_generated, collectives: list,
+                     control_plane) -> StepRecord:
         scheduler = self.scheduler
         output = step.output
         lb = scheduler.lb
@@ -303,4 +313,4 @@ class EngineCore(RankHarness):
             finished=[r.request_id for r in step.finished],
             plan_generated=plan_generated.to_dict() if plan_generated is not None else None,
             kv_free_blocks=kv.pool.get_num_free_blocks(), kv_held_blocks=kv.num_held_blocks,
-            paused_kv_blocks=paused_kv, collectives=self.recorder.take())
+            paused_kv_blocks=paused_kv, collectives=collectives, control_plane=control_plane)

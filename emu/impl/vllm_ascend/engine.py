@@ -44,6 +44,7 @@ from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.impl.vllm_ascend.sampler import SAMPLED_TOKEN, EmulatedSampler
+from emu.rank.control_plane import PlannerCall
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.spec_decode import DraftAcceptance
@@ -186,7 +187,7 @@ class _EmulatedEngine:
         result = super()._has_global_unfinished_reqs(local_unfinished)
         self._emu_rank.end_iteration(local_unfinished, plan_applied)
         if not result:  # the wave ends: whatever was sent has finished
-            self._emu_rank.arrivals.nothing_in_flight(self._emu_rank.clock_us)
+            self._emu_rank.wave_ended()
         return result
 
     def _balance_load(self, *args, **kwargs):
@@ -200,6 +201,8 @@ class _EmulatedEngine:
         every rank gets its own copy of the result, keyed on the planner and every
         argument (the gathered snapshot included)."""
         rank = self._emu_rank
+        rank.planner_call = PlannerCall(args[0], kwargs.get("max_num_seqs"),
+                                        kwargs.get("threshold", 5.0))
         start = time.perf_counter()
         try:
             if rank.plan_memo is None:
@@ -257,7 +260,7 @@ class EmulatedRank(RankHarness):
 
     def __init__(self, ctx, spec, *, vllm_config, core_module, dyntra_lb_enabled: bool,
                  planner: str):
-        super().__init__(ctx, spec)
+        super().__init__(ctx, spec, planner)
         self.our_planner = None if planner == "vllm-ascend" else planners.get(planner)
         # Plans shared by rank threads (None in a rank process, or with an impure planner).
         self.plan_memo = (ctx.host.plan_memo if dyntra_lb_enabled
@@ -319,6 +322,7 @@ class EmulatedRank(RankHarness):
         self._preempted: list[str] = []
         self._finished: list[_RequestRecord] = []
         self.planner_s = 0.0
+        self.planner_call: PlannerCall | None = None  # _balance_load's arguments, if it ran
         self.collectives_s = 0.0
         self.plans = None  # the plans _balance_load returned in this iteration
         self.candidates: list = []  # the admission candidates _do_lb_allgather published
@@ -414,21 +418,26 @@ class EmulatedRank(RankHarness):
     # ------------------------------------------------------------------ records
 
     def end_iteration(self, local_unfinished: bool, plan_applied) -> None:
-        """After the wave sync and DyntraLB's hook of a non-idle iteration."""
+        """After the wave sync and DyntraLB's hook of a non-idle iteration: its records,
+        and DyntraLB's control plane charged to the clock."""
         scheduler = self.scheduler
-        collectives_done = self.recorder.take()
+        collectives_done, charge = self.settle_control_plane(self._step_us, self.planner_call,
+                                                             self.planner_s)
         gathered = any(c["site"] == ALLGATHER_SITE for c in collectives_done)
         plan_generated = scheduler.modifications if gathered else None
         if gathered:
             self.num_plans += 1
         self.check_progress(self._executed, local_unfinished)
-        self.write_iteration(self._step_record(plan_applied, plan_generated, collectives_done),
+        self.write_iteration(self._step_record(plan_applied, plan_generated, collectives_done,
+                                               charge),
                              [r.to_dict() for r in self._finished], self._iter_start,
                              self.planner_s if self.dyntra_lb else None,
                              self.collectives_s if self.dyntra_lb else None)
         if self.strict is not None:
             self.strict.check(None if self.plans is None else self.plans[self.dp_rank],
                               self.candidates)
+        if charge is not None:
+            self.clock_us += charge.charged_us
         self.iteration += 1
         self._running_ids = [r.request_id for r in scheduler.running]
         self._new_iteration()
@@ -437,7 +446,8 @@ class EmulatedRank(RankHarness):
         if site.startswith("dyntra_lb."):
             self.collectives_s += seconds
 
-    def _step_record(self, plan_applied, plan_generated, collectives_done) -> StepRecord:
+    def _step_record(self, plan_applied, plan_generated, collectives_done,
+                     control_plane) -> StepRecord:
         scheduler = self.scheduler
         engine = self.engine
         bs = self.spec.block_size
@@ -459,7 +469,7 @@ class EmulatedRank(RankHarness):
             kv_held_blocks=kv.block_pool.num_gpu_blocks - 1 - free,
             paused_kv_blocks={rid: len(kv.get_block_ids(rid)[0]) for rid in paused
                               if rid in scheduler.requests},
-            collectives=collectives_done)
+            collectives=collectives_done, control_plane=control_plane)
 
     def _stall_state(self) -> tuple[list, object, int]:
         scheduler = self.scheduler

@@ -24,7 +24,8 @@ class StrictChecker:
 
     def __init__(self, rank):
         self.rank = rank
-        self._promises = PromiseChecker(self._held) if rank.dyntra_lb else None
+        self._promises = (PromiseChecker(self._held, late_outputs=rank.spec.async_scheduling)
+                          if rank.dyntra_lb else None)
 
     def scheduled(self, scheduler_output) -> None:
         """Right after ``schedule()``: what it decided (vLLM's ``SchedulerOutput``)."""
@@ -40,7 +41,9 @@ class StrictChecker:
         self._promises.scheduled(Scheduled(
             frozenset(r.request_id for r in self.rank.scheduler.running),
             frozenset(scheduler_output.preempted_req_ids or ()),
-            (*(r.req_id for r in scheduler_output.scheduled_new_reqs), *resumed), resumed))
+            (*(r.req_id for r in scheduler_output.scheduled_new_reqs), *resumed), resumed,
+            {rid: len(tokens) for rid, tokens
+             in scheduler_output.scheduled_spec_decode_tokens.items()}))
 
     def check(self, plan: dict | None, candidates: list) -> None:
         """At the end of an iteration: ``plan`` is this rank's row of the plans generated

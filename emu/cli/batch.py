@@ -1,0 +1,119 @@
+"""A batch of runs for a command: the points of ``sweep`` and the seeds of ``ab --seeds``,
+run on an executor (``emu.executors``: ``--executor local|ray``, ``--jobs``,
+``--ray-address``) under one progress bar, the executor's errors turned into the CLI's.
+
+The command enters the executor (``batch_executor``) before it prepares its output
+directory, so that Ray missing or unreachable, or a run larger than every Ray node, is
+refused before anything is written or run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from emu.cli.errors import ClusterFailed, RunInterrupted, UsageError
+from emu.cli.progress import SweepProgress, note
+from emu.executors import (
+    EXECUTORS,
+    Executor,
+    ExecutorError,
+    RunFailed,
+    RunsInterrupted,
+    open_executor,
+)
+from emu.knobs import Int
+
+
+def add_executor_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--executor, --jobs and --ray-address; ``what`` names the batch's runs in help."""
+    parser.add_argument("--executor", choices=tuple(EXECUTORS), default="local",
+                        help=f"where {what} run: local (job processes on this machine, "
+                             "--jobs at a time) or ray (Ray tasks, on a local Ray or the "
+                             "cluster at --ray-address; pip install -e '.[ray]') "
+                             "(default: local)")
+    parser.add_argument("--jobs", type=Int(1).parse, metavar="N",
+                        help=f"with --executor local: {what} at a time, one process each "
+                             "(default: 1; at most the number of cores)")
+    parser.add_argument("--ray-address", metavar="ADDR",
+                        help="with --executor ray: the Ray cluster's address (HOST:PORT of "
+                             "its head node, or auto; default: start a local Ray for the "
+                             "batch and shut it down after)")
+
+
+def check_executor_flags(args) -> None:
+    """The executor flags on their own, before any input is read."""
+    if args.executor != "ray" and args.ray_address is not None:
+        raise UsageError("--ray-address: only with --executor ray")
+    if args.executor == "ray" and args.jobs is not None:
+        raise UsageError("--jobs: only with --executor local (Ray runs as many runs at "
+                         "once as the cluster's CPUs hold)")
+    cores = os.cpu_count() or 1
+    if args.jobs is not None and args.jobs > cores:
+        raise UsageError(f"--jobs {args.jobs}: more than the {cores} cores of this "
+                         "machine (each job is a busy process of its own)")
+
+
+@contextlib.contextmanager
+def batch_executor(args, specs: Sequence):
+    """The executor of the flags, entered and checked against ``specs`` for the length of
+    the block; its refusals are UsageErrors."""
+    executor = open_executor(args.executor, jobs=args.jobs or 1, address=args.ray_address)
+    try:
+        executor.__enter__()
+    except ExecutorError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        executor.check(specs)
+        yield executor
+    except ExecutorError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        executor.__exit__(None, None, None)
+
+
+def describe_executor(args) -> str:
+    """How the status line names where the runs go."""
+    if args.executor == "local":
+        return f"{args.jobs or 1} job(s) at a time"
+    return f"on Ray ({args.ray_address or 'a local Ray'})"
+
+
+def run_batch(args, executor: Executor, specs: Sequence, names: Sequence[str],
+              what: str, layout: str) -> list[dict]:
+    """Every run of the batch under one progress bar (a status line per finished run
+    without a terminal); returns the metrics in the order of ``specs``. ``names`` says
+    each run in messages, ``what`` the batch ("the sweep"), ``layout`` where a run's
+    files are ("runs/<name>/" under the output directory). A failed run is
+    ClusterFailed, SIGINT or SIGTERM RunInterrupted, each naming what finished."""
+    bar = not args.quiet and sys.stderr.isatty()
+    finished = []
+
+    with SweepProgress([Path(s.out_dir) for s in specs], specs[0].dp_size,
+                       len(specs[0].trace), bar) as progress:
+        def on_done(index: int) -> None:
+            progress.run_done()
+            finished.append(index)
+            if not bar:
+                note(args, f"{args.command}: {len(finished)}/{len(specs)} runs done: "
+                           f"{names[index]}")
+
+        try:
+            return executor.run(specs, on_done)
+        except RunFailed as exc:
+            report = Path(specs[exc.index].out_dir) / "error.txt"
+            raise ClusterFailed(
+                f"run {names[exc.index]} failed: {exc.error}; report in {report}. Every "
+                f"other run was stopped; {len(finished)} of {len(specs)} runs finished"
+            ) from None
+        except RunsInterrupted as exc:
+            raise RunInterrupted(
+                f"interrupted by {exc.signal_name}; {what} is partial: {exc.finished} of "
+                f"{exc.total} runs finished (metrics.json in {layout}), the runs "
+                "under way were stopped (run.json: interrupted); no table or plots were "
+                "written", 128 + signal.Signals[exc.signal_name].value) from None

@@ -1,0 +1,111 @@
+"""The ``local`` executor: a batch's runs in job processes on this machine, ``jobs`` at a
+time, each run in a fresh spawned process (no state of one run reaches the next) that
+writes straight into the run's out_dir and sends its outcome back through a pipe.
+
+The executor starts a job only when a slot is free, and watches every job's pipe and
+its process together: a job that dies without an outcome is a failed run. Stopping the
+batch early (a failed run, SIGINT, SIGTERM) starts no more jobs and terminates the jobs
+under way, which their runs handle as SIGTERM (every rank stopped, ``run.json``
+"interrupted"); a job still alive after ``STOP_GRACE_S`` is killed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+
+from emu.executors.base import RunFailed, RunsInterrupted, SignalsSeen, run_spec
+from emu.spec import RunSpec
+
+# How long the jobs under way get to stop their runs' ranks and exit.
+STOP_GRACE_S = 90.0
+
+
+def _run_job(spec: RunSpec, conn) -> None:
+    """In a job process: the run of ``spec`` (``run_spec``), its outcome sent on
+    ``conn``; nothing is sent when the batch stopped the run (its run.json says so)."""
+    try:
+        outcome = run_spec(spec)
+    except KeyboardInterrupt:
+        return
+    conn.send(outcome)
+
+
+class LocalExecutor:
+    """Job processes on this machine (see the module docstring)."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+
+    def __enter__(self) -> LocalExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def check(self, specs: Sequence[RunSpec]) -> None:
+        """Every spec runs here (a process-transport run larger than the machine is
+        only slower)."""
+
+    def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
+        context = multiprocessing.get_context("spawn")
+        queued = list(range(len(specs)))
+        running: dict[int, tuple] = {}  # index -> (job process, its end of the pipe)
+        results: dict[int, dict] = {}
+        with SignalsSeen() as signals:
+            try:
+                while queued or running:
+                    while queued and len(running) < self.jobs:
+                        index = queued.pop(0)
+                        ours, theirs = context.Pipe(duplex=False)
+                        job = context.Process(target=_run_job, args=(specs[index], theirs),
+                                              name=f"dyntra-emu-job-{index}")
+                        job.start()
+                        theirs.close()
+                        running[index] = (job, ours)
+                    index, outcome = self._next_outcome(running)
+                    if "error" in outcome:
+                        raise RunFailed(index, outcome["error"])
+                    results[index] = outcome
+                    on_done(index)
+            except BaseException as exc:  # a failed run, SIGINT, SIGTERM
+                _stop(running)
+                if not isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise RunsInterrupted(len(results), len(specs), signals.name) from exc
+        return [results[i] for i in range(len(specs))]
+
+    @staticmethod
+    def _next_outcome(running: dict[int, tuple]) -> tuple[int, dict]:
+        """Wait for a job to send its outcome or to end; returns (index, outcome), the
+        job joined and off ``running``. A job that ended without one failed."""
+        by_handle = {}
+        for index, (job, conn) in running.items():
+            by_handle[conn] = by_handle[job.sentinel] = index
+        ready = wait(list(by_handle))
+        index = by_handle[ready[0]]
+        job, conn = running.pop(index)
+        try:
+            outcome = conn.recv()
+        except EOFError:
+            job.join()
+            outcome = {"error": f"its job process ended without a result (exit code "
+                                f"{job.exitcode})"}
+        conn.close()
+        job.join()
+        return index, outcome
+
+
+def _stop(running: dict[int, tuple]) -> None:
+    """Terminate the jobs under way (their runs stop as on SIGTERM) and wait for them;
+    kill one still alive after STOP_GRACE_S."""
+    for job, _ in running.values():
+        job.terminate()
+    for job, conn in running.values():
+        job.join(STOP_GRACE_S)
+        if job.is_alive():
+            job.kill()
+            job.join()
+        conn.close()
+    running.clear()

@@ -1,0 +1,137 @@
+"""What runs on a Ray worker for the ``ray`` executor: one run of the batch, its files
+sent back to the driver, and the batch's stop board that tells a run under way to stop.
+
+A run writes into a temporary directory on its worker's node and returns its files
+(compressed) with its outcome, so the driver needs no filesystem shared with the
+workers. A worker runs one task and exits (``max_calls=1``, as the local executor's
+``max_tasks_per_child=1``).
+
+Stopping: the driver calls ``StopBoard.stop``; a run under way learns it from
+``StopBoard.wait_stop`` in a watcher thread, which sends its own process SIGTERM, so
+the run stops its ranks exactly as a local job does when it is terminated (every rank
+stopped, ``run.json`` "interrupted"), and the task still returns the partial run's
+files. A run that had not begun is refused by ``StopBoard.begin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import tempfile
+import threading
+import zlib
+from pathlib import Path
+
+from emu.executors.base import run_spec
+from emu.spec import RunSpec
+
+
+class StopBoard:
+    """A Ray actor (async, no CPU) shared by the batch's tasks: which runs began, and
+    whether the batch stopped. Every method is a coroutine, so all of them run on the
+    actor's event loop (the one the stop event belongs to)."""
+
+    def __init__(self):
+        self._stopped = asyncio.Event()
+        self._began: set[int] = set()
+
+    async def begin(self, index: int) -> bool:
+        """Called by run ``index``'s task before it starts the run: False once the batch
+        stopped (the task then returns without running)."""
+        if self._stopped.is_set():
+            return False
+        self._began.add(index)
+        return True
+
+    async def stop(self) -> list[int]:
+        """Called by the driver to stop the batch; returns the runs that began. Every
+        ``begin`` after it returns False."""
+        self._stopped.set()
+        return sorted(self._began)
+
+    async def wait_stop(self) -> None:
+        """Returns once the batch stopped (a run's watcher waits on it)."""
+        await self._stopped.wait()
+
+
+def run_task(index: int, spec: RunSpec, board) -> dict:
+    """The Ray task of run ``index``: the run of ``spec`` into a temporary directory of
+    this node; returns its outcome (``emu.executors.base.run_spec``'s metrics or error, or
+    {"interrupted": report} when the batch stopped it, or {"stopped": True} when the
+    batch stopped before it began) and, unless stopped before it began, ``files``: the
+    run directory's files by name, zlib-compressed."""
+    import ray
+
+    if not ray.get(board.begin.remote(index)):
+        return {"stopped": True}
+    with tempfile.TemporaryDirectory(prefix="dyntra-emu-ray-") as tmp:
+        run_dir = Path(tmp) / "run"
+        try:
+            with _stopped_by(board):
+                outcome = run_spec(dataclasses.replace(spec, out_dir=run_dir))
+        except KeyboardInterrupt as exc:  # emu.cluster.supervision.Interrupted among them
+            report = str(exc) or "interrupted by SIGTERM: the batch was stopped"
+            if run_dir.is_dir():
+                (run_dir / "error.txt").write_text(report + "\n")
+            outcome = {"interrupted": report}
+        outcome["files"] = _pack(run_dir)
+    return outcome
+
+
+def _pack(run_dir: Path) -> dict[str, bytes]:
+    if not run_dir.is_dir():
+        return {}
+    return {p.name: zlib.compress(p.read_bytes()) for p in sorted(run_dir.iterdir())
+            if p.is_file()}
+
+
+def unpack(files: dict[str, bytes], out_dir: Path) -> None:
+    """On the driver: write a task's ``files`` into the run's ``out_dir``. A name is a
+    plain file name; anything else is refused."""
+    for name, data in files.items():
+        if name in ("", ".", "..") or os.sep in name or (os.altsep and os.altsep in name):
+            raise ValueError(f"a Ray task sent back a file named {name!r}")
+        (out_dir / name).write_bytes(zlib.decompress(data))
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"interrupted by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _stopped_by(board):
+    """While the run is under way: SIGINT and SIGTERM raise KeyboardInterrupt (inside the
+    launch, its own handlers take over and stop the ranks first), and a watcher thread
+    sends this process SIGTERM, once, when the board says the batch stopped. Ray's own
+    handlers are back when the block ends; the watcher never signals after that."""
+    import ray
+
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def watch() -> None:
+        stopped = board.wait_stop.remote()
+        while not done.is_set():
+            ready, _ = ray.wait([stopped], timeout=0.5)
+            if ready:
+                with lock:
+                    if not done.is_set():
+                        os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    watcher = threading.Thread(target=watch, name="dyntra-emu-stop-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        try:
+            with lock:
+                done.set()
+            watcher.join()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

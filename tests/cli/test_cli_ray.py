@@ -1,0 +1,206 @@
+"""`--executor ray` through the real console script, on a local Ray that the command
+starts and shuts down: a 2 x 2 sweep and `ab --seeds 2` give what `--executor local`
+gives (rows, metrics, event logs, plots; wall-clock fields aside), SIGINT mid-sweep
+stops every run and leaves no process or scratch directory, and bad executor flags are
+one line with exit 2 and nothing written.
+
+Ray is heavy on two cores (its GCS, raylet and agents start with every command), so
+these tests are few; `tests/integration/test_executors.py` has the failure path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.cli.test_cli_sweep import sweep_requests
+
+pytestmark = pytest.mark.integration
+
+STATIC = ('{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static", '
+          '"start_step": 0}}}')
+
+
+def _without_wall(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "wall"}
+
+
+def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
+    """Each run's metrics (wall-clock aside) and event logs are the same in both."""
+    for name in names:
+        a, b = local / name, ray / name
+        assert (_without_wall(json.loads((a / "metrics.json").read_text()))
+                == _without_wall(json.loads((b / "metrics.json").read_text()))), name
+        logs = sorted(p.name for p in a.glob("rank*.events.jsonl"))
+        assert logs and logs == sorted(p.name for p in b.glob("rank*.events.jsonl")), name
+        for log in logs:
+            assert (a / log).read_bytes() == (b / log).read_bytes(), (name, log)
+
+
+@pytest.mark.timeout(900)  # two sweeps, one starting Ray, on two shared cores
+def test_sweep_on_ray_equals_local(cli, clikit, tmp_path, ray_installed):
+    trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
+    flags = ["sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
+             "--grid", "mode=static,dynamic", "--grid", "long_req_block_threshold=30"]
+    ray = cli(*flags, "--executor", "ray", "--out", "ray", timeout=600, process=True)
+    assert ray.returncode == 0, ray.stderr
+    assert "on Ray (a local Ray)" in ray.stderr
+    local = cli(*flags, "--jobs", "2", "--out", "local", timeout=600, process=True)
+    assert local.returncode == 0, local.stderr
+
+    sweeps = [json.loads((tmp_path / d / "sweep.json").read_text()) for d in ("local", "ray")]
+    assert [r["name"] for r in sweeps[0]["rows"]] == ["baseline", "p01", "p02", "p03", "p04"]
+    assert sweeps[0]["rows"] == sweeps[1]["rows"]
+    assert ({k: v for k, v in sweeps[0].items() if k != "wall_s"}
+            == {k: v for k, v in sweeps[1].items() if k != "wall_s"})
+    assert any(r["pauses"] for r in sweeps[0]["rows"])  # DyntraLB did something
+    for name in ("sweep.csv", "pareto.png", "kv_blocks.png"):
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
+    _same_runs(tmp_path / "local" / "runs", tmp_path / "ray" / "runs",
+               [r["name"] for r in sweeps[0]["rows"]])
+
+
+@pytest.mark.timeout(1200)  # eight process-transport runs, one at a time
+def test_ab_seeds_on_ray_equals_local(cli, tmp_path, ray_installed):
+    """On the process transport: each run reserves its two CPUs in a placement group."""
+    flags = ["ab", "--workload", "recipe:pr12292,n=2,rate=20", "--seeds", "2", "--seed", "3",
+             "--dp", "2", "--block-size", "2048", "--device", "cpu", "--config-a", "{}",
+             "--config-b", STATIC]
+    ray = cli(*flags, "--executor", "ray", "--out", "ray", timeout=900, process=True)
+    assert ray.returncode == 0, ray.stderr
+    local = cli(*flags, "--out", "local", timeout=900, process=True)
+    assert local.returncode == 0, local.stderr
+    assert local.stdout == ray.stdout.replace("Outputs in ray/", "Outputs in local/")
+    abs_ = [json.loads((tmp_path / d / "ab.json").read_text()) for d in ("local", "ray")]
+
+    def without_wall(ab):
+        return json.loads(json.dumps(ab), object_hook=lambda d: {k: v for k, v in d.items()
+                                                                 if k != "wall"})
+    assert without_wall(abs_[0]) == without_wall(abs_[1])
+    _same_runs(tmp_path / "local", tmp_path / "ray",
+               [f"seed{s}/{r}" for s in (3, 4) for r in ("a", "b")])
+
+
+def _open_events_log(processes) -> Path | None:
+    """A rank event log a Ray task is writing, once it holds a step."""
+    for process in processes:
+        try:
+            for f in process.open_files():
+                path = Path(f.path)
+                if path.name == "rank1.events.jsonl" and path.stat().st_size > 0:
+                    return path
+        except (psutil.Error, OSError):
+            pass
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed):
+    # Ten million output tokens per request: the runs would last hours.
+    trace = clikit.write_trace(tmp_path / "endless.jsonl", [
+        {"request_id": f"r{i}", "arrival_s": 0.01 * i, "prompt_tokens": 64 + 40 * i,
+         "output_tokens": 10_000_000} for i in range(6)])
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emu", "sweep", "--workload", str(trace), *clikit.SMALL,
+         "--block-size", "1024", "--num-gpu-blocks", "20000", "--executor", "ray",
+         "--grid", "bubble_threshold=1,5",
+         "--out", str(out)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    seen: set[psutil.Process] = set()
+    deadline = time.monotonic() + 300
+    log = None
+    try:
+        while log is None:  # a run under way on a Ray worker
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no run got under way"
+            seen.update(psutil.Process(proc.pid).children(recursive=True))
+            log = _open_events_log(seen)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert ("dyntra-emu sweep: interrupted by SIGINT; the sweep is partial: 0 of 3 runs "
+            "finished") in stderr
+    assert "Traceback" not in stderr
+    states = {d.name: json.loads((d / "run.json").read_text())["state"]
+              for d in (out / "runs").iterdir() if (d / "run.json").exists()}
+    assert states and set(states.values()) == {"interrupted"}, states
+    for name in states:  # the partial runs came back, with each rank's report
+        assert "interrupted by SIGTERM: every rank was stopped" in (
+            out / "runs" / name / "error.txt").read_text()
+    assert not (out / "sweep.json").exists()
+    _, alive = psutil.wait_procs(seen, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]
+    assert not log.parent.parent.exists()  # the task's scratch directory
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--ray-address", "{unreachable}"],
+     "--ray-address 127.0.0.1:{port}: no Ray cluster reachable there (Connection refused)"),
+    (["--dp", str((os.cpu_count() or 1) + 1)],
+     f"--executor ray: a run of --dp {(os.cpu_count() or 1) + 1} on the process transport "
+     f"needs {(os.cpu_count() or 1) + 1} CPUs on one node (its ranks meet on 127.0.0.1), but "
+     f"the largest node of the local Ray has {os.cpu_count() or 1}"),
+])
+def test_ray_refuses_what_it_cannot_run(cli, clikit, tmp_path, ray_installed, args, fragment):
+    port = _free_port()
+    args = [a.replace("{unreachable}", f"127.0.0.1:{port}") for a in args]
+    proc = cli("ab", "--workload", "recipe:pr12292,n=2", "--seeds", "2", "--block-size",
+               "2048", "--device", "cpu", "--dp", "2", *args, "--executor", "ray",
+               "--out", "never", process=True, timeout=300)
+    clikit.assert_user_error(proc, fragment.replace("{port}", str(port)))
+    assert [line for line in proc.stderr.splitlines() if "dyntra-emu" in line] == [
+        proc.stderr.strip().splitlines()[-1]]
+    assert not (tmp_path / "never").exists()
+
+
+def test_executor_ray_without_ray_names_the_install(clikit, tmp_path, tiny_trace):
+    """Ray missing (an import that fails, in a fresh interpreter): one line naming the
+    extra to install, exit 2, nothing written. Needs no Ray."""
+    code = ("import sys; sys.modules['ray'] = None; from emu.cli.main import main; "
+            "sys.exit(main())")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "sweep", "--workload", str(tiny_trace), *clikit.SMALL,
+         "--grid", "mode=static", "--executor", "ray", "--out", "never"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    clikit.assert_user_error(proc, "--executor ray: Ray is not installed; install it with "
+                                   "pip install -e '.[ray]'")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("command,args,fragment", [
+    ("sweep", ["--grid", "mode=static", "--ray-address", "10.0.0.1:6379"],
+     "--ray-address: only with --executor ray"),
+    ("sweep", ["--grid", "mode=static", "--executor", "ray", "--jobs", "2"],
+     "--jobs: only with --executor local"),
+    ("ab", ["--executor", "ray"], "--executor ray: only with --seeds N"),
+    ("ab", ["--jobs", "2"], "--jobs: only with --seeds N"),
+])
+def test_executor_flags_that_do_not_apply(cli, clikit, tmp_path, tiny_trace, command, args,
+                                          fragment):
+    """Refused before Ray is looked for: no Ray needed."""
+    proc = cli(command, "--workload", tiny_trace, *clikit.SMALL, *args, "--out", "never")
+    clikit.assert_user_error(proc, fragment)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "never").exists()

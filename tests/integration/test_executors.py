@@ -1,0 +1,117 @@
+"""The executors of a batch of runs (``emu.executors``) on real runs: a run whose rank a
+fault kills stops the batch the same way on job processes and on a local Ray — the
+failure names the run and the rank, its report comes back to its out_dir, the other run
+(under way, endless) is stopped and says so in its run.json, and no process the batch
+started outlives it (the local Ray started for it included).
+
+The failing run is on the process transport (its one rank a real process, in a
+placement group on Ray), the endless one on rank threads. The failing run waits 20 s in
+its first lockstep collective before its rank is killed, so that the endless run is
+under way by then (job processes and Ray workers take seconds to start)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+
+import psutil
+import pytest
+
+from emu.executors import RunFailed, open_executor
+from emu.faults import FaultPlan
+from emu.spec import RunSpec
+from emu.workload import TraceRequest
+
+pytestmark = pytest.mark.integration
+
+
+def endless_trace() -> list[TraceRequest]:
+    """Ten million output tokens per request: hours of steps, even on rank threads."""
+    return [TraceRequest(f"r{i}", 0.01 * i, 64 + 40 * i, 10_000_000) for i in range(4)]
+
+
+def spec(out_dir, *, dp_size: int, transport: str, faults=None) -> RunSpec:
+    out_dir.mkdir()
+    return RunSpec(trace=endless_trace(), dp_size=dp_size, out_dir=out_dir,
+                   max_num_seqs=4, block_size=1024, num_gpu_blocks=20_000, device="cpu",
+                   transport=transport, run_timeout_s=240.0, max_steps=100_000_000,
+                   faults=None if faults is None else FaultPlan.of(faults))
+
+
+class Descendants:
+    """Every process below this one seen while the block runs (sampled), and the Ray
+    placement groups that were created, when Ray is up."""
+
+    def __init__(self):
+        self.seen: set[psutil.Process] = set()
+        self.groups: dict[str, dict] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> Descendants:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.2):
+            self.seen.update(psutil.Process().children(recursive=True))
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                from ray.util import placement_group_table
+
+                with contextlib.suppress(Exception):  # Ray shutting down
+                    self.groups.update({k: v for k, v in placement_group_table().items()
+                                        if v["state"] == "CREATED"})
+
+
+def _tracker_of_this_process(process: psutil.Process) -> bool:
+    try:
+        return (process.ppid() == psutil.Process().pid
+                and "multiprocessing.resource_tracker" in " ".join(process.cmdline()))
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request):
+    if executor == "ray":
+        request.getfixturevalue("ray_installed")
+    before = set(psutil.Process().children(recursive=True))
+    specs = [spec(tmp_path / "endless", dp_size=2, transport="thread"),
+             spec(tmp_path / "killed", dp_size=1, transport="process",
+                  faults=["delay:rank=0,site=engine.lockstep,step=1,seconds=20",
+                          "kill:rank=0,step=5"])]
+    done = []
+    with Descendants() as descendants:
+        with open_executor(executor, jobs=2) as batch:
+            batch.check(specs)
+            with pytest.raises(RunFailed) as failed:
+                batch.run(specs, done.append)
+    assert failed.value.index == 1
+    assert failed.value.error == "rank 0 failed: killed by signal SIGKILL"  # the fault's kill
+    assert done == []
+    killed, endless = tmp_path / "killed", tmp_path / "endless"
+    assert "rank 0 failed: killed by signal SIGKILL" in (killed / "error.txt").read_text()
+    assert json.loads((killed / "run.json").read_text())["state"] == "failed"
+    assert json.loads((endless / "run.json").read_text())["state"] == "interrupted"
+    assert (endless / "rank1.events.jsonl").stat().st_size > 0
+    # This process's multiprocessing resource tracker (started for the local executor's
+    # stop event) serves the process, not the batch, and ends with it.
+    started = {p for p in descendants.seen - before if not _tracker_of_this_process(p)}
+    assert started, "the batch started no process"
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]
+    if executor == "ray":
+        import ray
+
+        assert not ray.is_initialized()
+        # The process-transport run held its rank's CPU in a placement group on one node.
+        assert [(g["strategy"], list(g["bundles"].values())) for g in
+                descendants.groups.values()] == [("STRICT_PACK", [{"CPU": 1.0}])]
