@@ -21,10 +21,17 @@ emulator cannot close yet: synchronous scheduling (the PR used async scheduling)
     .venv/bin/python benchmarks/pr12292.py --n 300 --seeds 0 1 --profiles kv-token
     .venv/bin/python benchmarks/pr12292.py --profiles kv-token kv-token-mtp3   # MTP row
     .venv/bin/python benchmarks/pr12292.py --n 100 --check-transports   # thread == process
+    .venv-upstream/bin/python benchmarks/pr12292.py --impl kit vllm-ascend \
+        --profiles kv-token-mtp3 --seeds 0 1 2                    # on vllm-ascend's code too
 
 ``--check-transports`` also runs the first seed's pairs on rank processes and checks
 that their event logs are byte-identical to the thread runs' and the numbers equal.
-Prints a table (and with ``--json FILE`` writes every number).
+``--impl kit vllm-ascend`` runs every pair on both impls (``--impl vllm-ascend``:
+vllm-ascend's own DyntraLB on vLLM's scheduler, from ``--vllm-ascend PATH``, default
+``$DYNTRA_VLLM_ASCEND`` or ../shared/upstream/vllm-ascend; needs vLLM, the
+``.venv-upstream`` environment). Prints a table per pair, then per impl and profile the
+mean change over the seeds with its 95 % confidence interval (Student's t), and with
+``--json FILE`` writes every number.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from emu.cluster.supervision import ClusterError  # noqa: E402
 from emu.rank.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
+from emu.recipes import mean_ci  # noqa: E402
 from emu.run import run  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
@@ -68,12 +76,15 @@ def trace(n: int, rate: float, seed: int) -> list[TraceRequest]:
                          r["output_tokens"]) for r in generate.pr12292(n, rate, seed)]
 
 
-def run_one(requests, config, profile, seed, out_dir, transport: str) -> dict:
-    """One emulated run; its metrics plus the wall time it took."""
+def run_one(requests, config, profile, seed, out_dir, transport: str, impl: str = "kit",
+            tree: str | None = None) -> dict:
+    """One emulated run on ``impl`` (vllm-ascend's from ``tree``); its metrics plus the
+    wall time it took."""
     spec = RunSpec(trace=requests, dp_size=DP, out_dir=out_dir, additional_config=config,
                    max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, cost_model=profile,
                    seed=seed, device="cpu", collective_timeout_s=600.0,
-                   max_concurrency=MAX_CONCURRENCY, transport=transport)
+                   max_concurrency=MAX_CONCURRENCY, transport=transport, impl=impl,
+                   vllm_ascend=tree if impl == "vllm-ascend" else None)
     start = time.monotonic()
     result = run(spec)
     wall_s = time.monotonic() - start
@@ -109,6 +120,12 @@ def main(argv=None) -> int:
                         help="how the ranks run (default thread)")
     parser.add_argument("--check-transports", action="store_true",
                         help="run the first seed on rank processes too and compare")
+    parser.add_argument("--impl", nargs="+", default=["kit"], choices=("kit", "vllm-ascend"),
+                        help="which DyntraLB runs in the ranks; several: each pair on each "
+                             "(default: kit)")
+    parser.add_argument("--vllm-ascend", default=_default_tree(), metavar="PATH",
+                        help="the vllm-ascend tree of --impl vllm-ascend (default: "
+                             "$DYNTRA_VLLM_ASCEND, else ../shared/upstream/vllm-ascend)")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
     try:
@@ -119,29 +136,32 @@ def main(argv=None) -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}; dp={DP}, block size {BLOCK_SIZE}, "
           f"max_num_seqs {MAX_NUM_SEQS}, n={args.n}, {args.rate:g} req/s, max concurrency "
-          f"{MAX_CONCURRENCY}, transport {args.transport}", flush=True)
+          f"{MAX_CONCURRENCY}, transport {args.transport}, impl {' '.join(args.impl)}",
+          flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="pr12292-") as tmp:
         for seed in args.seeds:
             requests = trace(args.n, args.rate, seed)
-            for name in args.profiles:
+            for name, impl in ((name, impl) for name in args.profiles for impl in args.impl):
                 pair = {}
                 for label, config in (("A", None), ("B", CONFIG_B)):
-                    out = pathlib.Path(tmp) / f"{seed}-{profiles[name].name}-{label}"
+                    out = pathlib.Path(tmp) / f"{seed}-{profiles[name].name}-{impl}-{label}"
                     try:
                         pair[label] = run_one(requests, config, profiles[name], seed, out,
-                                              args.transport)
+                                              args.transport, impl, args.vllm_ascend)
                     except ClusterError as exc:  # e.g. the watchdog on an overloaded host
-                        print(f"  seed {seed} {name} {label}: FAILED: "
+                        print(f"  seed {seed} {name} {impl} {label}: FAILED: "
                               f"{str(exc).splitlines()[0][:300]}", flush=True)
                         break
-                    print(f"  seed {seed} {name} {label}: {pair[label]['duration_s']:.2f} s "
-                          f"virtual, {pair[label]['wall_s']:.0f} s wall", flush=True)
+                    print(f"  seed {seed} {name} {impl} {label}: "
+                          f"{pair[label]['duration_s']:.2f} s virtual, "
+                          f"{pair[label]['wall_s']:.0f} s wall", flush=True)
                 if len(pair) < 2:
                     continue
-                results.append({"seed": seed, "profile": profiles[name].name, **pair})
+                results.append({"seed": seed, "profile": profiles[name].name, "impl": impl,
+                                **pair})
                 print(f"  {_row(results[-1])}", flush=True)
-                if args.check_transports and seed == args.seeds[0]:
+                if args.check_transports and seed == args.seeds[0] and impl == "kit":
                     check_transports(requests, profiles[name], seed, pair, pathlib.Path(tmp),
                                      args)
                 if args.json:  # after every pair, so an interrupted run keeps its numbers
@@ -149,18 +169,46 @@ def main(argv=None) -> int:
                         {"args": vars(args) | {"json": str(args.json)},
                          "results": results}, indent=2) + "\n")
 
-    header = (f"{'profile':<22} {'seed':>4} {'duration A -> B (s)':>22} {'change':>9} "
+    header = (f"{'profile':<30} {'seed':>4} {'duration A -> B (s)':>22} {'change':>9} "
               f"{'output tok/s A -> B':>22} {'change':>9} {'bubble A -> B':>15} "
               f"{'bound gain A':>12} {'plans':>6} {'pauses':>6}")
     print("\n" + header)
     print("-" * len(header))
     pa, pb = PR["duration_s"]
     ta, tb = PR["throughput_tok_s"]
-    print(f"{'PR #12292 (published)':<22} {'':>4} {f'{pa:.2f} -> {pb:.2f}':>22} "
+    print(f"{'PR #12292 (published)':<30} {'':>4} {f'{pa:.2f} -> {pb:.2f}':>22} "
           f"{_pct(pa, pb):>9} {f'{ta:.1f} -> {tb:.1f}':>22} {_pct(ta, tb):>9}")
     for r in results:
         print(_row(r))
+    print_means(results)
     return 0
+
+
+def print_means(results: list[dict]) -> None:
+    """Per impl and profile: the mean change of B against A over the seeds with its 95 %
+    confidence interval (two or more seeds), and the mean wall time of a run."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["impl"], r["profile"]), []).append(r)
+    print(f"\n{'impl':<12} {'profile':<22} {'seeds':>5} {'duration change':>18} "
+          f"{'throughput change':>18} {'wall per run':>12}")
+    for (impl, profile), rows in groups.items():
+        cells = []
+        for key in ("duration_s", "throughput_tok_s"):
+            changes = [(r["B"][key] - r["A"][key]) / r["A"][key] * 100 for r in rows]
+            if len(changes) < 2:
+                cells.append(f"{changes[0]:+.2f} %")
+                continue
+            mean, half = mean_ci(changes)
+            cells.append(f"{mean:+.2f} ± {half:.2f} %")
+        wall = sum(r[side]["wall_s"] for r in rows for side in "AB") / (2 * len(rows))
+        print(f"{impl:<12} {profile:<22} {len(rows):>5} {cells[0]:>18} {cells[1]:>18} "
+              f"{wall:>10.0f} s")
+
+
+def _default_tree() -> str:
+    return os.environ.get("DYNTRA_VLLM_ASCEND") or str(
+        ROOT.parent / "shared" / "upstream" / "vllm-ascend")
 
 
 def check_transports(requests, profile, seed, pair, tmp, args) -> None:
@@ -189,7 +237,8 @@ def _row(r: dict) -> str:
     thr = f"{a['throughput_tok_s']:.1f} -> {b['throughput_tok_s']:.1f}"
     bub = f"{a['bubble_ratio'] * 100:.1f} -> {b['bubble_ratio'] * 100:.1f} %"
     gain = a["headroom"]["max_gain"]
-    return (f"{r['profile']:<22} {r['seed']:>4} {dur:>22} "
+    name = r["profile"] if r.get("impl", "kit") == "kit" else f"{r['profile']} [{r['impl']}]"
+    return (f"{name:<30} {r['seed']:>4} {dur:>22} "
             f"{_pct(a['duration_s'], b['duration_s']):>9} {thr:>22} "
             f"{_pct(a['throughput_tok_s'], b['throughput_tok_s']):>9} {bub:>15} "
             f"{gain * 100:>+11.1f}% {b['plan_steps']:>6} {b['pauses']:>6}")

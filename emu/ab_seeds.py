@@ -9,7 +9,14 @@ so the file alone is a baseline a CI job can keep without the run directories. L
     {"kind": "ab-seeds", "schema_version": 1, "workload": ..., "dp_size": ...,
      "labels": {"a": ..., "b": ...}, "seeds": [s, ...],
      "runs": [{"seed": s, "a": {"dir": "seed<s>/a", "metrics": {...}}, "b": {...}}, ...],
-     "deltas": [{"label", "metric", "unit", "per_seed", "mean", "ci95"}, ...]}
+     "deltas": [{"label", "metric", "unit", "per_seed", "mean", "ci95"}, ...],
+     "metrics": [{"metric", "a_mean", "b_mean", "delta", "delta_ci95", "delta_pct",
+                  "delta_pct_ci95"}, ...],
+     "trees": {"a": {...}, "b": {...}}}   # only for --vllm-ascend-a/-b
+
+``metrics`` is every metric of the A/B table over the seeds (``emu.report.
+seed_metric_stats``); ``trees`` says which vllm-ascend tree each side ran (path, git
+commit, content hash, vLLM's version).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emu.recipes import SEED_DELTAS, seed_summary
+from emu.report import seed_metric_stats
 
 FILE_NAME = "ab.json"
 KIND = "ab-seeds"
@@ -42,9 +50,11 @@ class AbSeeds:
     metrics: dict[str, list[dict]]
 
 
-def write_ab_json(path: Path, *, workload: str, dp_size: int, labels, pairs) -> None:
+def write_ab_json(path: Path, *, workload: str, dp_size: int, labels, pairs,
+                  trees: list[dict] | None = None) -> None:
     """Write ``path`` from ``pairs``: (seed, metrics of A, metrics of B) per seed, the
-    metrics as each run's metrics.json holds them."""
+    metrics as each run's metrics.json holds them; ``trees`` (tree A's and B's
+    description) for a tree A/B."""
     deltas = [{"label": label, "metric": ".".join(metric_path),
                "unit": "%" if relative else "pp", "per_seed": values,
                "mean": ci[0] if ci else None, "ci95": ci[1] if ci else None}
@@ -58,7 +68,10 @@ def write_ab_json(path: Path, *, workload: str, dp_size: int, labels, pairs) -> 
                                    for side, m in zip(SIDES, (a, b), strict=True)}}
                  for seed, a, b in pairs],
         "deltas": deltas,
+        "metrics": seed_metric_stats(pairs),
     }
+    if trees is not None:
+        record["trees"] = dict(zip(SIDES, trees, strict=True))
     Path(path).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 

@@ -6,10 +6,12 @@ from emu/metrics.py; the PNG plots that summary.md shows are emu/plots.py's.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from emu.knobs import is_int, is_number
 from emu.no_effect import no_effect_notes
+from emu.recipes import mean_ci
 
 # Latency distributions in display order: (metrics key, label).
 LATENCIES = (
@@ -102,10 +104,10 @@ def write_summary_md(path, metrics: dict, *, title: str = "dyntra-emu run",
 
 
 def write_ab_summary_md(path, metrics_a: dict, metrics_b: dict, labels=("A", "B"), *,
-                        title: str = "dyntra-emu ab", plots=()) -> None:
-    """summary.md of an A/B comparison: every metric with its deltas, both configs,
-    and the overlay plots."""
-    lines = [f"# {title}", "", f"A = `{labels[0]}`, B = `{labels[1]}`", ""]
+                        title: str = "dyntra-emu ab", plots=(), about=()) -> None:
+    """summary.md of an A/B comparison: ``about`` (lines saying what A and B are, e.g.
+    their trees), every metric with its deltas, both configs, and the overlay plots."""
+    lines = [f"# {title}", "", *_md_about(about), f"A = `{labels[0]}`, B = `{labels[1]}`", ""]
     lines += headroom_summary(metrics_a, metrics_b, labels)
     for label, m in zip(labels, (metrics_a, metrics_b), strict=True):
         lines += _md_notes([f"({label}) {n}" for n in no_effect_notes(m)])
@@ -121,6 +123,90 @@ def write_ab_summary_md(path, metrics_a: dict, metrics_b: dict, labels=("A", "B"
         lines += _md_config(m, heading=f"Config of {label}")
     lines += _md_plots(path, plots)
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def seed_metric_stats(pairs: list[tuple[int, dict, dict]]) -> list[dict]:
+    """Every metric the A/B table compares (``flat_metrics``), over the seeds of ``ab
+    --seeds``: ``pairs`` is (seed, metrics of A, metrics of B) per seed. Per metric its
+    mean on each side and the change of B against A per seed as a mean with the half
+    width of its 95 % confidence interval (Student's t), absolute and in percent of A
+    (None where a seed lacks the metric, or A is 0 in a seed for the percentage)."""
+    flats = [(flat_metrics(a), flat_metrics(b)) for _, a, b in pairs]
+    names: list[str] = []
+    for flat_a, flat_b in flats:
+        names += [n for n in _ab_names(flat_a, flat_b) if n not in names]
+    stats = []
+    for name in names:
+        va = [flat_a.get(name) for flat_a, _ in flats]
+        vb = [flat_b.get(name) for _, flat_b in flats]
+        row = {"metric": name, "integer": all(is_int(v) for v in va + vb), "a_mean": None,
+               "b_mean": None, "delta": None, "delta_ci95": None, "delta_pct": None,
+               "delta_pct_ci95": None}
+        if None not in va and None not in vb:
+            row["a_mean"], row["b_mean"] = statistics.fmean(va), statistics.fmean(vb)
+            row["delta"], row["delta_ci95"] = mean_ci([y - x for x, y in zip(va, vb,
+                                                                              strict=True)])
+            if all(va):
+                row["delta_pct"], row["delta_pct_ci95"] = mean_ci(
+                    [(y - x) / abs(x) * 100 for x, y in zip(va, vb, strict=True)])
+        stats.append(row)
+    return stats
+
+
+def seeds_ab_table(stats: list[dict], labels=("A", "B"), markdown: bool = False) -> str:
+    """``seed_metric_stats`` as the table ``ab --seeds`` prints: each metric's mean on
+    both sides and the change of B, mean ± 95 % CI over the seeds."""
+    header = ["metric", f"{labels[0]} (mean)", f"{labels[1]} (mean)", "delta ± 95 % CI",
+              "delta % ± 95 % CI"]
+    rows = []
+    for row in stats:
+        digits = 1 if row["integer"] else 4  # a mean of counts: one decimal
+        delta = ("-" if row["delta"] is None
+                 else f"{_signed(row['delta'], digits)} ± {row['delta_ci95']:.{digits}f}")
+        pct = ("-" if row["delta_pct"] is None
+               else f"{_signed(row['delta_pct'], 2)} ± {row['delta_pct_ci95']:.2f} %")
+        rows.append((row["metric"], _num(row["a_mean"], digits), _num(row["b_mean"], digits),
+                     delta, pct))
+    return (_md_table if markdown else _text_table)(header, rows)
+
+
+def seeds_headroom(pairs: list[tuple[int, dict, dict]], labels=("A", "B")) -> list[str]:
+    """``headroom_summary`` over the seeds of ``ab --seeds``: how much B could gain over
+    A at most and how much it got, each in percent of A's throughput as a mean ± 95 % CI
+    over the seeds. [] when a run lacks the numbers."""
+    possible, got = [], []
+    for _, a, b in pairs:
+        ha, ta, tb = a.get("headroom"), a.get("throughput_tok_s"), b.get("throughput_tok_s")
+        if not ha or not ta or tb is None or ha.get("sol_throughput_tok_s") is None:
+            return []
+        possible.append((ha["sol_throughput_tok_s"] - ta) / ta * 100)
+        got.append((tb - ta) / ta * 100)
+    (pm, ph), (gm, gh) = mean_ci(possible), mean_ci(got)
+    line = (f"Headroom over {len(pairs)} seeds: perfectly balanced, the steps of {labels[0]} "
+            f"would give {pm:+.1f} ± {ph:.1f} % over its throughput; {labels[1]} reached "
+            f"{gm:+.1f} ± {gh:.1f} %")
+    if pm > 0:
+        line += f", {gm / pm * 100:.0f} % of that headroom (of the means)"
+    return [line]
+
+
+def write_ab_seeds_summary_md(path, *, title: str, labels, about=(), key_table: str,
+                              stats: list[dict], headroom=(), notes=(), plots=()) -> None:
+    """summary.md of ``ab --seeds``: what A and B are, the key deltas per seed with their
+    mean and CI, the headroom, every metric over the seeds, notes, each seed's plots."""
+    lines = [f"# {title}", "", *_md_about(about),
+             f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as "
+             "the mean with its 95 % confidence interval (Student's t)", "",
+             "```", key_table, "```", "", *headroom, "",
+             "## Every metric, mean over the seeds", "",
+             seeds_ab_table(stats, labels, markdown=True)]
+    lines += _md_notes(list(notes))
+    lines += _md_plots(path, plots)
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def _md_about(about) -> list[str]:
+    return [*(f"- {line}" for line in about), ""] if about else []
 
 
 _RANK_HEADER = ["rank", "utilisation", "mean blocks", "max blocks", "tokens", "finished"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 
 from dyntra_lb.config import unknown_keys
@@ -19,7 +20,7 @@ from emu.cli.batch import (
     describe_executor,
     run_batch,
 )
-from emu.cli.errors import UsageError
+from emu.cli.errors import PROG, UsageError
 from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
 from emu.cli.inputs import (
     build_spec,
@@ -38,6 +39,7 @@ from emu.knobs import Int
 from emu.recipes import is_recipe, seed_table
 
 RUN_DIRS = ("a", "b")
+TREE_LABELS = ("tree A", "tree B")
 
 EPILOG = """\
 examples:
@@ -46,22 +48,30 @@ examples:
   dyntra-emu ab --additional-config @decode_node.json
       the config with DyntraLB disabled (A) vs as given (B)
   dyntra-emu ab --config-a @static.json --config-b @dynamic.json --out runs/modes
+  dyntra-emu ab --impl vllm-ascend --vllm-ascend-a ~/src/va-base --vllm-ascend-b ~/src/va \\
+      --workload recipe:pr12292,n=300 --seeds 5 --dp 8 --block-size 2048 --transport thread
+      a vllm-ascend branch (B) against its base (A): same trace, config and seeds
   dyntra-emu ab --workload recipe:pr12292,n=300 --seeds 5 --executor ray
       the A/B on 5 seeds, its 10 runs as Ray tasks on a local Ray
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
 a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
 ab.json (every run's metrics and the deltas; a baseline for `dyntra-emu gate`) and
-seed<s>/a, seed<s>/b.
+seed<s>/a, seed<s>/b with each seed's plots. With --vllm-ascend-a/-b, summary.md and
+ab.json say which tree is which (path, git commit, content hash).
 """
 
 
-def _ab_sources(args) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     """The two configs of `ab` as (JSON text, name) and their labels."""
-    if args.planner_b is not None and args.config_a is None and args.config_b is None:
-        # A planner A/B: both runs with the config, DyntraLB on.
+    same_config = trees is not None or (
+        args.planner_b is not None and args.config_a is None and args.config_b is None)
+    if same_config:
+        # A planner or tree A/B: both runs with the config, DyntraLB on.
         on = (read_config_arg(args.additional_config) if args.additional_config is not None
               else default_config())
+        if trees is not None:
+            return [on, on], TREE_LABELS
         return [on, on], tuple(f"planner {p}" for p in _planners(args))
     if args.config_a is not None or args.config_b is not None:
         if args.config_a is None or args.config_b is None:
@@ -114,18 +124,20 @@ def _seeds(args) -> list[int]:
     return list(range(args.seed, args.seed + args.seeds))
 
 
-def _pairs(args, launch, sources, seeds, out_dir: Path) -> list[list]:
+def _pairs(args, launch, sources, seeds, out_dir: Path, trees) -> list[list]:
     """Every run of the A/B, checked before the first starts: per seed, [(spec, parsed
     config)] of A and of B. Each seed of a recipe is a trace of its own; run B takes
-    --planner-b."""
-    b_fields = {} if args.planner_b is None else {"planner": args.planner_b}
+    --planner-b; with ``trees``, each run its own tree."""
+    a_fields, b_fields = {}, {} if args.planner_b is None else {"planner": args.planner_b}
     b_flags = {} if args.planner_b is None else {"planner": "--planner-b"}
+    if trees is not None:
+        a_fields, b_fields = ({"vllm_ascend": str(tree.root)} for tree in trees)
     pairs, problems = [], []
     for seed in seeds:
         inputs = read_inputs(args, launch.dp, seed=seed)
         base = out_dir if args.seeds is None else out_dir / f"seed{seed}"
         pair = [build_spec(args, launch.dp, inputs, text, base / name, seed=seed, **fields)
-                for (text, _), name, fields in zip(sources, RUN_DIRS, ({}, b_fields),
+                for (text, _), name, fields in zip(sources, RUN_DIRS, (a_fields, b_fields),
                                                    strict=True)]
         runs = [(pair[0], sources[0][1]), (pair[1], sources[1][1], b_flags)]
         try:
@@ -142,19 +154,26 @@ def _pairs(args, launch, sources, seeds, out_dir: Path) -> list[list]:
 def cmd_ab(args) -> int:
     launch = resolve_launch(args)
     _check_combinations(args)
-    sources, labels = _ab_sources(args)
+    trees = check_trees(args)
+    sources, labels = _ab_sources(args, trees)
     seeds = _seeds(args)
     out_dir = out_dir_path(args.out, "ab")
-    pairs = _pairs(args, launch, sources, seeds, out_dir)
+    pairs = _pairs(args, launch, sources, seeds, out_dir, trees)
     warn_ignored_keys("ab", ignored_keys(
         [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
+    about = [] if trees is None else tree_lines(trees)
     if args.seeds is not None:
+        # Each run of the batch has a fresh process of its own (a local job, a Ray task
+        # with max_calls=1): two trees on rank threads never meet in one process.
         results = _run_seeds(args, seeds, pairs, labels, out_dir)
-        return _report_seeds(args, seeds, results, labels, launch.dp, out_dir)
+        return _report_seeds(args, seeds, results, labels, launch.dp, out_dir, about, trees)
     prepare_out_dir(out_dir, args.overwrite, RUN_DIRS)
-    metrics = [run_one(args, spec, config, launch, f"{name.upper()} ({label})")
+    # Rank threads import their tree into the process that hosts them, which can hold
+    # one tree: with two trees, each run gets a fresh process of its own.
+    apart = trees is not None and args.transport == "thread"
+    metrics = [run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
                for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
-    return _report(pairs[0], metrics, labels, out_dir)
+    return _report(pairs[0], metrics, labels, out_dir, about)
 
 
 def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
@@ -174,9 +193,9 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
-def _report(pair, metrics, labels, out_dir: Path) -> int:
+def _report(pair, metrics, labels, out_dir: Path, about: list[str]) -> int:
     """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
-    summary.md and the overlay plots."""
+    summary.md and the overlay plots; ``about`` lines (which tree is which) first."""
     from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
     from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
@@ -188,7 +207,9 @@ def _report(pair, metrics, labels, out_dir: Path) -> int:
     plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
     write_ab_summary_md(out_dir / "summary.md", metrics[0], metrics[1], labels,
                         title=f"dyntra-emu ab: {spec.workload}, dp={spec.dp_size}",
-                        plots=plots)
+                        plots=plots, about=about)
+    for line in about:
+        print(line)
     print(ab_table(metrics[0], metrics[1], labels))
     print()
     wall = ab_wall_table(metrics[0], metrics[1], labels)
@@ -206,28 +227,55 @@ def _report(pair, metrics, labels, out_dir: Path) -> int:
     return 0
 
 
-def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path) -> int:
+def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: list[str],
+                  trees) -> int:
     """``ab --seeds N``: each key delta per seed and its mean with a 95 % confidence
-    interval, printed and in summary.md."""
+    interval, every metric's mean over the seeds with its change and CI, the headroom
+    over the seeds; printed, in summary.md and ab.json; each seed's overlay plots in its
+    directory."""
+    from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
+    from emu.plots import write_ab_plots  # matplotlib: only once every run is done
+    from emu.report import (
+        seed_metric_stats,
+        seeds_ab_table,
+        seeds_headroom,
+        write_ab_seeds_summary_md,
+    )
 
     pairs = [(seed, a, b) for seed, (a, b) in zip(seeds, results, strict=True)]
     table = seed_table(pairs)
+    stats = seed_metric_stats(pairs)
+    headroom = seeds_headroom(pairs, labels)
+    notes = [f"(seed {seed}, {label}) {text}" for seed, *metrics in pairs
+             for label, m in zip(labels, metrics, strict=True) for text in no_effect_notes(m)]
+    plots = []
+    for seed in seeds:
+        seed_dir = out_dir / f"seed{seed}"
+        plots += write_ab_plots(*(load_run(seed_dir / name) for name in RUN_DIRS), labels,
+                                seed_dir)
+    for line in about:
+        print(line)
     print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")
     print(table)
-    for seed, *metrics in pairs:
-        for label, m in zip(labels, metrics, strict=True):
-            for text in no_effect_notes(m):
-                print(f"note (seed {seed}, {label}): {text}")
-    (out_dir / "summary.md").write_text(
-        f"# dyntra-emu ab --seeds {args.seeds}: {args.workload}, dp={dp}\n\n"
-        f"A = `{labels[0]}`, B = `{labels[1]}`; deltas of B against A, per seed and as the "
-        "mean with its 95 % confidence interval (Student's t)\n\n```\n" + table + "\n```\n")
+    print(f"\nEvery metric, mean over the {len(seeds)} seeds, and the change of "
+          f"{labels[1]} against {labels[0]} (mean ± 95 % CI over the seeds):\n")
+    print(seeds_ab_table(stats, labels))
+    print()
+    for line in headroom:
+        print(line)
+    for text in notes:
+        print(f"note {text}")
+    write_ab_seeds_summary_md(
+        out_dir / "summary.md", title=f"dyntra-emu ab --seeds {args.seeds}: "
+        f"{args.workload}, dp={dp}", labels=labels, about=about, key_table=table,
+        stats=stats, headroom=headroom, notes=notes, plots=plots)
     write_ab_json(out_dir / AB_FILE, workload=args.workload, dp_size=args.dp, labels=labels,
-                  pairs=pairs)
+                  pairs=pairs,
+                  trees=None if trees is None else [tree.describe() for tree in trees])
     print(f"\nOutputs in {out_dir}/: summary.md, {AB_FILE} (every run's metrics, for "
           "`dyntra-emu gate --baseline`), seed<s>/a and seed<s>/b (metrics.json and event "
-          "logs of each run)")
+          "logs of each run), seed<s>/*_ab.png (each seed's overlay plots)")
     return 0
 
 
@@ -274,6 +322,61 @@ def _check_combinations(args) -> None:
     check_executor_flags(args)
 
 
+def check_trees(args):
+    """The two vllm-ascend trees of ``--vllm-ascend-a/-b`` (``emu.impl.vllm_ascend.tree.
+    Tree``), checked as a run checks its tree, or None without them. Refused in one line:
+    one without the other, either without --impl vllm-ascend, with --vllm-ascend (they
+    name both trees) or with what makes the two runs differ otherwise (--config-a/-b,
+    --planner-b), and a path that is not a vllm-ascend tree. The same code twice (equal
+    content hashes) is allowed, with a warning: an A-A run is how a user checks that
+    the A/B itself adds no difference."""
+    given = {flag: path for flag, path in (("--vllm-ascend-a", args.vllm_ascend_a),
+                                           ("--vllm-ascend-b", args.vllm_ascend_b))
+             if path is not None}
+    if not given:
+        return None
+    if len(given) == 1:
+        [(flag, _)] = given.items()
+        other = "--vllm-ascend-b" if flag == "--vllm-ascend-a" else "--vllm-ascend-a"
+        raise UsageError(f"{other}: required with {flag} (a tree A/B runs one vllm-ascend "
+                         "tree per side)")
+    if args.impl != "vllm-ascend":
+        raise UsageError(f"--vllm-ascend-a: needs --impl vllm-ascend (the trees are "
+                         f"vllm-ascend's code; --impl {args.impl} runs ours)")
+    for flag, value in (("--vllm-ascend", args.vllm_ascend), ("--config-a", args.config_a),
+                        ("--config-b", args.config_b), ("--planner-b", args.planner_b)):
+        if value is not None:
+            raise UsageError(f"{flag}: not allowed with --vllm-ascend-a/--vllm-ascend-b (a "
+                             "tree A/B runs the same config and planner on both trees; "
+                             "compare configs or planners on one tree with --vllm-ascend)")
+    from emu.impl.vllm_ascend.tree import TreeError, resolve
+
+    trees = []
+    for flag, path in given.items():
+        try:
+            trees.append(resolve(path))
+        except TreeError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+    hashes = [tree.describe()["vllm_ascend_sha256"] for tree in trees]
+    if hashes[0] == hashes[1]:
+        print(f"{PROG} ab: warning: --vllm-ascend-a and --vllm-ascend-b hold the same "
+              f"vllm-ascend (content sha256 {hashes[0][:16]}): an A-A run, whose every "
+              "change should be 0", file=sys.stderr, flush=True)
+    return tuple(trees)
+
+
+def tree_lines(trees) -> list[str]:
+    """Which tree is which: the lines ab prints and summary.md starts with."""
+    lines = []
+    for label, tree in zip(TREE_LABELS, trees, strict=True):
+        about = tree.describe()
+        commit = about["vllm_ascend_commit"]
+        lines.append(f"{label}: {about['vllm_ascend']} ("
+                     f"{'git ' + commit[:12] if commit else 'not a git checkout'}, content "
+                     f"sha256 {about['vllm_ascend_sha256'][:16]})")
+    return lines
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "ab", help="run a workload with DyntraLB off and on (or two configs), compare",
@@ -293,6 +396,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "own); without --config-a/--config-b both runs use the config "
                              f"with DyntraLB on, so the A/B compares planners. One of "
                              f"{', '.join(PLANNERS)}")
+    parser.add_argument("--vllm-ascend-a", metavar="PATH",
+                        help="with --impl vllm-ascend: run A on this vllm-ascend tree (your "
+                             "branch's base; with --vllm-ascend-b). Both runs take the same "
+                             "trace, config, planner and seeds; with --transport thread each "
+                             "run has a process of its own")
+    parser.add_argument("--vllm-ascend-b", metavar="PATH",
+                        help="run B on this vllm-ascend tree (your branch; with "
+                             "--vllm-ascend-a)")
     parser.add_argument("--seeds", type=Int(2, 100).parse, metavar="N",
                         help="with --workload recipe:NAME: run the A/B on N workload seeds "
                              "(--seed, --seed + 1, ...) and report each delta as a mean with a "

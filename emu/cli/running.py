@@ -71,10 +71,12 @@ def torchrun_env() -> tuple[int, int] | None:
         raise UsageError("RANK and WORLD_SIZE must be integers (set by torchrun)") from None
 
 
-def run_one(args, spec, config, launch: Launch, desc: str) -> dict | None:
+def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = False
+            ) -> dict | None:
     """Run ``spec`` (checked; ``config`` its parsed additional config) into its out_dir
     with a progress bar; metrics.json is written there. Returns the metrics (None on the
-    ranks other than 0 under torchrun)."""
+    ranks other than 0 under torchrun). ``apart``: in a fresh process of its own
+    (``emu.run_apart``; ab's runs of two vllm-ascend trees on rank threads)."""
     from emu.cluster.supervision import ClusterError, Interrupted
 
     out_dir = Path(spec.out_dir)
@@ -86,7 +88,7 @@ def run_one(args, spec, config, launch: Launch, desc: str) -> dict | None:
     start = time.monotonic()
     try:
         with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
-            metrics, truncated = _run(spec, launch)
+            metrics, truncated = _run(spec, launch, apart)
     except DeviceError as exc:
         raise UsageError(f"--device {spec.device}: {exc}") from None
     except ClusterError as exc:
@@ -107,11 +109,15 @@ def run_one(args, spec, config, launch: Launch, desc: str) -> dict | None:
     return metrics
 
 
-def _run(spec, launch: Launch) -> tuple[dict | None, bool]:
-    """Run the cluster; returns its metrics (None on a rank other than 0 under
-    torchrun) and whether a rank hit max_steps (as far as this process knows)."""
+def _run(spec, launch: Launch, apart: bool) -> tuple[dict | None, bool]:
+    """Run the cluster (in a fresh process when ``apart``); returns its metrics (None on
+    a rank other than 0 under torchrun) and whether a rank hit max_steps (as far as this
+    process knows)."""
     if launch.torchrun is None:
-        from emu.run import run
+        if apart:
+            from emu.run_apart import run_apart as run
+        else:
+            from emu.run import run
 
         result = run(spec)
         return result.metrics, result.truncated

@@ -112,6 +112,30 @@ def test_ab_over_workload_seeds(cli, tmp_path):
         assert b["plan_churn"]["active_steps"] > 0  # B is static from step 0
     assert traces[0] != traces[1]  # different seeds, different traces
     assert "mean ± 95 % CI" in (out / "summary.md").read_text()
+    # every metric over the seeds: each side's mean and B's change, from the runs' metrics
+    every = {row["metric"]: row for row in json.loads((out / "ab.json").read_text())["metrics"]}
+    runs = {(seed, side): json.loads((out / f"seed{seed}" / side / "metrics.json").read_text())
+            for seed in (3, 4) for side in "ab"}
+    for metric, path in (("throughput_tok_s", ("throughput_tok_s",)),
+                         ("tpot_ms.p99", ("tpot_ms", "p99")),
+                         ("pauses.total", ("pauses", "total"))):
+        values = {}
+        for key, m in runs.items():
+            for part in path:
+                m = m[part]
+            values[key] = m
+        row = every[metric]
+        assert row["a_mean"] == pytest.approx((values[3, "a"] + values[4, "a"]) / 2)
+        assert row["b_mean"] == pytest.approx((values[3, "b"] + values[4, "b"]) / 2)
+        deltas = [values[s, "b"] - values[s, "a"] for s in (3, 4)]
+        assert row["delta"] == pytest.approx(sum(deltas) / 2)
+        assert row["delta_ci95"] == pytest.approx(12.706 * abs(deltas[0] - deltas[1]) / 2)
+    assert "Every metric, mean over the 2 seeds" in proc.stdout
+    assert re.search(r"^throughput_tok_s\s", proc.stdout, re.M)
+    assert "Headroom over 2 seeds: " in proc.stdout
+    for seed in (3, 4):
+        for plot in ("load_ab.png", "bubble_ab.png", "tpot_ab.png"):
+            assert (out / f"seed{seed}" / plot).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_ab_seeds_needs_a_generated_workload(cli, tiny_trace, clikit):
@@ -148,3 +172,42 @@ def test_planner_b_is_checked_before_run_a_starts(cli, tiny_trace, tmp_path, cli
 
     clikit.assert_user_error(proc, "--planner-b vllm-ascend: only with --impl vllm-ascend")
     assert not out.exists()
+
+
+def _one_error_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_a_tree_ab_is_refused_in_one_line_before_anything_runs(cli, tiny_trace, tmp_path,
+                                                               clikit):
+    """--vllm-ascend-a/-b: both, with --impl vllm-ascend, alone with what else could make
+    the two runs differ, each a vllm-ascend tree; else one line, exit 2, no output."""
+    out = tmp_path / "refused"
+    not_a_tree = tmp_path / "not-a-tree"
+    not_a_tree.mkdir()
+    base = ["ab", "--workload", tiny_trace, *clikit.SMALL, "--out", out]
+    va = ["--impl", "vllm-ascend"]
+    cases = [
+        ([*va, "--vllm-ascend-a", not_a_tree], "--vllm-ascend-b: required with "
+                                               "--vllm-ascend-a"),
+        ([*va, "--vllm-ascend-b", not_a_tree], "--vllm-ascend-a: required with "
+                                               "--vllm-ascend-b"),
+        (["--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", not_a_tree],
+         "--vllm-ascend-a: needs --impl vllm-ascend (the trees are vllm-ascend's code; "
+         "--impl kit runs ours)"),
+        ([*va, "--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", not_a_tree,
+          "--planner-b", "reference"], "--planner-b: not allowed with --vllm-ascend-a/"),
+        ([*va, "--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", not_a_tree,
+          "--config-a", "{}", "--config-b", "{}"], "--config-a: not allowed with "),
+        ([*va, "--vllm-ascend", not_a_tree, "--vllm-ascend-a", not_a_tree,
+          "--vllm-ascend-b", not_a_tree], "--vllm-ascend: not allowed with "),
+        ([*va, "--vllm-ascend-a", not_a_tree, "--vllm-ascend-b", tmp_path / "missing"],
+         f"--vllm-ascend-a: {not_a_tree} is not a vllm-ascend source tree"),
+    ]
+    for flags, message in cases:
+        proc = cli(*base, *flags)
+        clikit.assert_user_error(proc, message)
+        assert _one_error_line(proc), flags
+        assert not out.exists(), flags

@@ -115,7 +115,9 @@ def test_a_changed_tie_rule_is_named_at_the_first_step_where_the_plans_part(tmp_
     proc = _diff("--vllm-ascend-a", TREE, "--vllm-ascend-b", tree, "--workload", trace,
                  "--dp", 2, "--block-size", static.block_size, "--num-gpu-blocks",
                  static.num_gpu_blocks, "--max-num-seqs", static.max_num_seqs, "--device",
-                 "cpu", "--additional-config", config, "--out", out, "--quiet")
+                 "cpu", "--additional-config", config, "--out", out, "--quiet",
+                 # rank threads: each tree's run in a process of its own (emu.run_apart)
+                 "--transport", "thread")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     truth = _first_plan_difference(out / "a", out / "b", 2)
     assert truth is not None  # the mutation changed a plan on this trace

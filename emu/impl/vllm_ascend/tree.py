@@ -10,6 +10,7 @@ one ``TreeError`` line. The rank processes then import the tree with ``import_tr
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pathlib
@@ -46,7 +47,31 @@ class Tree:
     def describe(self) -> dict:
         """What metrics.json and summary.md record about the implementation."""
         return {"vllm_ascend": str(self.root) if self.root is not None else "installed",
-                "vllm_ascend_commit": self.commit, "vllm_version": self.vllm_version}
+                "vllm_ascend_commit": self.commit,
+                "vllm_ascend_sha256": content_hash(self.package),
+                "vllm_version": self.vllm_version}
+
+    @property
+    def package(self) -> pathlib.Path:
+        """The ``vllm_ascend`` package directory the ranks import."""
+        if self.root is not None:
+            return self.root / "vllm_ascend"
+        return pathlib.Path(importlib.util.find_spec("vllm_ascend").origin).parent
+
+
+def content_hash(package: pathlib.Path) -> str:
+    """SHA-256 over every file of the ``vllm_ascend`` package (its path inside the package
+    and its bytes, in path order; Python's bytecode caches left out): which code ran,
+    also for a tree that is no git checkout or has uncommitted changes. Two trees with
+    the same hash run the same vllm-ascend."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in package.rglob("*") if p.is_file()
+                   and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    for path in files:
+        data = path.read_bytes()
+        digest.update(f"{path.relative_to(package).as_posix()}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def resolve(path: str | os.PathLike | None) -> Tree:
