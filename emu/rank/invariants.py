@@ -78,37 +78,33 @@ class IterationEnd:
     candidates: tuple[tuple[str, int], ...]
 
 
-def plan_pauses(out_blk: Sequence[int], running: Sequence[str],
-                counts: Sequence[int]) -> list[str]:
-    """The running requests a plan's ``out_blk`` pauses: matched by block count in running
-    order, each value once; a value no request matches is ignored."""
-    remaining = list(out_blk)
-    paused = []
-    for rid, blocks in zip(running, counts, strict=True):
+def _matched(values: Sequence[int], requests: Iterable[tuple[str, int]]) -> list[str]:
+    """The requests (id, block count) that ``values`` match by block count, in the
+    requests' order, each value once; a value no request matches is ignored. How DyntraLB
+    applies a plan's ``out_blk`` to the running requests and ``in_blk`` to the waiting."""
+    remaining = list(values)
+    matched = []
+    for rid, blocks in requests:
         if not remaining:
             break
         if blocks in remaining:
             remaining.remove(blocks)
-            paused.append(rid)
-    return paused
+            matched.append(rid)
+    return matched
+
+
+def plan_pauses(out_blk: Sequence[int], running: Sequence[str],
+                counts: Sequence[int]) -> list[str]:
+    """The running requests a plan's ``out_blk`` pauses (``_matched``)."""
+    return _matched(out_blk, zip(running, counts, strict=True))
 
 
 def admission_set(plan: Plan | None, candidates: Iterable[tuple[str, int]]) -> set[str] | None:
     """The requests a plan lets the waiting loop admit (None: no plan, no limit): none when
-    it freezes the rank, else the candidates its ``in_blk`` matches, in their order."""
+    it freezes the rank, else the candidates its ``in_blk`` matches (``_matched``)."""
     if plan is None:
         return None
-    if plan.freeze:
-        return set()
-    remaining = list(plan.in_blk)
-    admit = set()
-    for rid, blocks in candidates:
-        if not remaining:
-            break
-        if blocks in remaining:
-            remaining.remove(blocks)
-            admit.add(rid)
-    return admit
+    return set() if plan.freeze else set(_matched(plan.in_blk, candidates))
 
 
 @dataclass(frozen=True)
