@@ -177,7 +177,9 @@ def _ranks(path: RunPath, launcher: psutil.Process) -> list[psutil.Process]:
         try:
             cmdline = " ".join(c.cmdline())
             if path.transport == "torchrun":
-                if "emu" in c.cmdline():
+                # A worker once it runs: a child torchrun has forked but not yet exec'd
+                # shows torchrun's own command line and environment (no RANK).
+                if "emu" in c.cmdline() and "RANK" in c.environ():
                     out.append(c)
             elif "spawn_main" in cmdline:
                 out.append(c)
@@ -358,8 +360,9 @@ def _named(path: RunPath, case: Case, dp: int, stderr: str, out: Path) -> tuple[
             "_sleep_before_collective" in section.split("--- rank", 1)[0]
         return named, (f"rank {r}" if named else "NO")
     if case.expect_state == ("interrupted",):
-        if (path.transport == "thread" and case.when == "startup" and not report
-                and "no cluster was running" in stderr):
+        if (path.transport == "thread" and case.when == "startup" and not report.count(
+                "--- rank") and ("no cluster was running" in stderr
+                                 or "no rank had started yet" in stderr)):
             # Rank threads start within milliseconds of run.json: the signal can come
             # before them, and then there is no rank to report on.
             return True, "no rank yet"

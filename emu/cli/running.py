@@ -96,10 +96,13 @@ def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = Fals
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
     except Interrupted as exc:
         (out_dir / "error.txt").write_text(str(exc) + "\n")
+        ranks = ("every rank was stopped" if exc.details else
+                 "no rank had started yet")
+        reports = "every rank's report" if exc.details else "the report"
         raise RunInterrupted(
-            f"interrupted by {exc.signal_name}; every rank was stopped. {out_dir} holds a "
-            f"partial run (run.json: interrupted); every rank's report: "
-            f"{out_dir / 'error.txt'}", exc.exit_code) from None
+            f"interrupted by {exc.signal_name}; {ranks}. {out_dir} holds a partial run "
+            f"(run.json: interrupted); {reports}: {out_dir / 'error.txt'}",
+            exc.exit_code) from None
     if launch.rank != 0:
         return None
     note(args, f"{desc}: finished in {time.monotonic() - start:.1f} s wall-clock")

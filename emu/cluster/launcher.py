@@ -20,6 +20,7 @@ torchrun) is ``emu.cluster.rank_process``. This module is the launching process'
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import pickle
@@ -78,28 +79,11 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
 
     store = loopback_store()  # 127.0.0.1 only; see emu.cluster.rendezvous
     resource_tracker.ensure_running()  # see StopSignals.deferred and LaunchFiles
-    ranks = _RankProcesses()
+    template = RankSpec(0, dp_size, store.port, device_kind, out_dir, collective_timeout_s,
+                        parent_pid=0, stack_path="", guard_path="", environ=dict(os.environ))
+    ranks = _RankProcesses(template, payload, preload)
     try:
-        def start(files: LaunchFiles, signals: StopSignals) -> _RankProcesses:
-            with signals.deferred():  # a fork server started here blocks SIGINT
-                starter = rank_starter(device_kind, preload)
-            environ = dict(os.environ)
-            for rank in range(dp_size):
-                stack_path = files.path(f"rank{rank}.stack")
-                spec = RankSpec(rank, dp_size, store.port, device_kind, out_dir,
-                                collective_timeout_s, starter.parent_pid, stack_path,
-                                files.path("guard"), environ)
-                parent_conn, child_conn = starter.context.Pipe()
-                process = starter.context.Process(
-                    target=rank_boot.main, args=(spec, payload, child_conn),
-                    name=f"dyntra-emu-rank{rank}", daemon=True)
-                with signals.deferred(), starter.starting():  # a started rank is in `ranks`
-                    process.start()
-                    child_conn.close()
-                    ranks.handles.append(_Rank(rank, process, parent_conn, stack_path))
-            return ranks
-
-        return supervise(start, dp_size=dp_size, collective_timeout_s=collective_timeout_s,
+        return supervise(ranks, dp_size=dp_size, collective_timeout_s=collective_timeout_s,
                          run_timeout_s=run_timeout_s)
     finally:
         ranks.stop("the launch ended")  # no-op once every rank has exited
@@ -108,10 +92,32 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
 
 class _RankProcesses:
     """The rank processes of one launch, as the supervision sees them
-    (``emu.cluster.supervision.Ranks``)."""
+    (``emu.cluster.supervision.Ranks``). ``template`` is every rank's ``RankSpec`` but
+    for what each start fills in: its rank, the starter's pid, its scratch files."""
 
-    def __init__(self) -> None:
+    def __init__(self, template: RankSpec, payload: bytes, preload: Preload) -> None:
         self.handles: list[_Rank] = []
+        self._template = template
+        self._payload = payload
+        self._preload = preload
+
+    def start(self, files: LaunchFiles, signals: StopSignals) -> None:
+        """Start the ranks in rank order; each is in ``handles`` once it runs."""
+        with signals.deferred():  # a fork server started here blocks SIGINT
+            starter = rank_starter(self._template.device_kind, self._preload)
+        for rank in range(self._template.dp_size):
+            stack_path = files.path(f"rank{rank}.stack")
+            spec = dataclasses.replace(self._template, rank=rank,
+                                       parent_pid=starter.parent_pid,
+                                       stack_path=stack_path, guard_path=files.path("guard"))
+            parent_conn, child_conn = starter.context.Pipe()
+            process = starter.context.Process(
+                target=rank_boot.main, args=(spec, self._payload, child_conn),
+                name=f"dyntra-emu-rank{rank}", daemon=True)
+            with signals.deferred(), starter.starting():  # a started rank is in `handles`
+                process.start()
+                child_conn.close()
+                self.handles.append(_Rank(rank, process, parent_conn, stack_path))
 
     def wait(self, timeout_s: float) -> None:
         """Take every message and exit that arrives within ``timeout_s``."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from emu.cluster.launch_scope import LaunchFiles, Signalled, StopSignals
@@ -74,8 +73,10 @@ class Interrupted(KeyboardInterrupt):
         self.signal_name = signal_name
         self.details = details
         body = "\n".join(f"--- rank {r} ---\n{details[r].rstrip()}" for r in sorted(details))
-        head = f"interrupted by {signal_name}: every rank was stopped"
-        super().__init__(f"{head}\n{body}" if body else head)
+        if not details:
+            super().__init__(f"interrupted by {signal_name} before any rank had started")
+            return
+        super().__init__(f"interrupted by {signal_name}: every rank was stopped\n{body}")
 
     @property
     def exit_code(self) -> int:
@@ -106,7 +107,12 @@ class RankHandle(Protocol):
 class Ranks(Protocol):
     """The ranks of one run, as a transport hosts them."""
 
-    handles: list  # RankHandle, by rank
+    handles: list  # RankHandle, by rank: each rank's as soon as it has started
+
+    def start(self, files: LaunchFiles, signals: StopSignals) -> None:
+        """Start every rank, with the launch's scratch files; inside
+        ``signals.deferred()`` while one is being started, so that a signal lands before
+        or after it is in ``handles``, never between."""
 
     def wait(self, timeout_s: float) -> None:
         """Block until a rank has news (a result, an error, an exit) or ``timeout_s``."""
@@ -118,20 +124,18 @@ class Ranks(Protocol):
         """Stop every rank still running (each leaves its stack for its report)."""
 
 
-def supervise(start: Callable[[LaunchFiles, StopSignals], Ranks], *, dp_size: int,
-              collective_timeout_s: float, run_timeout_s: float | None) -> list:
-    """Start the ranks (``start`` gets the launch's scratch files and its signal guard,
-    in which it defers signals while a rank is being started) and supervise them to the
-    end; returns their results by rank. Raises ``ClusterError`` or ``Interrupted``
-    (every rank stopped first); an error of ``start`` itself propagates once the ranks
-    it had started are stopped."""
+def supervise(ranks: Ranks, *, dp_size: int, collective_timeout_s: float,
+              run_timeout_s: float | None) -> list:
+    """Start the ranks and supervise them to the end; returns their results by rank.
+    Raises ``ClusterError`` or ``Interrupted`` (every rank started so far stopped first,
+    and reported); an error of ``ranks.start`` itself propagates once the ranks it had
+    started are stopped."""
     deadline = None if run_timeout_s is None else time.monotonic() + run_timeout_s
     with StopSignals() as signals, LaunchFiles() as files:
         watchdog = Watchdog(files.path("guard"), dp_size, collective_timeout_s)
-        ranks: Ranks | None = None
         try:
             with signals.armed():
-                ranks = start(files, signals)
+                ranks.start(files, signals)
                 failure = _watch(ranks, watchdog, deadline, run_timeout_s)
                 if failure is None:
                     failure = ranks.release()
@@ -141,13 +145,11 @@ def supervise(start: Callable[[LaunchFiles, StopSignals], Ranks], *, dp_size: in
                 raise _cluster_error(ranks, failure, where)
         except Signalled as exc:
             where = _where(watchdog, dp_size)
-            if ranks is not None:
-                ranks.stop("the launcher was interrupted")
+            ranks.stop("the launcher was interrupted")
             raise Interrupted(signal.Signals(exc.signum).name,
                               _details(ranks, where)) from None
         except BaseException:
-            if ranks is not None:
-                ranks.stop("the launcher failed")
+            ranks.stop("the launcher failed")
             raise
         finally:
             watchdog.close()
@@ -194,11 +196,10 @@ def _where(watchdog: Watchdog, dp_size: int) -> dict[int, tuple[str, dict]]:
     return {r: (watchdog.describe(r), watchdog.records(r)) for r in range(dp_size)}
 
 
-def _details(ranks: Ranks | None, where: dict[int, tuple[str, dict]]) -> dict[int, str]:
+def _details(ranks: Ranks, where: dict[int, tuple[str, dict]]) -> dict[int, str]:
     """Every started rank's report: where the watchdog saw it and how it ended."""
-    handles = ranks.handles if ranks is not None else []
     return {h.rank: f"{where[h.rank][0]}\n{h.report()}" if where[h.rank][0] else h.report()
-            for h in handles}
+            for h in ranks.handles}
 
 
 def _cluster_error(ranks: Ranks, failure: tuple[int | None, str],

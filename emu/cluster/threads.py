@@ -228,13 +228,8 @@ def run_in_threads(target: Callable[[RankContext, Any], Any], args: Any, *, dp_s
     (``emu.cluster.supervision``). Every rank has ended (or is reported as not stopping)
     when this returns or raises."""
     with _state.held():
-        def start(files: LaunchFiles, signals: StopSignals) -> _RankThreads:
-            ranks = _RankThreads(target, args, dp_size, out_dir, collective_timeout_s,
-                                 files.path("guard"))
-            ranks.runner.start()
-            return ranks
-
-        return supervise(start, dp_size=dp_size, collective_timeout_s=collective_timeout_s,
+        ranks = _RankThreads(target, args, dp_size, out_dir, collective_timeout_s)
+        return supervise(ranks, dp_size=dp_size, collective_timeout_s=collective_timeout_s,
                          run_timeout_s=run_timeout_s)
 
 
@@ -242,44 +237,53 @@ class _RankThreads:
     """The rank threads of one run, as the supervision sees them
     (``emu.cluster.supervision.Ranks``): one greenlet per rank, all run by ``runner``."""
 
-    def __init__(self, target, args, dp_size: int, out_dir, collective_timeout_s: float,
-                 guard_path: str):
-        self.scheduler = scheduler = RankScheduler()
-        dp_hub = Hub("dp", dp_size, collective_timeout_s, scheduler)
-        device_hub = Hub("device", dp_size, collective_timeout_s, scheduler)
-        self.handles = [_RankThread(r) for r in range(dp_size)]
+    def __init__(self, target, args, dp_size: int, out_dir, collective_timeout_s: float):
+        self.scheduler = RankScheduler()
+        self._dp_hub = Hub("dp", dp_size, collective_timeout_s, self.scheduler)
+        self._device_hub = Hub("device", dp_size, collective_timeout_s, self.scheduler)
+        self._target, self._args = target, args
+        self._dp_size, self._out_dir = dp_size, out_dir
+        self.handles: list[_RankThread] = []
+        self.runner: threading.Thread | None = None
         self._changed = threading.Event()
-        with open(guard_path, "r+b") as f:
+
+    def start(self, files: LaunchFiles, signals: StopSignals) -> None:
+        """Start the runner with every rank in it. A daemon thread: a rank stuck outside
+        a collective cannot block the interpreter's exit (the report says it did not
+        stop)."""
+        with open(files.path("guard"), "r+b") as f:
             guard = mmap.mmap(f.fileno(), 0)
+        states = [_RankThread(r) for r in range(self._dp_size)]
+        runner = threading.Thread(
+            target=self.scheduler.run, daemon=True, name="dyntra-emu-ranks",
+            args=([functools.partial(self._body, guard, state) for state in states],))
+        with signals.deferred():  # the ranks are in `handles` once they run
+            runner.start()
+            self.runner, self.handles = runner, states
 
-        def body(state: _RankThread) -> None:
-            rank = state.rank
-            groups = ThreadGroup(dp_hub, rank), ThreadGroup(device_hub, rank)
+    def _body(self, guard: mmap.mmap, state: _RankThread) -> None:
+        """One rank thread's life: its groups, the target, its result or error."""
+        rank = state.rank
+        groups = ThreadGroup(self._dp_hub, rank), ThreadGroup(self._device_hub, rank)
+        for group in groups:
+            collective_hooks.attach(group, carry=GroupCarrier(group))
+        ctx = RankContext(rank, self._dp_size, rank, *groups, torch.device("cpu"),
+                          self._out_dir, GuardSlot(guard, rank * SLOT_BYTES),
+                          ThreadHost(self.scheduler, self._dp_hub.plan_memo))
+        try:
+            state.result = self._target(ctx, self._args)
+            state.returned = True
+        except BaseException as exc:  # noqa: BLE001 - reported by the launching thread
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            echo = isinstance(exc, (CollectiveTimeout, CollectiveAborted))
+            state.error = (_summary(exc), text, echo)
+            state.aborted = isinstance(exc, CollectiveAborted)
+        finally:
             for group in groups:
-                collective_hooks.attach(group, carry=GroupCarrier(group))
-            ctx = RankContext(rank, dp_size, rank, *groups, torch.device("cpu"), out_dir,
-                              GuardSlot(guard, rank * SLOT_BYTES),
-                              ThreadHost(scheduler, dp_hub.plan_memo))
-            try:
-                state.result = target(ctx, args)
-                state.returned = True
-            except BaseException as exc:  # noqa: BLE001 - reported by the launching thread
-                text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-                echo = isinstance(exc, (CollectiveTimeout, CollectiveAborted))
-                state.error = (_summary(exc), text, echo)
-                state.aborted = isinstance(exc, CollectiveAborted)
-            finally:
-                for group in groups:
-                    collective_hooks.detach(group)
-                _state.unroute(greenlet.getcurrent())
-                state.done = True
-                self._changed.set()
-
-        # A daemon thread: a rank stuck outside a collective cannot block the
-        # interpreter's exit (the report says it did not stop).
-        self.runner = threading.Thread(
-            target=scheduler.run, daemon=True, name="dyntra-emu-ranks",
-            args=([functools.partial(body, state) for state in self.handles],))
+                collective_hooks.detach(group)
+            _state.unroute(greenlet.getcurrent())
+            state.done = True
+            self._changed.set()
 
     def wait(self, timeout_s: float) -> None:
         self._changed.wait(timeout_s)
@@ -298,7 +302,7 @@ class _RankThreads:
             frame = None if state.done else scheduler.frame(state.rank)
             if frame is not None:
                 state.stack = "".join(traceback.format_stack(frame)).rstrip()
-        if not self.runner.is_alive():
+        if self.runner is None or not self.runner.is_alive():
             return
         scheduler.abort(reason)
         self.runner.join(_STOP_GRACE_S)
