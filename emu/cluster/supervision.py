@@ -139,10 +139,6 @@ def supervise(ranks: Ranks, *, dp_size: int, collective_timeout_s: float,
                 failure = _watch(ranks, watchdog, deadline, run_timeout_s)
                 if failure is None:
                     failure = ranks.release()
-            if failure is not None:
-                where = _where(watchdog, dp_size)
-                ranks.stop("another rank failed")
-                raise _cluster_error(ranks, failure, where)
         except Signalled as exc:
             where = _where(watchdog, dp_size)
             ranks.stop("the launcher was interrupted")
@@ -151,6 +147,11 @@ def supervise(ranks: Ranks, *, dp_size: int, collective_timeout_s: float,
         except BaseException:
             ranks.stop("the launcher failed")
             raise
+        else:  # outside the handlers above: the ranks are stopped once
+            if failure is not None:
+                where = _where(watchdog, dp_size)
+                ranks.stop("another rank failed")
+                raise _cluster_error(ranks, failure, where)
         finally:
             watchdog.close()
     return [h.result for h in ranks.handles]

@@ -1,6 +1,7 @@
-"""``emu.cluster.supervision.supervise`` when a signal lands while the ranks are being
-started: the ranks started so far are stopped and reported, and stopped before the
-launch's scratch files go (a rank still alive would make its stack file again).
+"""``emu.cluster.supervision.supervise``'s order of events. When a signal lands while
+the ranks are being started, the ranks started so far are stopped and reported, and
+stopped before the launch's scratch files go (a rank still alive would make its stack
+file again); a failed run stops its ranks once.
 
 Found by the fault matrix (a Ctrl-C at start-up, dp 2): the signal was raised inside the
 transport's start, before it handed its ranks over, so no rank was named and a rank's
@@ -14,7 +15,7 @@ import signal
 
 import pytest
 
-from emu.cluster.supervision import Interrupted, supervise
+from emu.cluster.supervision import ClusterError, Interrupted, supervise
 
 
 class _Rank:
@@ -84,3 +85,45 @@ def test_a_signal_before_any_rank_started_says_so():
         supervise(ranks, dp_size=2, collective_timeout_s=5.0, run_timeout_s=None)
     assert info.value.details == {}
     assert str(info.value) == "interrupted by SIGINT before any rank had started"
+
+
+class _OneFails:
+    """Two ranks started; rank 1 has failed on its own. Counts the stops."""
+
+    def __init__(self):
+        self.handles: list[_Rank] = []
+        self.stops: list[str] = []
+
+    def start(self, files, signals) -> None:
+        self.handles = [_Rank(0, files.path("rank0.stack")), _Failed(1)]
+
+    def wait(self, timeout_s: float) -> None:
+        raise AssertionError("the failure is there from the start")
+
+    def release(self):
+        raise AssertionError("a rank failed: nothing to release")
+
+    def stop(self, reason: str) -> None:
+        self.stops.append(reason)
+
+
+class _Failed(_Rank):
+    def __init__(self, rank: int):
+        super().__init__(rank, "")
+
+    def failure(self):
+        return "RuntimeError: boom", False
+
+    def failed_on_its_own(self) -> bool:
+        return True
+
+
+def test_a_failed_run_stops_its_ranks_once():
+    # Each stop of rank threads waits up to its grace for a rank stuck outside a
+    # collective: stopping twice (once for the failure, once more as "the launcher
+    # failed" when the ClusterError passed the generic handler) doubled that wait.
+    ranks = _OneFails()
+    with pytest.raises(ClusterError) as info:
+        supervise(ranks, dp_size=2, collective_timeout_s=5.0, run_timeout_s=None)
+    assert info.value.rank == 1
+    assert ranks.stops == ["another rank failed"]
