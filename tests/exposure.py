@@ -117,7 +117,8 @@ def _sample(launcher_pid: int, tmp: Path, tmp_path: Path, observed: Observed) ->
             connections = process.net_connections("inet")
             held.update(p for p in _held_shared_files(process)
                         if not p.startswith(f"{tmp_path}/"))
-        except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError,
+                ProcessLookupError):  # it exited while we looked (/proc/PID/maps: ESRCH)
             continue
         for c in connections:
             tcp = c.type == socket.SOCK_STREAM
