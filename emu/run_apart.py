@@ -13,13 +13,18 @@ included), anything else as it was raised. SIGTERM to this process (``timeout``,
 runner) reaches the run as SIGTERM, so it stops its ranks and records itself as
 interrupted before this process goes on; Ctrl-C reaches both processes from the
 terminal. The run's process dies with this one (Linux's parent-death signal).
+
+``start_job`` and ``stop_jobs`` are that fresh process on its own, which the local
+executor's jobs (``emu.executors.local``) are too: started by ``spawn``, tied to this
+process by the parent-death signal (a batch killed with SIGKILL leaves no run going on),
+its outcome sent back through a pipe.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
+import time
 import traceback
 
 from emu.run import RunResult, run
@@ -29,24 +34,49 @@ from emu.spec import RunSpec
 STOP_GRACE_S = 60.0
 
 
-def run_apart(spec: RunSpec) -> RunResult:
-    """Run ``spec`` in a new process (``spawn``) and return its result; raises what the
-    run raised there (``ClusterError``, ``Interrupted``, ``ValueError`` ...)."""
+def start_job(target, args: tuple, name: str):
+    """Start ``target(*args, conn)`` in a fresh process (``spawn``) that dies with this
+    one; ``conn`` is the job's end of a pipe for its outcome. Returns (the process, this
+    end of the pipe)."""
     context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    job = context.Process(target=_job, args=(spec, send, os.getpid()),
-                          name=f"dyntra-emu run {spec.out_dir}")
+    ours, theirs = context.Pipe(duplex=False)
+    job = context.Process(target=_job_main, args=(target, args, theirs, os.getpid()),
+                          name=name)
     job.start()
-    send.close()
-    try:
-        outcome = _receive(receive, job)
-    except BaseException as exc:  # SIGINT / SIGTERM here: the run stops, then reports
+    theirs.close()
+    return job, ours
+
+
+def stop_jobs(jobs, grace_s: float) -> None:
+    """SIGTERM the jobs together (a run in one stops its ranks and records itself as
+    interrupted), SIGKILL those still alive ``grace_s`` later; all joined."""
+    for job in jobs:
         if job.is_alive():
-            os.kill(job.pid, signal.SIGTERM)
-        job.join(STOP_GRACE_S)
+            job.terminate()
+    end = time.monotonic() + grace_s
+    for job in jobs:
+        job.join(max(0.0, end - time.monotonic()))
+    for job in jobs:
         if job.is_alive():
             job.kill()
         job.join()
+
+
+def _job_main(target, args: tuple, conn, parent_pid: int) -> None:
+    from emu.cluster.rank_boot import die_with_parent
+
+    die_with_parent(parent_pid)
+    target(*args, conn)
+
+
+def run_apart(spec: RunSpec) -> RunResult:
+    """Run ``spec`` in a new process (``spawn``) and return its result; raises what the
+    run raised there (``ClusterError``, ``Interrupted``, ``ValueError`` ...)."""
+    job, receive = start_job(_job, (spec,), f"dyntra-emu run {spec.out_dir}")
+    try:
+        outcome = _receive(receive, job)
+    except BaseException as exc:  # SIGINT / SIGTERM here: the run stops, then reports
+        stop_jobs([job], STOP_GRACE_S)
         reported = receive.recv() if receive.poll() else None
         if isinstance(reported, KeyboardInterrupt):
             raise reported from None  # emu.cluster.supervision.Interrupted
@@ -70,11 +100,8 @@ def _receive(receive, job):
                                  f"with exit code {job.exitcode} before reporting", {}) from None
 
 
-def _job(spec: RunSpec, send, parent_pid: int) -> None:
+def _job(spec: RunSpec, send) -> None:
     """The run's process: the run, and its result or exception sent back."""
-    from emu.cluster.rank_boot import die_with_parent
-
-    die_with_parent(parent_pid)
     try:
         outcome = run(spec)
     except BaseException as exc:  # reported to the launching process, never printed here

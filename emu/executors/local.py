@@ -1,6 +1,7 @@
 """The ``local`` executor: a batch's runs in job processes on this machine, ``jobs`` at a
 time, each run in a fresh spawned process (no state of one run reaches the next) that
-writes straight into the run's out_dir and sends its outcome back through a pipe.
+writes straight into the run's out_dir, sends its outcome back through a pipe and dies
+with the batch's process (``emu.run_apart.start_job``).
 
 The executor starts a job only when a slot is free, and watches every job's pipe and
 its process together: a job that dies without an outcome is a failed run. Stopping the
@@ -11,11 +12,11 @@ under way, which their runs handle as SIGTERM (every rank stopped, ``run.json``
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 
 from emu.executors.base import RunFailed, RunsInterrupted, SignalsSeen, run_spec
+from emu.run_apart import start_job, stop_jobs
 from emu.spec import RunSpec
 
 # How long the jobs under way get to stop their runs' ranks and exit.
@@ -49,7 +50,6 @@ class LocalExecutor:
         only slower)."""
 
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
-        context = multiprocessing.get_context("spawn")
         queued = list(range(len(specs)))
         running: dict[int, tuple] = {}  # index -> (job process, its end of the pipe)
         results: dict[int, dict] = {}
@@ -58,12 +58,8 @@ class LocalExecutor:
                 while queued or running:
                     while queued and len(running) < self.jobs:
                         index = queued.pop(0)
-                        ours, theirs = context.Pipe(duplex=False)
-                        job = context.Process(target=_run_job, args=(specs[index], theirs),
-                                              name=f"dyntra-emu-job-{index}")
-                        job.start()
-                        theirs.close()
-                        running[index] = (job, ours)
+                        running[index] = start_job(_run_job, (specs[index],),
+                                                   f"dyntra-emu-job-{index}")
                     index, outcome = self._next_outcome(running)
                     if "error" in outcome:
                         raise RunFailed(index, outcome["error"])
@@ -100,12 +96,7 @@ class LocalExecutor:
 def _stop(running: dict[int, tuple]) -> None:
     """Terminate the jobs under way (their runs stop as on SIGTERM) and wait for them;
     kill one still alive after STOP_GRACE_S."""
-    for job, _ in running.values():
-        job.terminate()
-    for job, conn in running.values():
-        job.join(STOP_GRACE_S)
-        if job.is_alive():
-            job.kill()
-            job.join()
+    stop_jobs([job for job, _ in running.values()], STOP_GRACE_S)
+    for _, conn in running.values():
         conn.close()
     running.clear()

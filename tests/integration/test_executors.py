@@ -7,14 +7,19 @@ started outlives it (the local Ray started for it included).
 The failing run is on the process transport (its one rank a real process, in a
 placement group on Ray), the endless one on rank threads. The failing run waits 20 s in
 its first lockstep collective before its rank is killed, so that the endless run is
-under way by then (job processes and Ray workers take seconds to start)."""
+under way by then (job processes and Ray workers take seconds to start).
+
+And a local job dies with its batch when the batch's process is killed with SIGKILL."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -115,3 +120,44 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
         # The process-transport run held its rank's CPU in a placement group on one node.
         assert [(g["strategy"], list(g["bundles"].values())) for g in
                 descendants.groups.values()] == [("STRICT_PACK", [{"CPU": 1.0}])]
+
+
+# A batch in a process of its own, run to be killed: one endless run on rank threads.
+_BATCH = """
+import sys
+from pathlib import Path
+from emu.executors import open_executor
+from tests.integration.test_executors import spec
+
+with open_executor("local", jobs=1) as batch:
+    batch.run([spec(Path(sys.argv[1]) / "endless", dp_size=2, transport="thread")],
+              lambda index: None)
+"""
+
+
+def test_a_local_job_dies_with_the_batch_killed_by_sigkill(tmp_path):
+    # SIGKILL leaves the batch no moment to stop its jobs; a job used to go on with its
+    # run, reparented to init, until the run ended.
+    root = Path(__file__).resolve().parents[2]
+    batch = subprocess.Popen([sys.executable, "-c", _BATCH, str(tmp_path)], cwd=root)
+    try:
+        deadline = time.monotonic() + 120
+        jobs: list[psutil.Process] = []
+        while not jobs:
+            assert batch.poll() is None, "the batch ended before its job started"
+            assert time.monotonic() < deadline, "no job process started"
+            jobs = [p for p in psutil.Process(batch.pid).children()
+                    if "spawn_main" in " ".join(p.cmdline())]
+            time.sleep(0.1)
+        while not (tmp_path / "endless" / "rank0.events.jsonl").exists():
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.1)
+        batch.kill()
+        batch.wait()
+        _, alive = psutil.wait_procs(jobs, timeout=30)
+    finally:
+        batch.kill()
+        batch.wait()
+    for p in alive:
+        p.kill()
+    assert alive == [], "the job outlived the batch killed by SIGKILL"
