@@ -32,6 +32,11 @@ SMALL = ["--dp", "2", "--block-size", "16", "--num-gpu-blocks", "512", "--max-nu
 STATIC = {"scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static",
                                                     "start_step": 0}}}
 
+# A generated workload whose long request (4,096 output tokens) makes static mode plan,
+# on 2 rank threads: the runs of ab_over_seeds.
+AB_OVER_SEEDS = ["--workload", "recipe:pr12292,n=6,rate=20", "--dp", "2", "--block-size",
+                 "2048", "--device", "cpu", "--quiet", "--transport", "thread"]
+
 
 def tiny_requests() -> list[dict]:
     """Ten requests of uneven size arriving within 0.1 s: enough for DyntraLB to plan."""
@@ -128,6 +133,7 @@ class CliKit:
     modules need no imports from this conftest."""
 
     SMALL = SMALL
+    AB_OVER_SEEDS = AB_OVER_SEEDS
     STATIC = STATIC
     tiny_requests = staticmethod(tiny_requests)
     write_trace = staticmethod(write_trace)
@@ -137,3 +143,18 @@ class CliKit:
 @pytest.fixture(scope="session")
 def clikit() -> type[CliKit]:
     return CliKit
+
+
+@pytest.fixture(scope="session")
+def ab_over_seeds(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One `ab --seeds 2` over a generated workload on rank threads, DyntraLB off (A)
+    against static mode from step 0 (B), and its out dir: what `ab` reports over seeds
+    (test_cli_ab.py) and the baseline `gate` reads (test_cli_gate.py). Its four runs of
+    the recipe's long request (4,096 tokens) are among the tier's longest, so the tests
+    reading it share one run: they are in the xdist group ``ab_over_seeds``, which puts
+    them on one worker (``--dist loadgroup``, in pyproject.toml)."""
+    out = tmp_path_factory.mktemp("ab-over-seeds") / "seeds"
+    proc = run_in_process(["ab", *AB_OVER_SEEDS, "--seeds", "2", "--seed", "3",
+                           "--out", str(out), "--config-a", "{}",
+                           "--config-b", json.dumps(STATIC)], out.parent)
+    return proc, out

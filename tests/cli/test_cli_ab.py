@@ -86,18 +86,13 @@ def test_ab_two_configs(cli, tiny_trace, tmp_path, clikit):
     assert metrics_b["config"]["additional_config"] == dynamic
 
 
-def test_ab_over_workload_seeds(cli, tmp_path):
+@pytest.mark.xdist_group("ab_over_seeds")
+def test_ab_over_workload_seeds(ab_over_seeds):
     """--seeds N with a generated workload: N A/B pairs on N different traces, each delta
     per seed and as a mean with its confidence interval."""
-    out = tmp_path / "seeds"
     # The recipe's long request decodes 4,096 tokens: four runs of it on rank threads
     # (byte-identical to rank processes, tests/integration/test_transport_thread.py).
-    proc = cli("ab", "--workload", "recipe:pr12292,n=6,rate=20", "--seeds", "2", "--seed", "3",
-               "--dp", "2", "--block-size", "2048", "--device", "cpu", "--quiet",
-               "--transport", "thread",
-               "--out", out, "--config-a", "{}", "--config-b",
-               '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static",'
-               ' "start_step": 0}}}')
+    proc, out = ab_over_seeds
     assert proc.returncode == 0, proc.stderr
     assert "B vs A on 2 seeds of recipe:pr12292,n=6,rate=20" in proc.stdout
     assert "seed 3" in proc.stdout and "seed 4" in proc.stdout

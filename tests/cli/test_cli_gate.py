@@ -135,14 +135,11 @@ def test_gate_refuses_a_partial_run(cli, tiny_trace, tmp_path, clikit):
     clikit.assert_user_error(proc, f"{tmp_path / 'nowhere'}: no such file or directory")
 
 
-def test_gate_against_ab_seeds(cli, tmp_path, clikit):
+@pytest.mark.xdist_group("ab_over_seeds")
+def test_gate_against_ab_seeds(cli, tmp_path, clikit, ab_over_seeds):
     """The B runs of `ab --seeds` as the baseline: one of them passes; the same seed with
     a slow rank falls below the prediction interval of throughput."""
-    seeds = tmp_path / "seeds"
-    flags = ["--workload", "recipe:pr12292,n=6,rate=20", "--dp", "2", "--block-size", "2048",
-             "--device", "cpu", "--quiet", "--transport", "thread"]
-    proc = cli("ab", *flags, "--seeds", "2", "--seed", "3", "--out", seeds,
-               "--config-a", "{}", "--config-b", STATIC_CONFIG)
+    proc, seeds = ab_over_seeds
     assert proc.returncode == 0, proc.stderr
     record = json.loads((seeds / "ab.json").read_text())
     assert record["seeds"] == [3, 4]
@@ -157,7 +154,8 @@ def test_gate_against_ab_seeds(cli, tmp_path, clikit):
     assert _table(proc.stdout)["throughput_tok_s"][5:9] == ["-95", "%", "PI", "of"]
 
     slow = tmp_path / "slow"
-    proc = cli("run", *flags, "--seed", "3", "--additional-config", STATIC_CONFIG,
+    proc = cli("run", *clikit.AB_OVER_SEEDS, "--seed", "3", "--additional-config",
+               json.dumps(clikit.STATIC),
                "--fault", "slow:rank=0,extra_ms=200", "--out", slow)
     assert proc.returncode == 0, proc.stderr
     proc = cli("gate", slow, "--baseline", seeds / "ab.json", "--json")

@@ -1,13 +1,14 @@
-"""The executors of a batch of runs (``emu.executors``) on real runs: a run whose rank a
-fault kills stops the batch the same way on job processes and on a local Ray — the
+"""The executors of a batch of runs (``emu.executors``) on real runs: a run whose rank is
+killed stops the batch the same way on job processes and on a local Ray — the
 failure names the run and the rank, its report comes back to its out_dir, the other run
 (under way, endless) is stopped and says so in its run.json, and no process the batch
 started outlives it (the local Ray started for it included).
 
 The failing run is on the process transport (its one rank a real process, in a
-placement group on Ray), the endless one on rank threads. The failing run waits 20 s in
-its first lockstep collective before its rank is killed, so that the endless run is
-under way by then (job processes and Ray workers take seconds to start).
+placement group on Ray), the endless one on rank threads. Once both runs are under way
+(each has written a step to its event log), the test kills the failing run's rank with
+SIGKILL, as the kernel's OOM killer would: the rank is the process holding that run's
+event log open.
 
 And a local job dies with its batch when the batch's process is killed with SIGKILL."""
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -75,6 +77,51 @@ class Descendants:
                                         if v["state"] == "CREATED"})
 
 
+class RankKiller(threading.Thread):
+    """Kills, with SIGKILL, the rank of the batch's run of one rank once both runs have
+    written a step to their event logs. The logs are found through the processes that
+    hold them open (on Ray a run writes into a directory of its worker's): the rank is
+    the process holding a ``rank0`` log and no ``rank1`` log; the run of two ranks on
+    threads holds both in one process."""
+
+    def __init__(self, timeout_s: float = 120):
+        super().__init__(daemon=True)
+        self._deadline = time.monotonic() + timeout_s
+        self.victim: psutil.Process | None = None
+        self.problem = ""
+
+    def run(self) -> None:
+        while time.monotonic() < self._deadline:
+            time.sleep(0.1)
+            logs = _event_logs_held()
+            ranks = [process for process, paths in logs.items()
+                     if [Path(path).name for path in paths] == ["rank0.events.jsonl"]]
+            held = [path for paths in logs.values() for path in paths]
+            if len(ranks) == 1 and len(held) == 3 and all(map(_written, held)):
+                ranks[0].kill()
+                self.victim = ranks[0]
+                return
+        self.problem = f"not both runs under way: event logs held {_event_logs_held()}"
+
+
+def _written(path: str) -> bool:
+    with contextlib.suppress(OSError):
+        return os.path.getsize(path) > 0
+    return False
+
+
+def _event_logs_held() -> dict[psutil.Process, list[str]]:
+    """The event logs each process below this one holds open."""
+    logs = {}
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error, OSError):
+            paths = sorted(f.path for f in process.open_files()
+                           if f.path.endswith(".events.jsonl"))
+            if paths:
+                logs[process] = paths
+    return logs
+
+
 def _tracker_of_this_process(process: psutil.Process) -> bool:
     try:
         return (process.ppid() == psutil.Process().pid
@@ -89,20 +136,22 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     if executor == "ray":
         request.getfixturevalue("ray_installed")
     before = set(psutil.Process().children(recursive=True))
-    specs = [spec(tmp_path / "endless", dp_size=2, transport="thread"),
-             spec(tmp_path / "killed", dp_size=1, transport="process",
-                  faults=["delay:rank=0,site=engine.lockstep,step=1,seconds=20",
-                          "kill:rank=0,step=5"])]
+    killed, endless = tmp_path / "killed", tmp_path / "endless"
+    specs = [spec(endless, dp_size=2, transport="thread"),
+             spec(killed, dp_size=1, transport="process")]
     done = []
     with Descendants() as descendants:
+        killer = RankKiller()
         with open_executor(executor, jobs=2) as batch:
             batch.check(specs)
+            killer.start()
             with pytest.raises(RunFailed) as failed:
                 batch.run(specs, done.append)
+        killer.join()
+    assert killer.victim is not None, killer.problem
     assert failed.value.index == 1
-    assert failed.value.error == "rank 0 failed: killed by signal SIGKILL"  # the fault's kill
+    assert failed.value.error == "rank 0 failed: killed by signal SIGKILL"
     assert done == []
-    killed, endless = tmp_path / "killed", tmp_path / "endless"
     assert "rank 0 failed: killed by signal SIGKILL" in (killed / "error.txt").read_text()
     assert json.loads((killed / "run.json").read_text())["state"] == "failed"
     assert json.loads((endless / "run.json").read_text())["state"] == "interrupted"
