@@ -68,12 +68,15 @@ def test_sweep_on_ray_equals_local(cli, clikit, tmp_path, ray_installed):
                [r["name"] for r in sweeps[0]["rows"]])
 
 
-@pytest.mark.timeout(1200)  # eight process-transport runs, one at a time
+@pytest.mark.timeout(900)
 def test_ab_seeds_on_ray_equals_local(cli, tmp_path, ray_installed):
-    """On the process transport: each run reserves its two CPUs in a placement group."""
+    """On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
+    each run thousands of steps, which cost 2 min over the eight runs on rank processes.
+    Process-transport runs on Ray, each in a placement group of its ranks' CPUs, are the
+    sweep's above and tests/integration/test_executors.py's."""
     flags = ["ab", "--workload", "recipe:pr12292,n=2,rate=20", "--seeds", "2", "--seed", "3",
-             "--dp", "2", "--block-size", "2048", "--device", "cpu", "--config-a", "{}",
-             "--config-b", STATIC]
+             "--dp", "2", "--block-size", "2048", "--device", "cpu", "--transport", "thread",
+             "--config-a", "{}", "--config-b", STATIC]
     ray = cli(*flags, "--executor", "ray", "--out", "ray", timeout=900, process=True)
     assert ray.returncode == 0, ray.stderr
     local = cli(*flags, "--out", "local", timeout=900, process=True)
