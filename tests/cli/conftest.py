@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("dyntra-emu")
 
@@ -146,15 +147,23 @@ def clikit() -> type[CliKit]:
 
 
 @pytest.fixture(scope="session")
-def ab_over_seeds(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+def ab_over_seeds(tmp_path_factory, worker_id) -> tuple[subprocess.CompletedProcess, Path]:
     """One `ab --seeds 2` over a generated workload on rank threads, DyntraLB off (A)
     against static mode from step 0 (B), and its out dir: what `ab` reports over seeds
     (test_cli_ab.py) and the baseline `gate` reads (test_cli_gate.py). Its four runs of
     the recipe's long request (4,096 tokens) are among the tier's longest, so the tests
-    reading it share one run: they are in the xdist group ``ab_over_seeds``, which puts
-    them on one worker (``--dist loadgroup``, in pyproject.toml)."""
-    out = tmp_path_factory.mktemp("ab-over-seeds") / "seeds"
-    proc = run_in_process(["ab", *AB_OVER_SEEDS, "--seeds", "2", "--seed", "3",
-                           "--out", str(out), "--config-a", "{}",
-                           "--config-b", json.dumps(STATIC)], out.parent)
-    return proc, out
+    share one: under xdist the first worker to ask runs it in the session's temporary
+    directory, under a file lock, and the others read what it left there."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the session's, above each worker's
+    out, result = shared / "ab-over-seeds" / "seeds", shared / "ab-over-seeds.json"
+    with FileLock(shared / "ab-over-seeds.lock"):
+        if not result.exists():
+            out.parent.mkdir()
+            proc = run_in_process(["ab", *AB_OVER_SEEDS, "--seeds", "2", "--seed", "3",
+                                   "--out", str(out), "--config-a", "{}",
+                                   "--config-b", json.dumps(STATIC)], out.parent)
+            result.write_text(json.dumps([proc.args, proc.returncode, proc.stdout,
+                                          proc.stderr]))
+    return subprocess.CompletedProcess(*json.loads(result.read_text())), out

@@ -86,7 +86,6 @@ def test_ab_two_configs(cli, tiny_trace, tmp_path, clikit):
     assert metrics_b["config"]["additional_config"] == dynamic
 
 
-@pytest.mark.xdist_group("ab_over_seeds")
 def test_ab_over_workload_seeds(ab_over_seeds):
     """--seeds N with a generated workload: N A/B pairs on N different traces, each delta
     per seed and as a mean with its confidence interval."""

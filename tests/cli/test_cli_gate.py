@@ -135,7 +135,6 @@ def test_gate_refuses_a_partial_run(cli, tiny_trace, tmp_path, clikit):
     clikit.assert_user_error(proc, f"{tmp_path / 'nowhere'}: no such file or directory")
 
 
-@pytest.mark.xdist_group("ab_over_seeds")
 def test_gate_against_ab_seeds(cli, tmp_path, clikit, ab_over_seeds):
     """The B runs of `ab --seeds` as the baseline: one of them passes; the same seed with
     a slow rank falls below the prediction interval of throughput."""
