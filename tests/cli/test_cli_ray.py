@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.cli.test_cli_sweep import sweep_requests
+from tests.held_logs import event_logs_held, holds_a_step
 
 pytestmark = pytest.mark.integration
 
@@ -94,15 +95,8 @@ def test_ab_seeds_on_ray_equals_local(cli, tmp_path, ray_installed):
 
 def _open_events_log(processes) -> Path | None:
     """A rank event log a Ray task is writing, once it holds a step."""
-    for process in processes:
-        try:
-            for f in process.open_files():
-                path = Path(f.path)
-                if path.name == "rank1.events.jsonl" and path.stat().st_size > 0:
-                    return path
-        except (psutil.Error, OSError):
-            pass
-    return None
+    return next((path for paths in event_logs_held(processes).values() for path in paths
+                 if path.name == "rank1.events.jsonl" and holds_a_step(path)), None)
 
 
 @pytest.mark.timeout(600)

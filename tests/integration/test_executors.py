@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from emu.executors import RunFailed, open_executor
 from emu.faults import FaultPlan
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
+from tests.held_logs import event_logs_held, holds_a_step
 
 pytestmark = pytest.mark.integration
 
@@ -91,35 +91,18 @@ class RankKiller(threading.Thread):
         self.problem = ""
 
     def run(self) -> None:
+        logs = {}
         while time.monotonic() < self._deadline:
             time.sleep(0.1)
-            logs = _event_logs_held()
+            logs = event_logs_held(psutil.Process().children(recursive=True))
             ranks = [process for process, paths in logs.items()
-                     if [Path(path).name for path in paths] == ["rank0.events.jsonl"]]
+                     if [path.name for path in paths] == ["rank0.events.jsonl"]]
             held = [path for paths in logs.values() for path in paths]
-            if len(ranks) == 1 and len(held) == 3 and all(map(_written, held)):
+            if len(ranks) == 1 and len(held) == 3 and all(map(holds_a_step, held)):
                 ranks[0].kill()
                 self.victim = ranks[0]
                 return
-        self.problem = f"not both runs under way: event logs held {_event_logs_held()}"
-
-
-def _written(path: str) -> bool:
-    with contextlib.suppress(OSError):
-        return os.path.getsize(path) > 0
-    return False
-
-
-def _event_logs_held() -> dict[psutil.Process, list[str]]:
-    """The event logs each process below this one holds open."""
-    logs = {}
-    for process in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error, OSError):
-            paths = sorted(f.path for f in process.open_files()
-                           if f.path.endswith(".events.jsonl"))
-            if paths:
-                logs[process] = paths
-    return logs
+        self.problem = f"not both runs under way: event logs held {logs}"
 
 
 def _tracker_of_this_process(process: psutil.Process) -> bool:

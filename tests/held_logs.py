@@ -1,0 +1,31 @@
+"""Which rank event logs a run's processes are writing, seen from outside through their
+open files: the way a test finds a rank under way, and the process it runs in, when the
+run writes where the test cannot look (a Ray worker's own directory)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+
+def event_logs_held(processes: Iterable[psutil.Process]) -> dict[psutil.Process, list[Path]]:
+    """The rank event logs (``rank<N>.events.jsonl``) each process holds open, sorted;
+    processes holding none, or gone, are left out."""
+    logs = {}
+    for process in processes:
+        with contextlib.suppress(psutil.Error, OSError):
+            paths = sorted(Path(f.path) for f in process.open_files()
+                           if f.path.endswith(".events.jsonl"))
+            if paths:
+                logs[process] = paths
+    return logs
+
+
+def holds_a_step(path: Path) -> bool:
+    """Whether the log has a line yet (False once it is gone)."""
+    with contextlib.suppress(OSError):
+        return path.stat().st_size > 0
+    return False
