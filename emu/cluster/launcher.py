@@ -148,6 +148,16 @@ class _RankProcesses:
             return bad[0].rank, f"{bad[0].exit_status()} during teardown"
         return None
 
+    def settle(self, timeout_s: float) -> None:
+        """Wait until every rank has exited or ``timeout_s``: a peer of a dead rank sees its
+        collective fail and reports that traceback, unless SIGTERM cuts it short."""
+        end = time.monotonic() + timeout_s
+        while any(r.process.exitcode is None for r in self.handles):
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self.wait(left)
+
     def stop(self, reason: str) -> None:
         """Stop every rank still alive: SIGTERM (stack dump), then SIGKILL after a grace
         period; join all of them and take their last messages."""

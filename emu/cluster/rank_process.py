@@ -89,8 +89,9 @@ def rank_main(spec: RankSpec, payload: bytes, conn) -> None:
         conn.send(("ok", result))
     except BaseException as exc:
         # Once failing, finish the report even if the launcher's SIGTERM arrives meanwhile
-        # (it does when another rank failed first); SIGKILL still ends a stuck send.
-        faulthandler.unregister(signal.SIGTERM)
+        # (it does when another rank failed first); SIGKILL still ends a stuck send. One
+        # call replaces the stack dump by "ignore": unregistering the dump first would
+        # leave a moment in which SIGTERM kills the rank with neither stack nor report.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -15,7 +15,11 @@ and a way to stop every rank. ``supervise`` then runs the run to its end:
 - a run that exceeds ``run_timeout_s`` is stopped;
 - SIGINT and SIGTERM to the launching process stop the run (``StopSignals``).
 
-On any of these, what every rank was doing (the watchdog's view) is taken, every rank is
+When a rank failed on its own, its peers usually see it go within milliseconds (a rank
+process's collectives fail once the peer's sockets close) and report where they were
+themselves: they get up to ``SETTLE_S`` to do so before the rest are stopped, so the
+report holds their own account rather than a stack cut short mid-report. On any of
+these, what every rank was doing (the watchdog's view) is taken, every rank is
 stopped, and ``ClusterError`` (or ``Interrupted``) reports each rank: its last entered
 and completed collective and how it ended (its traceback, exit status or the Python
 stack it had when stopped).
@@ -33,6 +37,8 @@ from emu.cluster.watchdog import Watchdog
 # An error raised inside a collective is usually the echo of another rank's failure;
 # wait this long for the root cause before reporting the echo.
 ECHO_GRACE_S = 2.0
+# After a rank failed on its own: how long its peers get to end on their own first.
+SETTLE_S = 1.0
 
 
 class ClusterError(RuntimeError):
@@ -120,6 +126,10 @@ class Ranks(Protocol):
     def release(self) -> tuple[int | None, str] | None:
         """Every rank returned: let them end; a failure while they did, or None."""
 
+    def settle(self, timeout_s: float) -> None:
+        """A rank failed on its own: give the ranks that will end on their own because of
+        it (seeing their collectives fail) up to ``timeout_s`` to do so."""
+
     def stop(self, reason: str) -> None:
         """Stop every rank still running (each leaves its stack for its report)."""
 
@@ -149,6 +159,8 @@ def supervise(ranks: Ranks, *, dp_size: int, collective_timeout_s: float,
             raise
         else:  # outside the handlers above: the ranks are stopped once
             if failure is not None:
+                if failure[0] is not None:
+                    ranks.settle(SETTLE_S)
                 where = _where(watchdog, dp_size)
                 ranks.stop("another rank failed")
                 raise _cluster_error(ranks, failure, where)

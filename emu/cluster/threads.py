@@ -293,6 +293,10 @@ class _RankThreads:
         """Every rank returned: the runner ends with the last one."""
         self.runner.join()
 
+    def settle(self, timeout_s: float) -> None:
+        """Nothing to wait for: a rank thread that raised leaves its peers waiting in
+        their collectives until the run is aborted."""
+
     def stop(self, reason: str) -> None:
         """Take the stack of every rank still running, abort the run and join the runner
         (each rank unwinds at its next collective); a rank still running then names the

@@ -70,6 +70,18 @@ def exit_target(ctx, failing_rank):
     dist.all_reduce(x, group=ctx.dp_group)
 
 
+def exit_then_slow_report_target(ctx, failing_rank):
+    x = torch.ones(1)
+    dist.all_reduce(x, group=ctx.dp_group)
+    if ctx.rank == failing_rank:
+        os._exit(3)
+    try:
+        dist.all_reduce(x, group=ctx.dp_group)
+    except RuntimeError:  # the peer went away; reporting it takes a moment here
+        time.sleep(0.3)
+        raise ValueError(f"rank {ctx.rank} saw its peer go") from None
+
+
 def crash_target(ctx, failing_rank):
     x = torch.ones(1)
     dist.all_reduce(x, group=ctx.dp_group)
@@ -200,6 +212,20 @@ def test_rank_dying_mid_run_is_named_while_peers_wait_in_a_collective(
     assert str(err).startswith("rank 1 failed: exited with code 3")
     for rank in set(range(dp_size)) - {1}:
         assert "exit_target" in err.details[rank]
+
+
+def test_peers_of_a_dead_rank_report_their_own_failure_before_being_stopped(
+        no_leftover_processes):
+    # Found in CI: the launcher stopped rank 0 as it was reporting the peer's death, and
+    # its report was lost. Peers now get a moment (SETTLE_S) to end on their own.
+    with pytest.raises(ClusterError) as info:
+        launch(exit_then_slow_report_target, 1, dp_size=2, device="cpu")
+
+    err = info.value
+    assert err.rank == 1
+    assert err.failed_ranks == [1, 0]
+    assert "ValueError: rank 0 saw its peer go" in err.details[0]
+    assert "stopped by the launcher" not in err.details[0]
 
 
 def test_rank_crashing_is_named_with_the_stack_it_crashed_in(no_leftover_processes):

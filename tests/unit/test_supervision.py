@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from emu.cluster.supervision import ClusterError, Interrupted, supervise
+from emu.cluster.supervision import SETTLE_S, ClusterError, Interrupted, supervise
 
 
 class _Rank:
@@ -88,7 +88,7 @@ def test_a_signal_before_any_rank_started_says_so():
 
 
 class _OneFails:
-    """Two ranks started; rank 1 has failed on its own. Counts the stops."""
+    """Two ranks started; rank 1 has failed on its own. Records the settles and stops."""
 
     def __init__(self):
         self.handles: list[_Rank] = []
@@ -102,6 +102,9 @@ class _OneFails:
 
     def release(self):
         raise AssertionError("a rank failed: nothing to release")
+
+    def settle(self, timeout_s: float) -> None:
+        self.stops.append(f"settle {timeout_s:g} s")
 
     def stop(self, reason: str) -> None:
         self.stops.append(reason)
@@ -118,7 +121,7 @@ class _Failed(_Rank):
         return True
 
 
-def test_a_failed_run_stops_its_ranks_once():
+def test_a_failed_run_lets_the_peers_settle_then_stops_its_ranks_once():
     # Each stop of rank threads waits up to its grace for a rank stuck outside a
     # collective: stopping twice (once for the failure, once more as "the launcher
     # failed" when the ClusterError passed the generic handler) doubled that wait.
@@ -126,4 +129,4 @@ def test_a_failed_run_stops_its_ranks_once():
     with pytest.raises(ClusterError) as info:
         supervise(ranks, dp_size=2, collective_timeout_s=5.0, run_timeout_s=None)
     assert info.value.rank == 1
-    assert ranks.stops == ["another rank failed"]
+    assert ranks.stops == [f"settle {SETTLE_S:g} s", "another rank failed"]
