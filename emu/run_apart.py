@@ -1,11 +1,11 @@
-"""``run_apart(spec)``: ``emu.run.run(spec)`` in a fresh process of its own.
+"""``run_apart(spec)``: ``emu.run.run(spec)`` in a process of its own.
 
 Called by ``dyntra-emu ab --vllm-ascend-a A --vllm-ascend-b B`` for every run whose ranks
 are threads: rank threads import their vllm-ascend tree into the process that hosts them,
 and a tree's patches replace vLLM's classes on import, so one process holds one tree
 (``emu.impl.vllm_ascend.rank_state``). A run of tree B must never find tree A imported,
-so each run gets a process that has imported nothing yet (``spawn``), runs the spec as
-``run`` does (writing the same files and metrics.json) and hands back its result.
+so each run gets a process of its own, runs the spec as ``run`` does (writing the same
+files and metrics.json) and hands back its result.
 
 What goes wrong in that process comes back as it happened: a failed cluster as its
 ``ClusterError``, an interrupted one as its ``Interrupted`` (each rank's report
@@ -14,19 +14,28 @@ runner) reaches the run as SIGTERM, so it stops its ranks and records itself as
 interrupted before this process goes on; Ctrl-C reaches both processes from the
 terminal. The run's process dies with this one (Linux's parent-death signal).
 
-``start_job`` and ``stop_jobs`` are that fresh process on its own, which the local
-executor's jobs (``emu.executors.local``) are too: started by ``spawn``, tied to this
-process by the parent-death signal (a batch killed with SIGKILL leaves no run going on),
-its outcome sent back through a pipe.
+``start_job`` and ``stop_jobs`` are that process on its own, which the local executor's
+jobs (``emu.executors.local``) are too: tied to this process by the parent-death signal
+(a batch killed with SIGKILL leaves no run going on), its outcome sent back through a
+pipe. A job is a fork of a fork server that has imported what its run needs and has run
+nothing (``emu.cluster.rank_start``, as rank processes; one server per implementation
+and tree), so it starts in milliseconds where a fresh interpreter spends 2 s importing
+torch and the kit, 10 s with vLLM and a tree; nothing of one run reaches the next. A
+run that may touch an NPU gets a spawned interpreter instead, as its ranks would.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import importlib.util
 import os
+import signal
 import time
 import traceback
+from multiprocessing import resource_tracker
 
+from emu import impl
+from emu.cluster.rank_start import rank_starter
+from emu.rank.context import Preload
 from emu.run import RunResult, run
 from emu.spec import RunSpec
 
@@ -34,17 +43,42 @@ from emu.spec import RunSpec
 STOP_GRACE_S = 60.0
 
 
-def start_job(target, args: tuple, name: str):
-    """Start ``target(*args, conn)`` in a fresh process (``spawn``) that dies with this
-    one; ``conn`` is the job's end of a pipe for its outcome. Returns (the process, this
-    end of the pipe)."""
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe(duplex=False)
-    job = context.Process(target=_job_main, args=(target, args, theirs, os.getpid()),
-                          name=name)
-    job.start()
+def start_job(target, spec: RunSpec, name: str):
+    """Start ``target(spec, conn)`` in a process of its own (see the module docstring)
+    that dies with this one; ``conn`` is the job's end of a pipe for its outcome.
+    Returns (the process, this end of the pipe)."""
+    resource_tracker.ensure_running()  # starting it unblocks SIGINT: before the block
+    # A fork server started now blocks SIGINT for good (a Ctrl-C must not end it in the
+    # middle of its imports); a job unblocks it (_job_main).
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        starter = rank_starter(_device_kind(spec), _preload(spec))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    ours, theirs = starter.context.Pipe(duplex=False)
+    job = starter.context.Process(
+        target=_job_main, args=(target, spec, theirs, starter.parent_pid, dict(os.environ)),
+        name=name)
+    with starter.starting():
+        job.start()
     theirs.close()
     return job, ours
+
+
+def _device_kind(spec: RunSpec) -> str:
+    """"cpu" (forked) unless the run may use an NPU: a device runtime does not survive a
+    fork, and a tree imported by the server may have loaded it."""
+    if spec.device == "cpu" or importlib.util.find_spec("torch_npu") is None:
+        return "cpu"
+    return "npu"
+
+
+def _preload(spec: RunSpec) -> Preload:
+    """What a job's fork server imports: the job's side and the run's implementation's
+    preload (its engine; vLLM and the run's tree)."""
+    run_preload = impl.get(spec.impl).preload(spec)
+    return Preload(("emu.run_apart", "emu.executors.local", *run_preload.modules),
+                   run_preload.environ)
 
 
 def stop_jobs(jobs, grace_s: float) -> None:
@@ -62,17 +96,20 @@ def stop_jobs(jobs, grace_s: float) -> None:
         job.join()
 
 
-def _job_main(target, args: tuple, conn, parent_pid: int) -> None:
-    from emu.cluster.rank_boot import die_with_parent
+def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, str]) -> None:
+    from emu.cluster.rank_boot import die_with_parent, forked_by_fork_server, leave_fork_server
 
     die_with_parent(parent_pid)
-    target(*args, conn)
+    if forked_by_fork_server():
+        leave_fork_server(environ)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    target(spec, conn)
 
 
 def run_apart(spec: RunSpec) -> RunResult:
-    """Run ``spec`` in a new process (``spawn``) and return its result; raises what the
-    run raised there (``ClusterError``, ``Interrupted``, ``ValueError`` ...)."""
-    job, receive = start_job(_job, (spec,), f"dyntra-emu run {spec.out_dir}")
+    """Run ``spec`` in a process of its own and return its result; raises what the run
+    raised there (``ClusterError``, ``Interrupted``, ``ValueError`` ...)."""
+    job, receive = start_job(_job, spec, f"dyntra-emu run {spec.out_dir}")
     try:
         outcome = _receive(receive, job)
     except BaseException as exc:  # SIGINT / SIGTERM here: the run stops, then reports

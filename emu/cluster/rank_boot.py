@@ -13,7 +13,7 @@ and run `emu.cluster.rank_process.rank_main`.
 
 The death chain: a spawned rank's parent is the launcher. A forked rank's parent is the
 fork server, which exits as soon as the launcher is gone (it watches a pipe that only
-the launcher holds once each rank has closed its copy, see `_leave_fork_server`), and
+the launcher holds once each rank has closed its copy, see `leave_fork_server`), and
 its death kills the rank. SIGKILL of the launcher therefore kills every rank, either
 way.
 
@@ -48,20 +48,21 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _forked_by_fork_server() -> bool:
+def forked_by_fork_server() -> bool:
     forkserver = sys.modules.get("multiprocessing.forkserver")
     return forkserver is not None and forkserver.get_inherited_fds() is not None
 
 
-def _leave_fork_server(environ: dict[str, str]) -> None:
-    """In a rank forked by multiprocessing's fork server: close the rank's copy of the
-    server's "alive" pipe. The server exits when every holder of that pipe is gone;
-    with ranks holding it, it would outlive a killed launcher and so would its ranks
-    (their parent-death signal waits for the server). CPython keeps the descriptor in a
-    private attribute, the only place to find it. Then undo what the rank inherited
-    from the server rather than from the launcher: SIGTERM, which the server ignores
-    (`emu.cluster.rank_preload`) and the launcher stops a rank with, and the environment, which
-    is the launcher's as of the server's start, not as of this launch."""
+def leave_fork_server(environ: dict[str, str]) -> None:
+    """In a process forked by multiprocessing's fork server (a rank, or a batch's job,
+    ``emu.run_apart``): close its copy of the server's "alive" pipe. The server exits
+    when every holder of that pipe is gone; with its children holding it, it would
+    outlive a killed launcher and so would they (their parent-death signal waits for the
+    server). CPython keeps the descriptor in a private attribute, the only place to find
+    it. Then undo what the process inherited from the server rather than from its
+    launcher: SIGTERM, which the server ignores (`emu.cluster.rank_preload`) and a rank
+    or job is stopped with, and the environment, which is the launcher's as of the
+    server's start, not as of this start."""
     server = sys.modules["multiprocessing.forkserver"]._forkserver
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
@@ -78,8 +79,8 @@ def main(spec: RankSpec, payload: bytes, conn) -> None:
     # The launcher started this rank with SIGINT blocked: one that came meanwhile was
     # pending and is dropped now (emu.cluster.launch_scope.StopSignals.deferred).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if _forked_by_fork_server():
-        _leave_fork_server(spec.environ)
+    if forked_by_fork_server():
+        leave_fork_server(spec.environ)
     from emu.cluster.rank_process import rank_main
 
     rank_main(spec, payload, conn)

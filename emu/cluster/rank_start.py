@@ -1,5 +1,6 @@
 """How a rank process comes to exist: forked from a fork server that has imported what
-the rank needs (CPU), or spawned (NPU).
+the rank needs (CPU), or spawned (NPU). A batch's job processes, each hosting one run
+(``emu.run_apart``), start the same way.
 
 A rank that imports torch, vLLM and a vllm-ascend tree itself spends 1 s (the kit) to
 6-10 s (vllm-ascend) of CPU before its first step, and with more ranks than cores they

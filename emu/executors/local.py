@@ -1,7 +1,7 @@
 """The ``local`` executor: a batch's runs in job processes on this machine, ``jobs`` at a
-time, each run in a fresh spawned process (no state of one run reaches the next) that
-writes straight into the run's out_dir, sends its outcome back through a pipe and dies
-with the batch's process (``emu.run_apart.start_job``).
+time, each run in a process of its own that has run nothing before (no state of one run
+reaches the next), writes straight into the run's out_dir, sends its outcome back
+through a pipe and dies with the batch's process (``emu.run_apart.start_job``).
 
 The executor starts a job only when a slot is free, and watches every job's pipe and
 its process together: a job that dies without an outcome is a failed run. Stopping the
@@ -58,7 +58,7 @@ class LocalExecutor:
                 while queued or running:
                     while queued and len(running) < self.jobs:
                         index = queued.pop(0)
-                        running[index] = start_job(_run_job, (specs[index],),
+                        running[index] = start_job(_run_job, specs[index],
                                                    f"dyntra-emu-job-{index}")
                     index, outcome = self._next_outcome(running)
                     if "error" in outcome:
