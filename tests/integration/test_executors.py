@@ -105,10 +105,16 @@ class RankKiller(threading.Thread):
         self.problem = f"not both runs under way: event logs held {logs}"
 
 
-def _tracker_of_this_process(process: psutil.Process) -> bool:
+def _helper_of_this_process(process: psutil.Process) -> bool:
+    """multiprocessing's helpers that serve this process and live as long as it does: its
+    resource tracker (started for the local executor's stop event) and a fork server of
+    jobs or ranks (``emu.cluster.rank_start``), which later batches reuse. What they fork
+    (the jobs, the ranks) is counted."""
     try:
-        return (process.ppid() == psutil.Process().pid
-                and "multiprocessing.resource_tracker" in " ".join(process.cmdline()))
+        cmdline = " ".join(process.cmdline())
+        return process.ppid() == psutil.Process().pid and (
+            "multiprocessing.resource_tracker" in cmdline
+            or "multiprocessing.forkserver" in cmdline)
     except psutil.NoSuchProcess:
         return False
 
@@ -139,9 +145,7 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     assert json.loads((killed / "run.json").read_text())["state"] == "failed"
     assert json.loads((endless / "run.json").read_text())["state"] == "interrupted"
     assert (endless / "rank1.events.jsonl").stat().st_size > 0
-    # This process's multiprocessing resource tracker (started for the local executor's
-    # stop event) serves the process, not the batch, and ends with it.
-    started = {p for p in descendants.seen - before if not _tracker_of_this_process(p)}
+    started = {p for p in descendants.seen - before if not _helper_of_this_process(p)}
     assert started, "the batch started no process"
     _, alive = psutil.wait_procs(started, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
