@@ -52,7 +52,7 @@ def start_job(target, spec: RunSpec, name: str):
     # middle of its imports); a job unblocks it (_job_main).
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        starter = rank_starter(_device_kind(spec), _preload(spec))
+        starter = rank_starter(_device_kind(spec), _preload(target, spec))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     ours, theirs = starter.context.Pipe(duplex=False)
@@ -73,12 +73,12 @@ def _device_kind(spec: RunSpec) -> str:
     return "npu"
 
 
-def _preload(spec: RunSpec) -> Preload:
-    """What a job's fork server imports: the job's side and the run's implementation's
-    preload (its engine; vLLM and the run's tree)."""
+def _preload(target, spec: RunSpec) -> Preload:
+    """What a job's fork server imports: this module, the module of the job's target and
+    the run's implementation's preload (its engine; vLLM and the run's tree)."""
     run_preload = impl.get(spec.impl).preload(spec)
-    return Preload(("emu.run_apart", "emu.executors.local", *run_preload.modules),
-                   run_preload.environ)
+    modules = dict.fromkeys((__name__, target.__module__, *run_preload.modules))
+    return Preload(tuple(modules), run_preload.environ)
 
 
 def stop_jobs(jobs, grace_s: float) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import subprocess
 
 import pytest
 
 from emu.impl.vllm_ascend.tree import ENV_VAR, SUPPORTED_VLLM, installed_vllm
 from emu.spec import RunSpec
+from tests.in_process import run_in_process
 from tests.integration.conftest import (  # noqa: F401 - fixtures shared with this tier
     STATIC_CONFIG,
     kit,
@@ -82,3 +84,9 @@ def upstream_run(tmp_path_factory):
     """``upstream_run(name, dp_size) -> RunResult``: each named vllm-ascend run once per
     session, shared by every test and xdist worker that asks for it."""
     return shared_runs(tmp_path_factory, "upstream", upstream_spec)
+
+
+def dyntra_emu(*args) -> subprocess.CompletedProcess:
+    """``dyntra-emu args`` in this process (``tests/in_process.py``): the fork servers that
+    one command starts for vLLM and a tree serve this worker's later commands."""
+    return run_in_process([*map(str, args)], pathlib.Path.cwd())

@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from emu.impl.vllm_ascend.tree import content_hash
-from tests.upstream.conftest import TREE
+from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
 
-DYNTRA_EMU = pathlib.Path(sys.executable).with_name("dyntra-emu")
 CORE = pathlib.Path("vllm_ascend/patch/platform/patch_dyntra_lb_core.py")
 # _balance_load's bubble: the most loaded rank's blocks above the mean ...
 BUBBLE_RULE = "            return max_blk - avg_blk\n"
@@ -32,11 +29,6 @@ BRANCH_RULE = "            return max_blk - min(tot_blks)\n"
 SMALL = ["--impl", "vllm-ascend", "--workload", "recipe:pr12292,n=12", "--dp", "2",
          "--block-size", "128", "--max-num-seqs", "4", "--device", "cpu", "--quiet",
          "--transport", "thread"]
-
-
-def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(DYNTRA_EMU), *map(str, args)], capture_output=True, text=True,
-                          timeout=1800, stdin=subprocess.DEVNULL)
 
 
 def copy_of_tree(tmp_path: pathlib.Path, name: str, rule: str | None = None) -> pathlib.Path:
@@ -67,7 +59,7 @@ def test_a_branch_against_its_base_shows_the_change_with_its_ci(tmp_path):
     branch = copy_of_tree(tmp_path, "vllm-ascend-branch", BRANCH_RULE)
     out = tmp_path / "ab"
 
-    proc = _cli("ab", *SMALL, "--seeds", 2, "--vllm-ascend-a", TREE, "--vllm-ascend-b",
+    proc = dyntra_emu("ab", *SMALL, "--seeds", 2, "--vllm-ascend-a", TREE, "--vllm-ascend-b",
                 branch, "--out", out)
 
     assert proc.returncode == 0, proc.stderr
@@ -123,7 +115,7 @@ def test_the_same_tree_twice_changes_nothing(tmp_path):
     copy = copy_of_tree(tmp_path, "vllm-ascend-copy")
     out = tmp_path / "aa"
 
-    proc = _cli("ab", *SMALL, "--vllm-ascend-a", TREE, "--vllm-ascend-b", copy, "--out", out)
+    proc = dyntra_emu("ab", *SMALL, "--vllm-ascend-a", TREE, "--vllm-ascend-b", copy, "--out", out)
 
     assert proc.returncode == 0, proc.stderr
     assert "warning: --vllm-ascend-a and --vllm-ascend-b hold the same vllm-ascend" in \
@@ -147,7 +139,7 @@ DIAGNOSTICS = {"scheduler_config": {"dyntra_lb_config": {
 def test_a_sweep_runs_vllm_ascend_in_every_run(tmp_path):
     out = tmp_path / "sweep"
 
-    proc = _cli("sweep", *[f for f in SMALL if f not in ("--transport", "thread")],
+    proc = dyntra_emu("sweep", *[f for f in SMALL if f not in ("--transport", "thread")],
                 "--vllm-ascend", TREE, "--grid", "bubble_threshold=1,50", "--jobs", 2,
                 "--additional-config", json.dumps(DIAGNOSTICS), "--out", out)
 

@@ -11,25 +11,22 @@ import json
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from emu.metrics import compute_metrics, load_run
 from emu.run import run_cluster
 from tests.integration.conftest import spec
-from tests.upstream.conftest import REPO, TREE, upstream_spec
+from tests.upstream.conftest import REPO, TREE, dyntra_emu, upstream_spec
 
 pytestmark = pytest.mark.integration
 
 CORE = pathlib.Path("vllm_ascend/patch/platform/patch_dyntra_lb_core.py")
 TIE_RULE = "if new_dist < best_dist or"
-DYNTRA_EMU = pathlib.Path(sys.executable).with_name("dyntra-emu")
 
 
 def _diff(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(DYNTRA_EMU), "diff", *map(str, args)], capture_output=True,
-                          text=True, timeout=1200, stdin=subprocess.DEVNULL)
+    return dyntra_emu("diff", *args)
 
 
 @pytest.mark.parametrize("name", ["static", "dynamic"])

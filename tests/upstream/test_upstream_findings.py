@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -17,11 +15,10 @@ from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
-from tests.upstream.conftest import TREE
+from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
 
-DYNTRA_EMU = pathlib.Path(sys.executable).with_name("dyntra-emu")
 # Three requests pinned to rank 0 (rank 1 stays empty), KV for one long request only.
 KV_STALL_TRACE = [("r0", 12, 18), ("r1", 4, 4), ("r2", 9, 16)]
 KV_STALL_FLAGS = ["--dp", 2, "--block-size", 4, "--num-gpu-blocks", 8, "--max-num-seqs", 2,
@@ -45,11 +42,9 @@ def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp
     again: no token is scheduled until the stall check ends the run. The kit does the
     same, step for step."""
     trace = _kv_stall_trace(tmp_path / "kv_stall.jsonl")
-    proc = subprocess.run(
-        [str(DYNTRA_EMU), "diff", "--workload", str(trace), *map(str, KV_STALL_FLAGS),
-         "--vllm-ascend", str(TREE), "--additional-config", json.dumps(STATIC),
-         "--out", str(tmp_path / "diff"), "--json"],
-        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    proc = dyntra_emu("diff", "--workload", trace, *KV_STALL_FLAGS, "--vllm-ascend", TREE,
+                      "--additional-config", json.dumps(STATIC), "--out", tmp_path / "diff",
+                      "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["identical"]

@@ -5,18 +5,14 @@ kit makes the same run step for step (``dyntra-emu diff`` identical)."""
 from __future__ import annotations
 
 import json
-import pathlib
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 
-from tests.upstream.conftest import REPO, TREE
+from tests.upstream.conftest import REPO, TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
 
-DYNTRA_EMU = pathlib.Path(sys.executable).with_name("dyntra-emu")
 LIMIT = 3
 
 
@@ -26,13 +22,11 @@ def test_the_limit_holds_on_vllm_ascend_and_matches_the_kit(tmp_path):
     trace = tmp_path / "uniform16.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in requests))
     lb = {"enabled": True, "mode": "static", "start_step": 0, "enable_diagnostics": True}
-    proc = subprocess.run(
-        [str(DYNTRA_EMU), "diff", "--workload", str(trace), "--dp", "2", "--block-size", "16",
-         "--max-num-seqs", "4", "--max-concurrency", str(LIMIT), "--device", "cpu",
-         "--quiet", "--vllm-ascend", str(TREE), "--additional-config",
-         json.dumps({"scheduler_config": {"dyntra_lb_config": lb}}),
-         "--out", str(tmp_path / "diff"), "--json"],
-        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    proc = dyntra_emu("diff", "--workload", trace, "--dp", 2, "--block-size", 16,
+                      "--max-num-seqs", 4, "--max-concurrency", LIMIT, "--device", "cpu",
+                      "--quiet", "--vllm-ascend", TREE, "--additional-config",
+                      json.dumps({"scheduler_config": {"dyntra_lb_config": lb}}),
+                      "--out", tmp_path / "diff", "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["identical"] and report["counts"]["requests"] == len(requests)

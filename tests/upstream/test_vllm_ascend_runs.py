@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.upstream.conftest import upstream_spec
+from tests.upstream.conftest import dyntra_emu, upstream_spec
 
 # A shared run may wait for another worker's run of vLLM-importing ranks.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -127,8 +125,8 @@ def test_plain_dp_runs_vllms_engine_without_dyntra_lb(upstream_run, kit):
 
 def test_replay_of_vllm_ascends_diagnostics_reproduces_every_plan(upstream_run, kit):
     result = upstream_run("static", 2)
-    out = subprocess.run([sys.executable, "-m", "emu", "replay", "--json",
-                          str(result.logs[0])], capture_output=True, text=True, check=True)
+    out = dyntra_emu("replay", "--json", result.logs[0])
+    assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     plans = sum(s["plan_generated"] is not None for s in kit.steps(result, 0))
     assert report["summary"]["snapshots"] == plans > 0

@@ -23,7 +23,7 @@ from tests.integration.test_faults import (
     make_spec,
     two_wave_trace,
 )
-from tests.upstream.conftest import TREE
+from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
 
@@ -89,11 +89,7 @@ def test_vllm_ascend_under_torchrun_is_the_launchers_run(tmp_path):
                            capture_output=True, text=True, timeout=900,
                            stdin=subprocess.DEVNULL)
     assert under.returncode == 0, under.stderr
-    direct = subprocess.run([str(pathlib.Path(sys.executable).with_name("dyntra-emu")),
-                             *map(str, flags), "--dp", "2", "--transport", "thread",
-                             "--out", str(tmp_path / "direct")],
-                            capture_output=True, text=True, timeout=900,
-                            stdin=subprocess.DEVNULL)
+    direct = dyntra_emu(*flags, "--dp", 2, "--transport", "thread", "--out", tmp_path / "direct")
     assert direct.returncode == 0, direct.stderr
     for rank in range(2):
         log = f"rank{rank}.events.jsonl"
