@@ -17,11 +17,13 @@ terminal. The run's process dies with this one (Linux's parent-death signal).
 ``start_job`` and ``stop_jobs`` are that process on its own, which the local executor's
 jobs (``emu.executors.local``) are too: tied to this process by the parent-death signal
 (a batch killed with SIGKILL leaves no run going on), its outcome sent back through a
-pipe. A job is a fork of a fork server that has imported what its run needs and has run
-nothing (``emu.cluster.rank_start``, as rank processes; one server per implementation
-and tree), so it starts in milliseconds where a fresh interpreter spends 2 s importing
-torch and the kit, 10 s with vLLM and a tree; nothing of one run reaches the next. A
-run that may touch an NPU gets a spawned interpreter instead, as its ranks would.
+pipe. A job is a fork of the fork server its run's ranks come from, which has imported
+what the run needs and has run nothing (``emu.cluster.rank_start``: one server per
+implementation and tree), so it starts in milliseconds where a fresh interpreter spends
+2 s importing torch and the kit, 10 s with vLLM and a tree; nothing of one run reaches
+the next. The job imports its own side (this module, the target's) as it starts, in
+milliseconds: what they need is loaded. A run that may touch an NPU gets a spawned
+interpreter instead, as its ranks would.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from multiprocessing import resource_tracker
 
 from emu import impl
 from emu.cluster.rank_start import rank_starter
-from emu.rank.context import Preload
 from emu.run import RunResult, run
 from emu.spec import RunSpec
 
@@ -52,7 +53,7 @@ def start_job(target, spec: RunSpec, name: str):
     # middle of its imports); a job unblocks it (_job_main).
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        starter = rank_starter(_device_kind(spec), _preload(target, spec))
+        starter = rank_starter(_device_kind(spec), impl.get(spec.impl).preload(spec))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     ours, theirs = starter.context.Pipe(duplex=False)
@@ -71,14 +72,6 @@ def _device_kind(spec: RunSpec) -> str:
     if spec.device == "cpu" or importlib.util.find_spec("torch_npu") is None:
         return "cpu"
     return "npu"
-
-
-def _preload(target, spec: RunSpec) -> Preload:
-    """What a job's fork server imports: this module, the module of the job's target and
-    the run's implementation's preload (its engine; vLLM and the run's tree)."""
-    run_preload = impl.get(spec.impl).preload(spec)
-    modules = dict.fromkeys((__name__, target.__module__, *run_preload.modules))
-    return Preload(tuple(modules), run_preload.environ)
 
 
 def stop_jobs(jobs, grace_s: float) -> None:
