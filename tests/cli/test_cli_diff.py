@@ -13,20 +13,16 @@ import pytest
 @pytest.fixture(scope="module")
 def kit_run(tmp_path_factory):
     """One small kit run (static DyntraLB with diagnostics), shared by this module."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from tests.cli.conftest import SMALL, tiny_requests, write_trace
+    from tests.in_process import run_in_process
 
     root = tmp_path_factory.mktemp("diff")
     trace = write_trace(root / "tiny.jsonl", tiny_requests())
     config = {"scheduler_config": {"dyntra_lb_config": {
         "enabled": True, "mode": "static", "start_step": 0, "enable_diagnostics": True}}}
-    subprocess.run([str(Path(sys.executable).with_name("dyntra-emu")), "run", "--workload",
-                    str(trace), *SMALL, "--additional-config", json.dumps(config), "--out",
-                    str(root / "run"), "--quiet"], check=True, capture_output=True,
-                   timeout=600, stdin=subprocess.DEVNULL)
+    proc = run_in_process(["run", "--workload", str(trace), *SMALL, "--additional-config",
+                           json.dumps(config), "--out", str(root / "run"), "--quiet"], root)
+    assert proc.returncode == 0, proc.stderr
     return root / "run"
 
 

@@ -69,11 +69,12 @@ def test_a_tree_without_dyntra_lb(cli, tmp_path, tiny_trace, clikit):
                              "ffa55704fb")
 
 
-def test_the_environment_variable_names_the_tree(tmp_path, tiny_trace, clikit):
+def test_the_environment_variable_names_the_tree(cli, tmp_path, tiny_trace, clikit,
+                                                monkeypatch):
     tree = fake_tree(tmp_path / "old", dyntra_lb=False)
-    proc = cli_with_env(tmp_path, {**os.environ, "DYNTRA_VLLM_ASCEND": str(tree)}, "run",
-                        "--workload", tiny_trace, *clikit.SMALL, "--out", tmp_path / "out",
-                        "--impl", "vllm-ascend")
+    monkeypatch.setenv("DYNTRA_VLLM_ASCEND", str(tree))
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--out", tmp_path / "out",
+               "--impl", "vllm-ascend")
     clikit.assert_user_error(proc, "this vllm-ascend has no DyntraLB")
     assert not (tmp_path / "out").exists()
 

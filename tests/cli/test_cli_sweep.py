@@ -25,7 +25,7 @@ def test_sweep_2x2_end_to_end(cli, clikit, tmp_path, dyntra_cluster):
     trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
     proc = cli("sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
                "--grid", "mode=static,dynamic", "--grid", "long_req_block_threshold=30",
-               "--jobs", "2", "--out", "sw", timeout=600, process=True)
+               "--jobs", "2", "--out", "sw")
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "sw"
     for name in ("sweep.json", "sweep.csv", "summary.md", "pareto.png", "kv_blocks.png"):
