@@ -21,9 +21,10 @@ pipe. A job is a fork of the fork server its run's ranks come from, which has im
 what the run needs and has run nothing (``emu.cluster.rank_start``: one server per
 implementation and tree), so it starts in milliseconds where a fresh interpreter spends
 2 s importing torch and the kit, 10 s with vLLM and a tree; nothing of one run reaches
-the next. The job imports its own side (this module, the target's) as it starts, in
-milliseconds: what they need is loaded. A run that may touch an NPU gets a spawned
-interpreter instead, as its ranks would.
+the next. The job's ranks are forks of the same server, not of a server of the job's
+own (``emu.cluster.rank_start.use_parent_server``). The job imports its own side (this
+module, the target's) as it starts, in milliseconds: what they need is loaded. A run
+that may touch an NPU gets a spawned interpreter instead, as its ranks would.
 """
 
 from __future__ import annotations
@@ -51,14 +52,16 @@ def start_job(target, spec: RunSpec, name: str):
     resource_tracker.ensure_running()  # starting it unblocks SIGINT: before the block
     # A fork server started now blocks SIGINT for good (a Ctrl-C must not end it in the
     # middle of its imports); a job unblocks it (_job_main).
+    preload = impl.get(spec.impl).preload(spec)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        starter = rank_starter(_device_kind(spec), impl.get(spec.impl).preload(spec))
+        starter = rank_starter(_device_kind(spec), preload)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     ours, theirs = starter.context.Pipe(duplex=False)
     job = starter.context.Process(
-        target=_job_main, args=(target, spec, theirs, starter.parent_pid, dict(os.environ)),
+        target=_job_main, args=(target, spec, theirs, starter.parent_pid, dict(os.environ),
+                                preload, starter.shared_server()),
         name=name)
     with starter.starting():
         job.start()
@@ -89,12 +92,16 @@ def stop_jobs(jobs, grace_s: float) -> None:
         job.join()
 
 
-def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, str]) -> None:
+def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, str],
+              preload, server: tuple[str, int] | None) -> None:
     from emu.cluster.rank_boot import die_with_parent, forked_by_fork_server, leave_fork_server
+    from emu.cluster.rank_start import use_parent_server
 
     die_with_parent(parent_pid)
     if forked_by_fork_server():
         leave_fork_server(environ)
+    if server is not None:  # the run's ranks are forks of this job's own server
+        use_parent_server(preload, server)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     target(spec, conn)
 

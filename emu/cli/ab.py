@@ -163,8 +163,8 @@ def cmd_ab(args) -> int:
         [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
     about = [] if trees is None else tree_lines(trees)
     if args.seeds is not None:
-        # Each run of the batch has a fresh process of its own (a local job, a Ray task
-        # with max_calls=1): two trees on rank threads never meet in one process.
+        # Each run of the batch has a fresh process of its own (a local job, or one a
+        # Ray task starts): two trees on rank threads never meet in one process.
         results = _run_seeds(args, seeds, pairs, labels, out_dir)
         return _report_seeds(args, seeds, results, labels, launch.dp, out_dir, about, trees)
     prepare_out_dir(out_dir, args.overwrite, RUN_DIRS)

@@ -11,11 +11,14 @@ Ctrl-C within a few milliseconds of existing, before it imports or runs anything
 Only then does it import the rank's side of the launch (and torch, unless preloaded)
 and run `emu.cluster.rank_process.rank_main`.
 
-The death chain: a spawned rank's parent is the launcher. A forked rank's parent is the
-fork server, which exits as soon as the launcher is gone (it watches a pipe that only
-the launcher holds once each rank has closed its copy, see `leave_fork_server`), and
-its death kills the rank. SIGKILL of the launcher therefore kills every rank, either
-way.
+The death chain: a spawned rank's parent is the launcher, whose death kills it. A
+forked rank's parent is the fork server, which exits as soon as the process that
+started it is gone (it watches a pipe that only that process holds once each rank has
+closed its copy, see `leave_fork_server`), and its death kills the rank. That process
+is the launcher, or the batch whose job is the launcher (`emu.run_apart`): such a
+server outlives a job, so a forked rank is also killed by the kernel the moment its
+launcher is gone (`die_with_launcher`). SIGKILL of the launcher therefore kills every
+rank, either way.
 
 Ctrl-C in a terminal reaches the whole process group, ranks included; the launcher
 handles it and stops every rank, so a rank ignores SIGINT instead of printing a
@@ -26,13 +29,17 @@ blocked (the launcher blocks it while starting the rank) until it ignores it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import multiprocessing
 import os
+import select
 import signal
 import sys
 
 from emu.cluster.rank_spec import RankSpec
 
 _PR_SET_PDEATHSIG = 1
+_F_SETSIG = getattr(fcntl, "F_SETSIG", 10)  # Linux's value, where Python does not name it
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -45,6 +52,21 @@ def die_with_parent(parent_pid: int) -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def die_with_launcher() -> None:
+    """In a process forked by a fork server: have Linux SIGKILL it the moment the process
+    that asked for it (its launcher) is gone, whatever the server does. multiprocessing
+    gives the new process the read end of a pipe whose write end only the launcher holds
+    and never writes to (its "parent sentinel"); armed with O_ASYNC and F_SETSIG, the
+    end of the launcher, which closes that end, makes the kernel send the signal. A
+    launcher already gone reads as end-of-file at once: exit."""
+    sentinel = multiprocessing.parent_process().sentinel
+    fcntl.fcntl(sentinel, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(sentinel, _F_SETSIG, signal.SIGKILL)
+    fcntl.fcntl(sentinel, fcntl.F_SETFL, fcntl.fcntl(sentinel, fcntl.F_GETFL) | os.O_ASYNC)
+    if select.select([sentinel], [], [], 0)[0]:
         os._exit(1)
 
 
@@ -81,6 +103,7 @@ def main(spec: RankSpec, payload: bytes, conn) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if forked_by_fork_server():
         leave_fork_server(spec.environ)
+        die_with_launcher()
     from emu.cluster.rank_process import rank_main
 
     rank_main(spec, payload, conn)

@@ -49,6 +49,13 @@ class RankStarter:
         self.parent_pid = parent_pid
         self._server = server
 
+    def shared_server(self) -> tuple[str, int] | None:
+        """The fork server's address and pid, for a process it forks to start processes
+        of its own from the same server (``use_parent_server``); None when spawning."""
+        if self._server is None:
+            return None
+        return self._server._forkserver_address, self._server._forkserver_pid
+
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
         """multiprocessing asks its one module-level fork server for every new process
@@ -78,6 +85,33 @@ def rank_starter(device_kind: str, preload: Preload) -> RankStarter:
     # here, once, rather than have every rank compile it while its peers wait.
     planner.warm_up()
     return RankStarter(multiprocessing.get_context("spawn"), os.getpid())
+
+
+def use_parent_server(preload: Preload, server: tuple[str, int]) -> None:
+    """In a job forked by the fork server of ``preload`` (``emu.run_apart``): start the
+    job's ranks from that server too (``server``: its address and pid, from
+    ``RankStarter.shared_server``), rather than from a server of the job's own, which
+    would import everything again (2 s for the kit, 6-10 s with vLLM and a tree).
+    The ranks' parent is then the server, which lives as long as the batch's process,
+    not the job: a rank dies with its job all the same (``rank_boot.die_with_launcher``).
+    """
+    _servers[preload] = _ParentServer(*server)
+
+
+class _ParentServer(forkserver.ForkServer):
+    """The fork server that forked this process, asked for new processes over its
+    socket. The process that started it runs and stops it; this one only connects."""
+
+    def __init__(self, address: str, pid: int):
+        super().__init__()
+        self._forkserver_address = address
+        self._forkserver_pid = pid
+        # Handed to each new process as the server's "alive" pipe, which a rank closes
+        # at once (rank_boot.leave_fork_server); the server never watches this one.
+        self._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)
+
+    def ensure_running(self) -> None:
+        """It runs while this process does: this process dies with it (its parent)."""
 
 
 # The fork server's socket: <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX (multiprocessing's

@@ -89,14 +89,19 @@ class Executor(Protocol):
         """Run every spec (checked, its out_dir made); see the module docstring."""
 
 
-def run_spec(spec: RunSpec) -> dict:
+def run_spec(spec: RunSpec, *, apart: bool = False) -> dict:
     """In a job process or on a Ray worker: one run of the batch (``emu.run.run``, which
-    writes its metrics.json); returns the metrics, or {"error": text} when the cluster
-    failed (its report written to error.txt in the run's out_dir)."""
+    writes its metrics.json; in a fresh process of its own when ``apart``, see
+    ``emu.run_apart``); returns the metrics, or {"error": text} when the cluster failed
+    (its report written to error.txt in the run's out_dir)."""
     from pathlib import Path
 
     from emu.cluster.supervision import ClusterError
-    from emu.run import run
+
+    if apart:
+        from emu.run_apart import run_apart as run
+    else:
+        from emu.run import run
 
     try:
         return run(spec).metrics

@@ -110,7 +110,7 @@ class RayExecutor:
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         ray = self._ray
         board = ray.remote(num_cpus=0)(StopBoard).remote()
-        task = ray.remote(max_calls=1, max_retries=0)(run_task)
+        task = ray.remote(max_retries=0)(run_task)
         groups: dict[int, object] = {}
         tasks: dict[object, int] = {}
         for index, spec in enumerate(specs):

@@ -3,14 +3,17 @@ sent back to the driver, and the batch's stop board that tells a run under way t
 
 A run writes into a temporary directory on its worker's node and returns its files
 (compressed) with its outcome, so the driver needs no filesystem shared with the
-workers. A worker runs one task and exits (``max_calls=1``, as the local executor's
-``max_tasks_per_child=1``).
+workers. A worker serves task after task, and each run is a job process of its own
+forked from the worker's fork server (``emu.run_apart``), as a local batch's runs are:
+no state of one run reaches the next, and a worker pays its imports (Ray, torch, the
+fork server's) once rather than at every run.
 
 Stopping: the driver calls ``StopBoard.stop``; a run under way learns it from
-``StopBoard.wait_stop`` in a watcher thread, which sends its own process SIGTERM, so
-the run stops its ranks exactly as a local job does when it is terminated (every rank
-stopped, ``run.json`` "interrupted"), and the task still returns the partial run's
-files. A run that had not begun is refused by ``StopBoard.begin``.
+``StopBoard.wait_stop`` in a watcher thread, which sends its own process SIGTERM; the
+task then terminates the run's job, which stops its ranks exactly as a local job does
+when it is terminated (every rank stopped, ``run.json`` "interrupted"), and the task
+still returns the partial run's files. A run that had not begun is refused by
+``StopBoard.begin``.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def run_task(index: int, spec: RunSpec, board) -> dict:
         run_dir = Path(tmp) / "run"
         try:
             with _stopped_by(board):
-                outcome = run_spec(dataclasses.replace(spec, out_dir=run_dir))
+                outcome = run_spec(dataclasses.replace(spec, out_dir=run_dir), apart=True)
         except KeyboardInterrupt as exc:  # emu.cluster.supervision.Interrupted among them
             report = str(exc) or "interrupted by SIGTERM: the batch was stopped"
             if run_dir.is_dir():

@@ -10,7 +10,8 @@ placement group on Ray), the endless one on rank threads. Once both runs are und
 SIGKILL, as the kernel's OOM killer would: the rank is the process holding that run's
 event log open.
 
-And a local job dies with its batch when the batch's process is killed with SIGKILL."""
+And a local job dies with its batch when the batch's process is killed with SIGKILL;
+a job's ranks, forks of the batch's fork server, die with their job killed so."""
 
 from __future__ import annotations
 
@@ -197,3 +198,41 @@ def test_a_local_job_dies_with_the_batch_killed_by_sigkill(tmp_path):
     for p in alive:
         p.kill()
     assert alive == [], "the job or its fork server outlived the batch killed by SIGKILL"
+
+
+def _run_job(spec, conn) -> None:
+    from emu.executors.base import run_spec
+
+    run_spec(spec)
+
+
+def test_a_jobs_ranks_come_from_the_batchs_fork_server_and_die_with_the_job(
+        tmp_path, no_leftover_processes):
+    """A local job's ranks are forks of the fork server the job itself came from (no
+    server of the job's own, which would import torch and the engine again), so their
+    parent outlives the job; killed with SIGKILL, the job still takes its ranks along
+    while the batch's process and that server go on."""
+    from emu.run_apart import start_job, stop_jobs
+
+    out = tmp_path / "run"
+    job, conn = start_job(_run_job, spec(out, dp_size=2, transport="process"), "the job")
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[psutil.Process] = []
+        while len(ranks) < 2:
+            assert job.is_alive(), "the job ended before its ranks ran"
+            assert time.monotonic() < deadline, "the job's ranks never ran"
+            held = event_logs_held(psutil.Process().children(recursive=True))
+            ranks = [p for p, logs in held.items() if logs[0].parent == out
+                     and all(map(holds_a_step, logs))]
+            time.sleep(0.1)
+        server = psutil.Process(job.pid).parent()
+        assert {rank.ppid() for rank in ranks} == {server.pid}
+        job.kill()
+        job.join()
+        _, alive = psutil.wait_procs(ranks, timeout=10)
+        assert alive == [], "a rank outlived its job killed by SIGKILL"
+        assert server.is_running()
+    finally:
+        stop_jobs([job], 5.0)
+        conn.close()
