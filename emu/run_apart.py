@@ -93,7 +93,7 @@ def stop_jobs(jobs, grace_s: float) -> None:
 
 
 def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, str],
-              preload, server: tuple[str, int] | None) -> None:
+              preload, server: dict | None) -> None:
     from emu.cluster.rank_boot import die_with_parent, forked_by_fork_server, leave_fork_server
     from emu.cluster.rank_start import use_parent_server
 

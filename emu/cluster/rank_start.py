@@ -37,6 +37,9 @@ MAX_SERVERS = 3
 START_METHOD = {"cpu": "forkserver", "npu": "spawn"}
 
 _servers: collections.OrderedDict[Preload, forkserver.ForkServer] = collections.OrderedDict()
+# A fork server's client side (CPython's private fields, no public accessor): its socket,
+# its pid and, in newer Pythons, the key each connection authenticates with.
+_CONNECTION = ("_forkserver_address", "_forkserver_pid", "_forkserver_authkey")
 
 
 class RankStarter:
@@ -49,12 +52,13 @@ class RankStarter:
         self.parent_pid = parent_pid
         self._server = server
 
-    def shared_server(self) -> tuple[str, int] | None:
-        """The fork server's address and pid, for a process it forks to start processes
-        of its own from the same server (``use_parent_server``); None when spawning."""
+    def shared_server(self) -> dict | None:
+        """How to reach the fork server, for a process it forks to start processes of its
+        own from the same server (``use_parent_server``); None when spawning."""
         if self._server is None:
             return None
-        return self._server._forkserver_address, self._server._forkserver_pid
+        return {name: getattr(self._server, name) for name in _CONNECTION
+                if hasattr(self._server, name)}
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
@@ -87,25 +91,24 @@ def rank_starter(device_kind: str, preload: Preload) -> RankStarter:
     return RankStarter(multiprocessing.get_context("spawn"), os.getpid())
 
 
-def use_parent_server(preload: Preload, server: tuple[str, int]) -> None:
+def use_parent_server(preload: Preload, server: dict) -> None:
     """In a job forked by the fork server of ``preload`` (``emu.run_apart``): start the
-    job's ranks from that server too (``server``: its address and pid, from
+    job's ranks from that server too (``server``: how to reach it, from
     ``RankStarter.shared_server``), rather than from a server of the job's own, which
     would import everything again (2 s for the kit, 6-10 s with vLLM and a tree).
     The ranks' parent is then the server, which lives as long as the batch's process,
     not the job: a rank dies with its job all the same (``rank_boot.die_with_launcher``).
     """
-    _servers[preload] = _ParentServer(*server)
+    _servers[preload] = _ParentServer(server)
 
 
 class _ParentServer(forkserver.ForkServer):
     """The fork server that forked this process, asked for new processes over its
     socket. The process that started it runs and stops it; this one only connects."""
 
-    def __init__(self, address: str, pid: int):
+    def __init__(self, connection: dict):
         super().__init__()
-        self._forkserver_address = address
-        self._forkserver_pid = pid
+        vars(self).update(connection)
         # Handed to each new process as the server's "alive" pipe, which a rank closes
         # at once (rank_boot.leave_fork_server); the server never watches this one.
         self._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)
