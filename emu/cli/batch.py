@@ -61,18 +61,16 @@ def check_executor_flags(args) -> None:
 
 @contextlib.contextmanager
 def batch_executor(args, specs: Sequence):
-    """The executor of the flags, entered and checked against ``specs`` for the length of
+    """The executor of the flags, checked against ``specs`` and entered for the length of
     the block; its refusals are UsageErrors."""
     executor = open_executor(args.executor, jobs=args.jobs or 1, address=args.ray_address)
     try:
+        executor.check(specs)
         executor.__enter__()
     except ExecutorError as exc:
         raise UsageError(str(exc)) from None
     try:
-        executor.check(specs)
         yield executor
-    except ExecutorError as exc:
-        raise UsageError(str(exc)) from None
     finally:
         executor.__exit__(None, None, None)
 

@@ -74,16 +74,18 @@ class SignalsSeen:
 
 
 class Executor(Protocol):
-    """What a batch runs on; a context manager, entered before the batch's output
-    directory is prepared (so that an executor that cannot start refuses first) and left
-    when the batch is over (a local Ray started for it is shut down)."""
+    """What a batch runs on; checked against the batch's specs, then a context manager,
+    entered before the batch's output directory is prepared (so that an executor that
+    cannot start refuses first) and left when the batch is over (a local Ray started for
+    it is shut down)."""
+
+    def check(self, specs: Sequence[RunSpec]) -> None:
+        """Called before entering: raise ExecutorError when a spec can never run here, at
+        once where that can be told without starting anything, else when entered."""
 
     def __enter__(self) -> Executor: ...
 
     def __exit__(self, *exc) -> None: ...
-
-    def check(self, specs: Sequence[RunSpec]) -> None:
-        """Raise ExecutorError when a spec can never run here."""
 
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         """Run every spec (checked, its out_dir made); see the module docstring."""

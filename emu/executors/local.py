@@ -39,15 +39,15 @@ class LocalExecutor:
     def __init__(self, jobs: int):
         self.jobs = jobs
 
+    def check(self, specs: Sequence[RunSpec]) -> None:
+        """Every spec runs here (a process-transport run larger than the machine is
+        only slower)."""
+
     def __enter__(self) -> LocalExecutor:
         return self
 
     def __exit__(self, *exc) -> None:
         pass
-
-    def check(self, specs: Sequence[RunSpec]) -> None:
-        """Every spec runs here (a process-transport run larger than the machine is
-        only slower)."""
 
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         queued = list(range(len(specs)))

@@ -5,7 +5,8 @@ Resources: a run on the process transport needs its ``dp_size`` ranks running at
 and its ranks meet on 127.0.0.1, so it reserves ``dp_size`` bundles of one CPU in a
 STRICT_PACK placement group (all on one node) and its task runs in the first bundle; a
 thread-transport run is one process and takes one CPU. A run larger than every node of
-the cluster is refused before any starts (``check``).
+the cluster is refused before any starts (``check``): before a local Ray starts, whose
+one node gets this machine's CPUs, or once the cluster at an address is joined.
 
 Each task (``emu.executors.ray_task.run_task``) runs in a temporary directory of its
 worker's node and sends the run's files back; the driver writes them into the run's
@@ -49,8 +50,25 @@ class RayExecutor:
     def __init__(self, address: str | None):
         self.address = address
         self._ray = None
+        self._largest: RunSpec | None = None  # the checked run needing the most CPUs
 
     # ----------------------------------------------------------------- the cluster
+
+    def check(self, specs: Sequence[RunSpec]) -> None:
+        self._largest = max(specs, key=cpus_needed)
+        if self.address is None:
+            self._fits([os.cpu_count() or 1])
+
+    def _fits(self, node_cpus: list) -> None:
+        """The largest run needs no more CPUs than the largest of ``node_cpus`` has."""
+        need, most = cpus_needed(self._largest), int(max(node_cpus, default=0))
+        if need > most:
+            where = ("the local Ray" if self.address is None
+                     else f"the Ray cluster at {self.address}")
+            raise ExecutorError(
+                f"--executor ray: a run of --dp {self._largest.dp_size} on the process "
+                f"transport needs {need} CPUs on one node (its ranks meet on 127.0.0.1), "
+                f"but the largest node of {where} has {most}")
 
     def __enter__(self) -> RayExecutor:
         try:
@@ -84,26 +102,19 @@ class RayExecutor:
             if sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
         self._ray = ray
+        if self.address is not None and self._largest is not None:
+            try:
+                self._fits([n.get("Resources", {}).get("CPU", 0) for n in ray.nodes()
+                            if n.get("Alive")])
+            except ExecutorError:
+                self.__exit__()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
         if self._ray is not None:
             self._ray.shutdown()  # stops a local Ray we started; else disconnects
             self._ray = None
-
-    def check(self, specs: Sequence[RunSpec]) -> None:
-        largest = max(specs, key=cpus_needed)
-        need = cpus_needed(largest)
-        nodes = [n.get("Resources", {}).get("CPU", 0) for n in self._ray.nodes()
-                 if n.get("Alive")]
-        most = int(max(nodes, default=0))
-        if need > most:
-            where = ("the local Ray" if self.address is None
-                     else f"the Ray cluster at {self.address}")
-            raise ExecutorError(
-                f"--executor ray: a run of --dp {largest.dp_size} on the process transport "
-                f"needs {need} CPUs on one node (its ranks meet on 127.0.0.1), but the "
-                f"largest node of {where} has {most}")
 
     # ----------------------------------------------------------------- the runs
 

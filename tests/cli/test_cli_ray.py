@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,16 +161,25 @@ def _free_port() -> int:
      f"needs {(os.cpu_count() or 1) + 1} CPUs on one node (its ranks meet on 127.0.0.1), but "
      f"the largest node of the local Ray has {os.cpu_count() or 1}"),
 ])
-def test_ray_refuses_what_it_cannot_run(cli, clikit, tmp_path, ray_installed, args, fragment):
+def test_ray_refuses_what_it_cannot_run(cli, clikit, tmp_path, ray_installed, monkeypatch,
+                                        args, fragment):
+    """Refused before any Ray starts: a local Ray would make its session directory under
+    RAY_TMPDIR (a short path: Ray's sockets live there)."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray-"))
+    ray_tmp.rmdir()
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
     port = _free_port()
     args = [a.replace("{unreachable}", f"127.0.0.1:{port}") for a in args]
     proc = cli("ab", "--workload", "recipe:pr12292,n=2", "--seeds", "2", "--block-size",
                "2048", "--device", "cpu", "--dp", "2", *args, "--executor", "ray",
-               "--out", "never", process=True, timeout=300)
+               "--out", "never", timeout=300)
     clikit.assert_user_error(proc, fragment.replace("{port}", str(port)))
     assert [line for line in proc.stderr.splitlines() if "dyntra-emu" in line] == [
         proc.stderr.strip().splitlines()[-1]]
     assert not (tmp_path / "never").exists()
+    started = ray_tmp.exists()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not started, "a Ray was started"
 
 
 def test_executor_ray_without_ray_names_the_install(clikit, tmp_path, tiny_trace):

@@ -132,8 +132,9 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     done = []
     with Descendants() as descendants:
         killer = RankKiller()
-        with open_executor(executor, jobs=2) as batch:
-            batch.check(specs)
+        batch = open_executor(executor, jobs=2)
+        batch.check(specs)
+        with batch:
             killer.start()
             with pytest.raises(RunFailed) as failed:
                 batch.run(specs, done.append)
