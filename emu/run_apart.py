@@ -100,7 +100,7 @@ def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, s
     die_with_parent(parent_pid)
     if forked_by_fork_server():
         leave_fork_server(environ)
-    if server is not None:  # the run's ranks are forks of this job's own server
+    if server is not None:  # the run's ranks are forks of the server this job came from
         use_parent_server(preload, server)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     target(spec, conn)

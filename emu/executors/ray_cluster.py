@@ -38,6 +38,11 @@ STOP_GRACE_S = 90.0
 CONNECT_TIMEOUT_S = 5.0
 
 
+def local_cpus() -> int:
+    """The CPUs of the one node of a local Ray started for a batch: this machine's."""
+    return os.cpu_count() or 1
+
+
 def cpus_needed(spec: RunSpec) -> int:
     """The CPUs a run holds at once: one per rank on the process transport, one on the
     thread transport."""
@@ -57,7 +62,7 @@ class RayExecutor:
     def check(self, specs: Sequence[RunSpec]) -> None:
         self._largest = max(specs, key=cpus_needed)
         if self.address is None:
-            self._fits([os.cpu_count() or 1])
+            self._fits([local_cpus()])
 
     def _fits(self, node_cpus: list) -> None:
         """The largest run needs no more CPUs than the largest of ``node_cpus`` has."""
@@ -83,7 +88,7 @@ class RayExecutor:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:
             if self.address is None:
-                ray.init(address="local", num_cpus=os.cpu_count() or 1,
+                ray.init(address="local", num_cpus=local_cpus(),
                          include_dashboard=False, logging_level=logging.WARNING,
                          log_to_driver=False)
             else:

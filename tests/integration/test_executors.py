@@ -201,18 +201,13 @@ def test_a_local_job_dies_with_the_batch_killed_by_sigkill(tmp_path):
     assert alive == [], "the job or its fork server outlived the batch killed by SIGKILL"
 
 
-def _run_job(spec, conn) -> None:
-    from emu.executors.base import run_spec
-
-    run_spec(spec)
-
-
 def test_a_jobs_ranks_come_from_the_batchs_fork_server_and_die_with_the_job(
         tmp_path, no_leftover_processes):
     """A local job's ranks are forks of the fork server the job itself came from (no
     server of the job's own, which would import torch and the engine again), so their
     parent outlives the job; killed with SIGKILL, the job still takes its ranks along
     while the batch's process and that server go on."""
+    from emu.executors.local import _run_job
     from emu.run_apart import start_job, stop_jobs
 
     out = tmp_path / "run"
