@@ -35,6 +35,7 @@ import signal
 import time
 import traceback
 from multiprocessing import resource_tracker
+from multiprocessing.connection import wait
 
 from emu import impl
 from emu.cluster.rank_start import rank_starter
@@ -43,6 +44,8 @@ from emu.spec import RunSpec
 
 # How long an interrupted run may take to stop its ranks and record itself.
 STOP_GRACE_S = 60.0
+# How often a job being stopped is sent SIGTERM again (see stop_jobs).
+RESEND_S = 0.5
 
 
 def start_job(target, spec: RunSpec, name: str):
@@ -79,13 +82,23 @@ def _device_kind(spec: RunSpec) -> str:
 
 def stop_jobs(jobs, grace_s: float) -> None:
     """SIGTERM the jobs together (a run in one stops its ranks and records itself as
-    interrupted), SIGKILL those still alive ``grace_s`` later; all joined."""
-    for job in jobs:
-        if job.is_alive():
-            job.terminate()
+    interrupted), SIGKILL those still alive ``grace_s`` later; all joined.
+
+    SIGTERM is sent again every ``RESEND_S`` while a job lives. A forked job inherits its
+    fork server's SIG_IGN for SIGTERM (``emu.cluster.rank_preload``) and catches it only
+    once its launch is under way (``emu.cluster.launch_scope.StopSignals``), so a single
+    SIGTERM in its first moments was lost and the job ran on for the whole grace. A
+    launch counts only the first SIGTERM it catches, so the repeats change nothing
+    else."""
     end = time.monotonic() + grace_s
-    for job in jobs:
-        job.join(max(0.0, end - time.monotonic()))
+    while True:
+        alive = [job for job in jobs if job.is_alive()]
+        left = end - time.monotonic()
+        if not alive or left <= 0:
+            break
+        for job in alive:
+            job.terminate()
+        wait([job.sentinel for job in alive], min(RESEND_S, left))
     for job in jobs:
         if job.is_alive():
             job.kill()

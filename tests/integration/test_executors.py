@@ -11,7 +11,9 @@ SIGKILL, as the kernel's OOM killer would: the rank is the process holding that 
 event log open.
 
 And a local job dies with its batch when the batch's process is killed with SIGKILL;
-a job's ranks, forks of the batch's fork server, die with their job killed so."""
+a job's ranks, forks of the batch's fork server, die with their job killed so; a job
+stopped in its first moments stops as an interrupted run, not killed at the end of the
+grace."""
 
 from __future__ import annotations
 
@@ -232,3 +234,26 @@ def test_a_jobs_ranks_come_from_the_batchs_fork_server_and_die_with_the_job(
     finally:
         stop_jobs([job], 5.0)
         conn.close()
+
+
+def test_a_job_stopped_in_its_first_moments_stops_as_an_interrupted_run(
+        tmp_path, no_leftover_processes):
+    """A forked job ignores SIGTERM, as its fork server does, until its launch catches it:
+    stopped at once after it starts (a batch stopped as a run begins), the job used to
+    miss the signal and run on until it was killed at the end of the grace, its run
+    recorded as neither interrupted nor anything else."""
+    from emu.cluster.supervision import Interrupted
+    from emu.run_apart import _job, start_job, stop_jobs
+
+    out = tmp_path / "run"
+    reported = None
+    job, conn = start_job(_job, spec(out, dp_size=2, transport="thread"), "the job")
+    try:
+        stop_jobs([job], 60.0)
+        with contextlib.suppress(EOFError):  # a job killed reported nothing
+            reported = conn.recv()
+    finally:
+        conn.close()
+    assert job.exitcode == 0, "the job was killed at the end of the grace"
+    assert isinstance(reported, Interrupted), reported
+    assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
