@@ -18,6 +18,14 @@ describes it, with the helpers on it; the swap search, the throughput drop and t
 are in ``dyntra_lb/planner_native_steps.py``). This module holds the Python side
 (:func:`plan`: the rows flattened into arrays, the result split back into lists) and the
 one kernel it calls, ``_balance``: parsing, the fill, the main loop and cancellation.
+
+Compile time: the first call compiles ``_balance`` and all it calls (about 22 s of CPU
+here; later processes load numba's disk cache). Two habits keep it from growing: the
+kernels copy into slices element by element (a slice assignment brings numba's
+shape check and its error message formatting into the compile, about 3 s), and the
+swap search's direction is a runtime value (numba compiles a function once per
+argument type, and a literal ``True`` is a type of its own: ``_swap`` called with
+``True`` and with ``False`` was compiled twice, 7 s).
 """
 
 from __future__ import annotations
@@ -143,7 +151,8 @@ def _grow(log, used, need):
     if used + need <= log.shape[0]:
         return log
     bigger = np.empty(2 * (used + need), np.int64)
-    bigger[:used] = log[:used]
+    for i in range(used):
+        bigger[i] = log[i]
     return bigger
 
 
@@ -173,15 +182,20 @@ def _row_lengths(flat, row_start, row_len, n, max_total):
 
 
 @_jit
-def _size_indices(values, dv, dom):
-    """Write the sorted distinct ``values`` to ``dv[dom:]``; return their count and each
-    value's size index. A table over the value span when it is small, else a sort."""
+def _size_indices(values, dv, dom, ig, first):
+    """Write the sorted distinct ``values`` to ``dv[dom:]`` and each value's size index
+    to ``ig[first:]``; return their count. A table over the value span when it is small,
+    else a sort."""
     low, high = values.min(), values.max()
     span = high - low + 1
     if span > 8 * values.shape[0] + 1024:
         distinct = np.unique(values)
-        dv[dom:dom + distinct.shape[0]] = distinct
-        return distinct.shape[0], dom + np.searchsorted(distinct, values)
+        index = np.searchsorted(distinct, values)
+        for k in range(distinct.shape[0]):
+            dv[dom + k] = distinct[k]
+        for i in range(values.shape[0]):
+            ig[first + i] = dom + index[i]
+        return distinct.shape[0]
     table = np.zeros(span, np.int64)
     for v in values:
         table[v - low] = 1
@@ -191,10 +205,9 @@ def _size_indices(values, dv, dom):
             dv[dom + m] = low + k
             table[k] = dom + m
             m += 1
-    index = np.empty(values.shape[0], np.int64)
     for i in range(values.shape[0]):
-        index[i] = table[values[i] - low]
-    return m, index
+        ig[first + i] = table[values[i] - low]
+    return m
 
 
 @_jit
@@ -269,6 +282,11 @@ def _by_rank(log, used, keep, dv, owner, n):
     return values[:counts.sum()], counts
 
 
+# The swap search's two directions (grow a card, shrink a card) as runtime values, not
+# literals (see the module docstring).
+_DIRECTIONS = np.array([True, False])
+
+
 @_cached_jit
 def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio, max_iters,
              tp_fixed, tp_per_block, max_total):
@@ -290,7 +308,7 @@ def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio,
         cs[c, _ITEMS] = item
         if lengths[c]:
             values = flat[row_start[c]:row_start[c] + lengths[c]]
-            m, ig[item:item + lengths[c]] = _size_indices(values, dv, size)
+            m = _size_indices(values, dv, size, ig, item)
             cs[c, _NDOM] = m
             size += m
             item += lengths[c]
@@ -313,6 +331,7 @@ def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio,
     _fill(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, in_log, n, max_num_seqs)
 
     order = np.arange(n)
+    grow, shrink = _DIRECTIONS[0], _DIRECTIONS[1]
     rnd = 0
     while rnd < max_iters:
         # A round appends at most two outs and two ins.
@@ -324,7 +343,7 @@ def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio,
         swapped = False
         low = order[n - 1]
         if _swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, n, low,
-                 True):
+                 grow):
             swapped = True
             # Only the least loaded card changed (it grew).
             top = max(cs[order[0], _TOT], cs[low, _TOT])
@@ -332,7 +351,7 @@ def _balance(flat, row_start, row_len, split, n, max_num_seqs, threshold, ratio,
                 break
             _sort_cards(order, cs)
         if _swap(cs, gs, dv, rc, wc, head, tail, nxt, seq, ig, flag, out_log, in_log, n,
-                 order[0], False):
+                 order[0], shrink):
             swapped = True
         dropped = False
         if not swapped:
