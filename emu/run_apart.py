@@ -84,12 +84,11 @@ def stop_jobs(jobs, grace_s: float) -> None:
     """SIGTERM the jobs together (a run in one stops its ranks and records itself as
     interrupted), SIGKILL those still alive ``grace_s`` later; all joined.
 
-    SIGTERM is sent again every ``RESEND_S`` while a job lives. A forked job inherits its
-    fork server's SIG_IGN for SIGTERM (``emu.cluster.rank_preload``) and catches it only
-    once its launch is under way (``emu.cluster.launch_scope.StopSignals``), so a single
-    SIGTERM in its first moments was lost and the job ran on for the whole grace. A
-    launch counts only the first SIGTERM it catches, so the repeats change nothing
-    else."""
+    SIGTERM is sent again every ``RESEND_S`` while a job lives. A job ignores SIGTERM
+    outside its launch (``_job_main``), which catches it only once under way
+    (``emu.cluster.launch_scope.StopSignals``), so a single SIGTERM in a job's first
+    moments was lost and the job ran on for the whole grace. A launch counts only the
+    first SIGTERM it catches, and a job past its launch ignores the rest."""
     end = time.monotonic() + grace_s
     while True:
         alive = [job for job in jobs if job.is_alive()]
@@ -113,6 +112,11 @@ def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, s
     die_with_parent(parent_pid)
     if forked_by_fork_server():
         leave_fork_server(environ)
+    # Outside its launch a job ignores SIGTERM, as its fork server does (a forked job
+    # ignores it until this line anyway): the launch catches it and stops the run
+    # (emu.cluster.launch_scope.StopSignals), and stop_jobs sends it until the launch
+    # has it. A SIGTERM after the launch must not kill the job before it reports.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if server is not None:  # the run's ranks are forks of the server this job came from
         use_parent_server(preload, server)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
