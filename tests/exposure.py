@@ -134,7 +134,7 @@ def _sample(launcher_pid: int, tmp: Path, tmp_path: Path, observed: Observed) ->
 
 
 def _processes(launcher_pid: int) -> list[tuple[psutil.Process, str]]:
-    """The launcher and its descendants, each with its role. A rank is a child of the
+    """The launcher and its descendants, each with its role. A rank is a child of a
     fork server (whose command line it shares, being its fork), or a spawned child of the
     launcher (the fork server's socket does not fit a long TMPDIR)."""
     try:
@@ -145,12 +145,17 @@ def _processes(launcher_pid: int) -> list[tuple[psutil.Process, str]]:
         return []
     servers = {p.pid for p, cmdline, parent in descendants
                if parent == launcher_pid and "forkserver" in cmdline}
+    # A server's fork that forks processes of its own is a server too (a vllm-ascend
+    # tree's, forked from the one that imported vLLM); a rank forks none.
+    parents = {parent for _, _, parent in descendants}
+    servers |= {p.pid for p, cmdline, parent in descendants
+                if parent in servers and "forkserver" in cmdline and p.pid in parents}
     out = [(launcher, "launcher")]
     for process, cmdline, parent in descendants:
-        if parent in servers or (parent == launcher_pid and "spawn_main" in cmdline):
-            role = "rank"
-        elif process.pid in servers:
+        if process.pid in servers:
             role = "fork server"
+        elif parent in servers or (parent == launcher_pid and "spawn_main" in cmdline):
+            role = "rank"
         elif "resource_tracker" in cmdline:
             role = "resource tracker"
         else:

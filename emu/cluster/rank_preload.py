@@ -39,7 +39,14 @@ from dyntra_lb import planner
 _SERVER_PID = os.getpid()
 
 
-def _remove_socket() -> None:
+def serve_here() -> None:
+    """In a process forked from this server that becomes a fork server itself
+    (``emu.cluster.rank_start._serve``): it is the server ``remove_socket`` is for now."""
+    global _SERVER_PID
+    _SERVER_PID = os.getpid()
+
+
+def remove_socket() -> None:
     """At the server's exit: remove its socket, and the ``pymp-*`` directory it lies in
     when no sibling's socket is left there. The server's main loop records the socket's
     address where the launcher keeps it (CPython has no public accessor). Ranks are
@@ -61,4 +68,4 @@ def _remove_socket() -> None:
 
 planner.warm_up()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-atexit.register(_remove_socket)
+atexit.register(remove_socket)

@@ -10,9 +10,12 @@ the compiled planner) plus the implementation's ``Preload`` (``emu.impl``: the k
 engine; vLLM, vllm-ascend's tree and its engine). One server per ``Preload``, started by
 the first launch that needs it and reused by every later one of this process (a pytest
 worker, a CLI command that runs twice); at most ``MAX_SERVERS`` are kept, the least
-recently used is stopped. A server's environment is the launcher's at the time it
-started plus the preload's variables; a forked rank takes the launcher's environment as
-of its own launch (``emu.cluster.rank_boot``).
+recently used is stopped. A ``Preload`` with a ``base`` gets a server forked from the
+base's server (``_ForkedServer``): every vllm-ascend tree's server is a fork of one that
+imported vLLM (12 s of CPU here), and costs its tree's import (under 1 s). A server's
+environment is the launcher's at the time it started plus the preload's variables; a
+forked rank takes the launcher's environment as of its own launch
+(``emu.cluster.rank_boot``).
 
 NPU ranks are spawned, each a fresh interpreter that imports torch_npu itself: whether
 torch_npu survives a fork once imported cannot be checked without the hardware, and a
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import multiprocessing
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
-from multiprocessing import forkserver
+from multiprocessing import connection, forkserver, util
 
 from dyntra_lb import planner
 from emu.rank.context import Preload
@@ -91,6 +96,12 @@ def rank_starter(device_kind: str, preload: Preload) -> RankStarter:
     return RankStarter(multiprocessing.get_context("spawn"), os.getpid())
 
 
+def server_pids() -> set[int]:
+    """The pids of the fork servers this process runs (a test tells them from ranks)."""
+    return {server._forkserver_pid for server in _servers.values()
+            if server._forkserver_pid is not None}
+
+
 def use_parent_server(preload: Preload, server: dict) -> None:
     """In a job forked by the fork server of ``preload`` (``emu.run_apart``): start the
     job's ranks from that server too (``server``: how to reach it, from
@@ -134,7 +145,9 @@ def _fork_server_socket_fits() -> bool:
 def _server(preload: Preload) -> forkserver.ForkServer:
     """The running fork server of ``preload``, started if needed."""
     server = _servers.pop(preload, None)
-    if server is None:
+    if server is None and preload.base is not None:
+        server = _ForkedServer(preload)
+    elif server is None:
         server = forkserver.ForkServer()
         # "__main__" as in multiprocessing's default: a rank need not import the launching
         # script (e.g. the dyntra-emu console script) again.
@@ -142,10 +155,81 @@ def _server(preload: Preload) -> forkserver.ForkServer:
             ["__main__", "emu.cluster.rank_preload", *preload.modules])
     with _environment(dict(preload.environ)):
         server.ensure_running()  # restarts a server that died
+    if preload.base in _servers:  # used as recently as the servers forked from it
+        _servers.move_to_end(preload.base)
     _servers[preload] = server
     while len(_servers) > MAX_SERVERS:  # evicted after the new one runs (rank_preload)
         _stop(_servers.popitem(last=False)[1])
     return server
+
+
+class _ForkedServer(forkserver.ForkServer):
+    """The fork server of a ``Preload`` with a ``base``: a process forked from the base's
+    server that sets the preload's environment, imports its modules and then serves as
+    a fork server of its own (``_serve``). This process binds its socket and holds the
+    pipe it watches: closing that (``_stop``, or this process's end) stops it."""
+
+    def __init__(self, preload: Preload):
+        super().__init__()
+        self._preload = preload
+        self._process = None
+        # Stopped before multiprocessing, at exit, joins this process's children.
+        util.Finalize(self, self._stop, exitpriority=10)
+
+    def ensure_running(self) -> None:
+        with self._lock:
+            if self._process is not None and self._process.is_alive():
+                return
+            self._stop_unlocked()
+            base = _server(self._preload.base)
+            address = connection.arbitrary_address("AF_UNIX")
+            alive_r, alive_w = os.pipe()
+            alive = connection.Connection(alive_r, writable=False)
+            starter = RankStarter(multiprocessing.get_context("forkserver"),
+                                  base._forkserver_pid, base)
+            with socket.socket(socket.AF_UNIX) as listener, alive:
+                listener.bind(address)
+                os.chmod(address, 0o600)
+                listener.listen()
+                process = starter.context.Process(
+                    target=_serve, args=(self._preload, listener, alive),
+                    name="dyntra-emu fork server", daemon=True)
+                with starter.starting():
+                    process.start()
+            self._process = process
+            self._forkserver_address = address
+            self._forkserver_alive_fd = alive_w
+            self._forkserver_pid = process.pid
+
+    def _stop_unlocked(self) -> None:
+        if self._process is None:
+            return
+        os.close(self._forkserver_alive_fd)  # the server sees end-of-file and exits
+        self._process.join()
+        self._process = self._forkserver_pid = self._forkserver_alive_fd = None
+        with contextlib.suppress(FileNotFoundError):  # it removes its socket as it exits
+            os.unlink(self._forkserver_address)
+        self._forkserver_address = None
+
+
+def _serve(preload: Preload, listener: socket.socket, alive: connection.Connection) -> None:
+    """In a process forked from the server of ``preload.base``: become ``preload``'s fork
+    server. It leaves its parent server as a rank does (its copy of that server's alive
+    pipe closed), imports the preload's modules with its environment set, then runs
+    multiprocessing's server loop on ``listener`` until ``alive`` reads end-of-file."""
+    from emu.cluster import rank_preload
+
+    server = forkserver._forkserver
+    os.close(server._forkserver_alive_fd)
+    server._forkserver_alive_fd = None
+    os.environ.update(dict(preload.environ))
+    for module in preload.modules:
+        importlib.import_module(module)
+    rank_preload.serve_here()
+    try:
+        forkserver.main(listener.detach(), alive.fileno(), [])
+    finally:
+        rank_preload.remove_socket()
 
 
 def _stop(server: forkserver.ForkServer) -> None:

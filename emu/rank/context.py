@@ -96,7 +96,12 @@ RankTarget = Callable[[RankContext, Any], Any]
 class Preload:
     """What a rank process of an implementation imports before its run starts: a fork
     server imports ``modules`` once, with ``environ`` set, and every rank forked from it
-    has them in memory from its first instruction (``emu.cluster.rank_start``)."""
+    has them in memory from its first instruction (``emu.cluster.rank_start``).
+
+    With a ``base``, the server is a fork of the base's server (shared by every preload
+    with that base) that then sets ``environ`` and imports ``modules``: one vllm-ascend
+    tree's server costs the import of the tree, not of vLLM again."""
 
     modules: tuple[str, ...] = ()
     environ: tuple[tuple[str, str], ...] = ()
+    base: Preload | None = None

@@ -187,13 +187,17 @@ def kit() -> type[EngineTestKit]:
 
 def _children() -> set[int]:
     """Live descendants of this test process, without multiprocessing's helpers that
-    live as long as this process: the resource tracker and the launcher's fork server
-    (a direct child; the ranks it forks are counted)."""
+    live as long as this process: the resource tracker and the launcher's fork servers
+    (a direct child, or a fork of one: ``emu.cluster.rank_start``; the ranks they fork
+    are counted)."""
+    from emu.cluster.rank_start import server_pids
+
     me = psutil.Process()
+    servers = server_pids()
     pids = set()
     for child in me.children(recursive=True):
         try:
-            if child.status() == psutil.STATUS_ZOMBIE:
+            if child.status() == psutil.STATUS_ZOMBIE or child.pid in servers:
                 continue
             cmdline = " ".join(child.cmdline())
             if "resource_tracker" in cmdline:

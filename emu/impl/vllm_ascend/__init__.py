@@ -36,6 +36,9 @@ from emu.rank.context import Preload
 
 # The tree a fork server of vllm-ascend ranks imports ("": the installed vllm_ascend).
 PRELOAD_TREE_VAR = "DYNTRA_EMU_PRELOAD_TREE"
+# What every tree's fork server has before it imports its tree: vLLM's engine core and
+# scheduler, and the rank's engine (no tree: see rank_state).
+VLLM_PRELOAD = Preload(("emu.impl.vllm_ascend.engine",), (("VLLM_CONFIGURE_LOGGING", "0"),))
 
 __all__ = ["IMPLEMENTATION", "Tree", "TreeError"]
 
@@ -54,10 +57,12 @@ class VllmAscendImplementation(Implementation):
         resolve(vllm_ascend)
 
     def preload(self, spec) -> Preload:
-        """vLLM, the tree and the engine (``emu.impl.vllm_ascend.preload``)."""
+        """The tree (``emu.impl.vllm_ascend.preload``), in a server forked from the one
+        that imported vLLM and the engine (``VLLM_PRELOAD``), which every tree shares."""
         root = resolve(spec.vllm_ascend).root
         return Preload(("emu.impl.vllm_ascend.preload",),
-                       ((PRELOAD_TREE_VAR, "" if root is None else str(root)),))
+                       ((PRELOAD_TREE_VAR, "" if root is None else str(root)),),
+                       base=VLLM_PRELOAD)
 
     def check_rank_threads(self, spec) -> None:
         """One vllm-ascend tree per process (``rank_state``)."""

@@ -1,8 +1,10 @@
-"""Imported once by a fork server of vllm-ascend ranks (``emu.cluster.rank_start``), never
-by a rank or the launcher: vLLM (6-10 s of CPU), the tree named by
-``DYNTRA_EMU_PRELOAD_TREE`` with its patches applied, and the rank's engine. Every rank
-forked from the server has them, so a vllm-ascend run starts in about the time of one
-import, whatever its number of ranks.
+"""Imported once by the fork server of one vllm-ascend tree's ranks
+(``emu.cluster.rank_start``), never by a rank or the launcher: the tree named by
+``DYNTRA_EMU_PRELOAD_TREE`` with its patches applied. The server is a fork of the one
+that imported vLLM (6-10 s of CPU) and the rank's engine (``VLLM_PRELOAD``), so the
+imports below it finds done; a tree costs its own import only. Every rank forked from
+the server has it all, so a vllm-ascend run starts in about the time of one import,
+whatever its number of ranks.
 """
 
 import os
