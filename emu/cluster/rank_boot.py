@@ -75,6 +75,15 @@ def forked_by_fork_server() -> bool:
     return forkserver is not None and forkserver.get_inherited_fds() is not None
 
 
+def close_server_alive_pipe() -> None:
+    """In a process forked by multiprocessing's fork server: close its copy of the
+    server's "alive" pipe (see ``leave_fork_server``)."""
+    server = sys.modules["multiprocessing.forkserver"]._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
 def leave_fork_server(environ: dict[str, str]) -> None:
     """In a process forked by multiprocessing's fork server (a rank, or a batch's job,
     ``emu.run_apart``): close its copy of the server's "alive" pipe. The server exits
@@ -85,10 +94,7 @@ def leave_fork_server(environ: dict[str, str]) -> None:
     launcher: SIGTERM, which the server ignores (`emu.cluster.rank_preload`) and a rank
     or job is stopped with, and the environment, which is the launcher's as of the
     server's start, not as of this start."""
-    server = sys.modules["multiprocessing.forkserver"]._forkserver
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
+    close_server_alive_pipe()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(environ)

@@ -218,10 +218,9 @@ def _serve(preload: Preload, listener: socket.socket, alive: connection.Connecti
     pipe closed), imports the preload's modules with its environment set, then runs
     multiprocessing's server loop on ``listener`` until ``alive`` reads end-of-file."""
     from emu.cluster import rank_preload
+    from emu.cluster.rank_boot import close_server_alive_pipe
 
-    server = forkserver._forkserver
-    os.close(server._forkserver_alive_fd)
-    server._forkserver_alive_fd = None
+    close_server_alive_pipe()
     os.environ.update(dict(preload.environ))
     for module in preload.modules:
         importlib.import_module(module)

@@ -1,18 +1,14 @@
 """Imported once by the fork server of one vllm-ascend tree's ranks
 (``emu.cluster.rank_start``), never by a rank or the launcher: the tree named by
 ``DYNTRA_EMU_PRELOAD_TREE`` with its patches applied. The server is a fork of the one
-that imported vLLM (6-10 s of CPU) and the rank's engine (``VLLM_PRELOAD``), so the
-imports below it finds done; a tree costs its own import only. Every rank forked from
-the server has it all, so a vllm-ascend run starts in about the time of one import,
-whatever its number of ranks.
+that imported vLLM (6-10 s of CPU) and the rank's engine (``VLLM_PRELOAD``); a tree
+costs its own import only. Every rank forked from the server has it all, so a
+vllm-ascend run starts in about the time of one import, whatever its number of ranks.
 """
 
 import os
 
-os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # as a rank sets it, before vLLM
-
-import emu.impl.vllm_ascend.engine  # noqa: E402, F401  vLLM's engine core and scheduler
-from emu.impl.vllm_ascend import PRELOAD_TREE_VAR  # noqa: E402
-from emu.impl.vllm_ascend.tree import import_tree, resolve  # noqa: E402
+from emu.impl.vllm_ascend import PRELOAD_TREE_VAR
+from emu.impl.vllm_ascend.tree import import_tree, resolve
 
 import_tree(resolve(os.environ.get(PRELOAD_TREE_VAR) or None))
