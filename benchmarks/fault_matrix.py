@@ -171,7 +171,8 @@ def _alive(p: psutil.Process) -> bool:
 
 def _ranks(path: RunPath, launcher: psutil.Process) -> list[psutil.Process]:
     """The rank processes: the launcher's spawned children or the children of its fork
-    server; torchrun's workers; none for rank threads."""
+    server (or of the server that server forked); torchrun's workers; none for rank
+    threads."""
     out = []
     for c in launcher.children():
         try:
@@ -184,10 +185,20 @@ def _ranks(path: RunPath, launcher: psutil.Process) -> list[psutil.Process]:
             elif "spawn_main" in cmdline:
                 out.append(c)
             elif "multiprocessing.forkserver" in cmdline:
-                out.extend(c.children())
+                for child in c.children():
+                    # A server forked from the server (a vllm-ascend tree's) forks the
+                    # ranks; until it has, it is no rank either.
+                    grandchildren = child.children()
+                    out.extend(grandchildren if grandchildren or _forks_servers(c) else
+                               [child])
         except psutil.Error:
             pass
     return out
+
+
+def _forks_servers(server: psutil.Process) -> bool:
+    """Whether a fork server's children are servers: some child has children of its own."""
+    return any(child.children() for child in server.children())
 
 
 def _rank_process(path: RunPath, ranks: list[psutil.Process], rank: int) -> psutil.Process:
