@@ -42,7 +42,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from emu.cluster.rendezvous import LOOPBACK_HOST, loopback_store, pin_gloo_to_loopback
+from emu.cluster.rank_process import rank_store
+from emu.cluster.rendezvous import LOOPBACK_HOST, pin_gloo_to_loopback, store_listener
 
 _HOP_BYTES = 136  # the all-gather payload at max_num_seqs 16: int32[34]
 
@@ -120,9 +121,11 @@ def hop_us(iters: int, warmup: int) -> float:
 def measure(dp: int, sizes: list[int], warmup: int, iters: int) -> dict[str, float]:
     """Median over calls of the slowest rank's time, in microseconds, per collective."""
     context = multiprocessing.get_context("fork")
-    store = loopback_store()
+    listener = store_listener()
+    port = listener.getsockname()[1]
+    _store = rank_store(port, timedelta(seconds=300), listener)  # serves the ranks' rendezvous
     receive, send = context.Pipe(duplex=False)
-    ranks = [context.Process(target=_rank, args=(r, dp, store.port, sizes, warmup, iters,
+    ranks = [context.Process(target=_rank, args=(r, dp, port, sizes, warmup, iters,
                                                  send)) for r in range(dp)]
     for process in ranks:
         process.start()

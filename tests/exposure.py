@@ -11,6 +11,7 @@ Used by tests/cli/test_security.py (the kit) and tests/upstream/test_vllm_ascend
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import stat
@@ -58,6 +59,7 @@ class Observed:
     listeners: set[Listener] = field(default_factory=set)
     scratch: dict[str, Scratch] = field(default_factory=dict)
     left: list[str] = field(default_factory=list)  # scratch still there after the exit
+    servers: set[int] = field(default_factory=set)  # fork servers seen at any sample
 
     def exposed(self) -> list[Listener]:
         return sorted((lst for lst in self.listeners if lst.address not in LOOPBACK),
@@ -100,6 +102,11 @@ def watch_run(argv: list[str], tmp_path: Path, out: Path, env: dict | None = Non
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+    # A server forked from a server is known to be one once it has forked: before, in
+    # its first moments, it may hold the store socket it is handing rank 0.
+    observed.listeners = {dataclasses.replace(lst, role="fork server")
+                          if lst.pid in observed.servers else lst
+                          for lst in observed.listeners}
     observed.returncode = proc.returncode
     observed.stdout, observed.stderr = logs[0].read_text(), logs[1].read_text()
     observed.left = sorted(p for p in {*_tree(tmp), *_launch_files(proc.pid)}
@@ -111,6 +118,7 @@ def _sample(launcher_pid: int, tmp: Path, tmp_path: Path, observed: Observed) ->
     """One look at the sockets and scratch of the launcher's processes. Files under
     tmp_path (the output directory, the private TMPDIR walked anyway) are not scratch."""
     processes = _processes(launcher_pid)
+    observed.servers.update(p.pid for p, role in processes if role == "fork server")
     held: set[str] = set()
     for process, role in processes:
         try:

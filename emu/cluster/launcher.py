@@ -1,9 +1,10 @@
 """The process transport: one process per DP rank on this machine, real gloo groups.
 
 ``launch(target, args, dp_size=...)`` is how the CLI, tests and benchmarks run ranks as
-processes: this process hosts the rendezvous TCPStore on 127.0.0.1 only, at a free port
-(so parallel runs never collide; ``emu.cluster.rendezvous``), starts ``dp_size`` rank
-processes (``emu.cluster.rank_start``: CPU ranks forked from a fork server that has
+processes: this process binds the rendezvous socket on 127.0.0.1 only, at a free port
+(so parallel runs never collide), which rank 0 serves the store on
+(``emu.cluster.rendezvous``; torch is imported by the ranks, never here), starts
+``dp_size`` rank processes (``emu.cluster.rank_start``: CPU ranks forked from a fork server that has
 imported what they need, NPU ranks spawned), and
 supervises them with the policy every transport shares (``emu.cluster.supervision``):
 the first failure is reported as ``ClusterError``, SIGINT and SIGTERM as
@@ -25,6 +26,7 @@ import os
 import pathlib
 import pickle
 import signal
+import socket
 import time
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
@@ -35,7 +37,7 @@ from emu.cluster.device import select_device
 from emu.cluster.launch_scope import LaunchFiles, StopSignals
 from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rank_start import rank_starter
-from emu.cluster.rendezvous import loopback_store
+from emu.cluster.rendezvous import store_listener
 from emu.cluster.supervision import supervise
 from emu.knobs import is_int
 from emu.rank.context import Preload
@@ -77,11 +79,12 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         out_dir = pathlib.Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    store = loopback_store()  # 127.0.0.1 only; see emu.cluster.rendezvous
+    listener = store_listener()  # 127.0.0.1 only; see emu.cluster.rendezvous
     resource_tracker.ensure_running()  # see StopSignals.deferred and LaunchFiles
-    template = RankSpec(0, dp_size, store.port, device_kind, out_dir, collective_timeout_s,
-                        parent_pid=0, stack_path="", guard_path="", environ=dict(os.environ))
-    ranks = _RankProcesses(template, payload, preload)
+    template = RankSpec(0, dp_size, listener.getsockname()[1], device_kind, out_dir,
+                        collective_timeout_s, parent_pid=0, stack_path="", guard_path="",
+                        environ=dict(os.environ))
+    ranks = _RankProcesses(template, payload, preload, listener)
     try:
         return supervise(ranks, dp_size=dp_size, collective_timeout_s=collective_timeout_s,
                          run_timeout_s=run_timeout_s)
@@ -93,13 +96,17 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
 class _RankProcesses:
     """The rank processes of one launch, as the supervision sees them
     (``emu.cluster.supervision.Ranks``). ``template`` is every rank's ``RankSpec`` but
-    for what each start fills in: its rank, the starter's pid, its scratch files."""
+    for what each start fills in: its rank, the starter's pid, its scratch files.
+    ``store_listener`` goes to rank 0, which serves the rendezvous store on it; this
+    process closes its own copy once rank 0 has started."""
 
-    def __init__(self, template: RankSpec, payload: bytes, preload: Preload) -> None:
+    def __init__(self, template: RankSpec, payload: bytes, preload: Preload,
+                 store_listener: socket.socket) -> None:
         self.handles: list[_Rank] = []
         self._template = template
         self._payload = payload
         self._preload = preload
+        self._store_listener = store_listener
 
     def start(self, files: LaunchFiles, signals: StopSignals) -> None:
         """Start the ranks in rank order; each is in ``handles`` once it runs."""
@@ -111,13 +118,16 @@ class _RankProcesses:
                                        parent_pid=starter.parent_pid,
                                        stack_path=stack_path, guard_path=files.path("guard"))
             parent_conn, child_conn = starter.context.Pipe()
+            listener = self._store_listener if rank == 0 else None
             process = starter.context.Process(
-                target=rank_boot.main, args=(spec, self._payload, child_conn),
+                target=rank_boot.main, args=(spec, self._payload, child_conn, listener),
                 name=f"dyntra-emu-rank{rank}", daemon=True)
             with signals.deferred(), starter.starting():  # a started rank is in `handles`
                 process.start()
                 child_conn.close()
                 self.handles.append(_Rank(rank, process, parent_conn, stack_path))
+            if listener is not None:
+                listener.close()  # rank 0 has its own copy
 
     def wait(self, timeout_s: float) -> None:
         """Take every message and exit that arrives within ``timeout_s``."""
@@ -176,6 +186,7 @@ class _RankProcesses:
             r.drain()
 
     def close(self) -> None:
+        self._store_listener.close()  # when no rank 0 started
         for r in self.handles:
             r.conn.close()
 

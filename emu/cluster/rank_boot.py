@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import select
 import signal
+import socket
 import sys
 
 from emu.cluster.rank_spec import RankSpec
@@ -100,8 +101,9 @@ def leave_fork_server(environ: dict[str, str]) -> None:
     os.environ.update(environ)
 
 
-def main(spec: RankSpec, payload: bytes, conn) -> None:
-    """The start target of every rank launched by `emu.cluster.launcher.launch`."""
+def main(spec: RankSpec, payload: bytes, conn, store_listener: socket.socket | None) -> None:
+    """The start target of every rank launched by `emu.cluster.launcher.launch`;
+    ``store_listener`` is rank 0's only (``emu.cluster.rendezvous``)."""
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The launcher started this rank with SIGINT blocked: one that came meanwhile was
@@ -112,4 +114,4 @@ def main(spec: RankSpec, payload: bytes, conn) -> None:
         die_with_launcher()
     from emu.cluster.rank_process import rank_main
 
-    rank_main(spec, payload, conn)
+    rank_main(spec, payload, conn, store_listener)

@@ -21,6 +21,7 @@ import os
 import pathlib
 import pickle
 import signal
+import socket
 import sys
 import traceback
 from datetime import timedelta
@@ -64,7 +65,19 @@ def _in_torch_distributed(exc: BaseException) -> bool:
     return bool(frames) and frames[-1].filename.startswith(dist_dir)
 
 
-def rank_main(spec: RankSpec, payload: bytes, conn) -> None:
+def rank_store(port: int, timeout: timedelta, listener: socket.socket | None
+               ) -> dist.TCPStore:
+    """A launch's rendezvous store as one rank sees it: rank 0 serves it on ``listener``,
+    the socket the launcher bound to 127.0.0.1 at ``port`` (`emu.cluster.rendezvous`);
+    every other rank (no ``listener``) is a client of it."""
+    if listener is None:
+        return dist.TCPStore(LOOPBACK_HOST, port, is_master=False, timeout=timeout)
+    return dist.TCPStore(LOOPBACK_HOST, port, is_master=True, wait_for_workers=False,
+                         master_listen_fd=listener.detach(), timeout=timeout)
+
+
+def rank_main(spec: RankSpec, payload: bytes, conn, store_listener: socket.socket | None
+              ) -> None:
     """Called by `emu.cluster.rank_boot.main` in a new rank of `launch` (already tied to
     its parent):
     set up, run the target, report to the parent, then wait for the parent's go-ahead
@@ -77,10 +90,10 @@ def rank_main(spec: RankSpec, payload: bytes, conn) -> None:
         _limit_threads()
         target, args = pickle.loads(payload)
         pin_gloo_to_loopback()
+        timeout = timedelta(seconds=spec.collective_timeout_s)
         device, dp_group, device_group = _make_groups(
-            spec.device_kind, spec.rank, timedelta(seconds=spec.collective_timeout_s),
-            store=dist.TCPStore(LOOPBACK_HOST, spec.store_port, is_master=False,
-                                timeout=timedelta(seconds=spec.collective_timeout_s)),
+            spec.device_kind, spec.rank, timeout,
+            store=rank_store(spec.store_port, timeout, store_listener),
             rank=spec.rank, world_size=spec.dp_size,
         )
         ctx = RankContext(spec.rank, spec.dp_size, spec.rank, dp_group, device_group, device,

@@ -4,9 +4,12 @@
 needs to be reachable from another one, and nothing is:
 
 * the rendezvous store (torch's ``TCPStore``: no authentication; every rank publishes
-  there how its peers reach it) is served from a socket bound here to 127.0.0.1.
-  The host a ``TCPStore`` is given does not limit where it listens (it listens on
-  every interface), so ``loopback_store`` binds the socket itself and hands it over;
+  there how its peers reach it) is served by rank 0 from a socket the launcher bound to
+  127.0.0.1 (``store_listener``) and handed over with the rank's start; the others
+  connect to its port. The host a ``TCPStore`` is given does not limit where it listens
+  (it listens on every interface), hence the socket made here. Serving it from a rank
+  keeps torch out of the launching process: a ``dyntra-emu`` command that runs its
+  ranks as processes never imports it;
 * each rank's gloo pair sockets are pinned to the loopback interface
   (``pin_gloo_to_loopback``); by default gloo listens on the address the machine's
   hostname resolves to, which on many hosts is a network address.
@@ -15,6 +18,8 @@ Under torchrun (``emu.cluster.rank_process.join_from_env``) the rendezvous is to
 its store listens where torch puts it (every interface) and the ranks find it at the
 user's ``MASTER_ADDR``; ``warn_if_master_addr_exposed`` says so when a run whose ranks
 are all on this machine is given a network address (docs/security.md).
+
+Standard library only: the launcher imports it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,6 @@ import os
 import socket
 from pathlib import Path
 
-import torch.distributed as dist
-
 LOOPBACK_HOST = "127.0.0.1"
 
 _IFF_LOOPBACK = 0x8  # linux/if.h
@@ -35,16 +38,20 @@ _SYS_NET = Path("/sys/class/net")
 logger = logging.getLogger(__name__)
 
 
-def loopback_store() -> dist.TCPStore:
-    """The launcher's rendezvous store, listening on 127.0.0.1 only, at a free port
-    (``.port``); made once per launch, before any rank starts. The store takes the
-    socket over and closes it when it is destroyed."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def store_listener() -> socket.socket:
+    """The launch's rendezvous socket: bound to 127.0.0.1 at a free port and listening,
+    made by the launcher before any rank starts (every rank is given its port) and
+    handed to rank 0, which serves the store on it
+    (``emu.cluster.rank_process.rank_store``). A peer that connects before rank 0
+    serves waits in the socket's backlog."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
         sock.bind((LOOPBACK_HOST, 0))
-        port = sock.getsockname()[1]
-        listen_fd = sock.detach()
-    return dist.TCPStore(LOOPBACK_HOST, port, is_master=True, wait_for_workers=False,
-                         master_listen_fd=listen_fd)
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def pin_gloo_to_loopback() -> None:

@@ -11,6 +11,11 @@
 Process and thread ranks share one supervision policy (``emu.cluster.supervision``).
 Every transport runs ``target(ctx, args)`` in each of its ranks and returns the results
 it holds, by rank (under torchrun, this rank's only).
+
+Rank threads and torchrun's rank run in this process and import torch here, when they
+run; rank processes import it themselves. So a process that only launches rank
+processes (a ``dyntra-emu`` command, a batch's driver, a Ray worker) never pays for
+torch's import (2 s of CPU here), nor waits for it before its ranks start.
 """
 
 from __future__ import annotations
@@ -20,8 +25,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from emu.cluster.launcher import launch
-from emu.cluster.rank_process import join_from_env
-from emu.cluster.threads import run_in_threads
 from emu.rank.context import Preload, RankTarget
 
 
@@ -45,6 +48,8 @@ class ProcessTransport(Transport):
 
 class ThreadTransport(Transport):
     def run(self, target, args, *, dp_size, out_dir, collective_timeout_s, run_timeout_s):
+        from emu.cluster.threads import run_in_threads  # torch (see the module docstring)
+
         return run_in_threads(target, args, dp_size=dp_size, out_dir=out_dir,
                               collective_timeout_s=collective_timeout_s,
                               run_timeout_s=run_timeout_s)
@@ -59,5 +64,7 @@ class TorchrunTransport(Transport):
         self.device = device
 
     def run(self, target, args, *, dp_size, out_dir, collective_timeout_s, run_timeout_s):
+        from emu.cluster.rank_process import join_from_env  # torch (the module docstring)
+
         return [join_from_env(target, args, device=self.device, out_dir=out_dir,
                               collective_timeout_s=collective_timeout_s)]

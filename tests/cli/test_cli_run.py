@@ -79,6 +79,25 @@ def test_run_plain_dp_as_module_into_runs_dir(cli, tiny_trace, tmp_path, clikit)
     assert metrics["seed"] == 0
 
 
+def test_the_command_never_imports_torch_for_a_run_on_rank_processes(tiny_trace, tmp_path,
+                                                                     clikit):
+    """torch is imported by the ranks (rank 0 serves the rendezvous store), not by the
+    command's own process: neither to parse its flags (``--help`` is quick) nor to run
+    the ranks, so none of its 2 s of import stand before the ranks start."""
+    script = ("import sys\n"
+              "from emu.cli.main import main\n"
+              "with_the_cli = 'torch' in sys.modules\n"
+              "code = main(sys.argv[1:])\n"
+              "print(with_the_cli, code, 'torch' in sys.modules)\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", script, "run", "--workload", str(tiny_trace),
+                           *clikit.SMALL, "--quiet", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert proc.stdout.split()[-3:] == ["False", "0", "False"], proc.stdout + proc.stderr
+    assert json.loads((out / "metrics.json").read_text())["requests_finished"] == 10
+
+
 def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
     """--additional-config @file takes a decode node's config as is."""
     config = {"scheduler_config": {"dyntra_lb_config": {

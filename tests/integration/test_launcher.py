@@ -2,6 +2,7 @@
 way a run can fail (raise, die, hang, time out, parent killed) ending as one named error
 with no process left behind."""
 
+import collections
 import ctypes
 import json
 import os
@@ -159,12 +160,18 @@ def test_a_fork_server_evicted_leaves_its_siblings_sockets(monkeypatch, tmp_path
     launcher lives (evicted for another preload) removes its own socket only, so the next
     launch still forks its ranks. (It removed the whole directory: the next server could
     not bind and the ranks were spawned; a running server's socket vanished.)"""
+    servers = collections.OrderedDict()  # its own: this worker's servers stay as they are
+    monkeypatch.setattr(rank_start, "_servers", servers)
     monkeypatch.setattr(rank_start, "MAX_SERVERS", 1)
     preloads = [Preload(("json",)), Preload(("csv",)), Preload(("json",))]
-    for preload in preloads:  # each launch evicts the server of the one before
-        forked = launch(forked_target, None, dp_size=2, device="cpu", out_dir=tmp_path,
-                        preload=preload)
-        assert forked == [True, True]
+    try:
+        for preload in preloads:  # each launch evicts the server of the one before
+            forked = launch(forked_target, None, dp_size=2, device="cpu", out_dir=tmp_path,
+                            preload=preload)
+            assert forked == [True, True]
+    finally:
+        for server in servers.values():
+            rank_start._stop(server)
 
 
 def test_two_launches_at_once_do_not_collide(no_leftover_processes):

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from emu.cluster import transport
+from emu.cluster import threads, transport
 from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec, SpecError, validate
@@ -23,7 +23,7 @@ def no_launch(monkeypatch):
         raise AssertionError("a rank was started for an invalid spec")
 
     monkeypatch.setattr(transport, "launch", forbidden)
-    monkeypatch.setattr(transport, "run_in_threads", forbidden)
+    monkeypatch.setattr(threads, "run_in_threads", forbidden)
 
 
 def _spec(tmp_path, **kwargs):
