@@ -129,8 +129,8 @@ class StopSignals:
         process inherits that through exec: a Ctrl-C in its first moments stays pending
         until the rank ignores it (``emu.cluster.rank_boot``), so it cannot interrupt it.
         It is blocked, not ignored: dispositions are process-wide, and a SIGINT taken by
-        another thread of this process (torch's import starts one, the rendezvous store
-        another; they do not block it) was discarded while ignored, so Ctrl-C during a
+        another thread of this process (the caller's own, or torch's when it imported
+        torch; they do not block it) was discarded while ignored, so Ctrl-C during a
         rank's start was lost and the run went on. Now the handler records it and it is
         raised once the block ends. The caller has started multiprocessing's resource
         tracker already: starting it unblocks SIGINT."""

@@ -13,8 +13,8 @@ from emu.cluster.launch_scope import Signalled, StopSignals
 
 
 def test_a_sigint_another_thread_takes_while_a_rank_starts_is_raised_after():
-    # The launcher has threads that do not block SIGINT (torch's import starts one, the
-    # rendezvous store another); a process-directed SIGINT may land on any of them. It
+    # The launcher may have threads that do not block SIGINT (its caller's, or torch's
+    # once imported); a process-directed SIGINT may land on any of them. It
     # was discarded while a rank started (SIGINT was ignored process-wide meanwhile), so
     # a Ctrl-C then left the run going on.
     other = threading.Thread(target=time.sleep, args=(0.5,))
