@@ -4,16 +4,15 @@
 processes: this process binds the rendezvous socket on 127.0.0.1 only, at a free port
 (so parallel runs never collide), which rank 0 serves the store on
 (``emu.cluster.rendezvous``; torch is imported by the ranks, never here), starts
-``dp_size`` rank processes (``emu.cluster.rank_start``: CPU ranks forked from a fork server that has
-imported what they need, NPU ranks spawned), and
-supervises them with the policy every transport shares (``emu.cluster.supervision``):
-the first failure is reported as ``ClusterError``, SIGINT and SIGTERM as
-``Interrupted``, once every rank is stopped — SIGTERM, which makes a rank dump its
-Python stack, then SIGKILL after a grace period — and joined, so no rank survives (a
-fork server lives as long as this process and exits with it). Ranks also die with
-SIGKILL if this process dies (Linux PR_SET_PDEATHSIG, set by ``emu.cluster.rank_boot`` in
-the rank's first moments) and ignore SIGINT (Ctrl-C reaches the whole process group; the
-launcher stops them).
+``dp_size`` rank processes (``emu.cluster.rank_start``: CPU ranks forked from a fork
+server that has imported what they need, NPU ranks spawned), and supervises them
+with the policy every transport shares (``emu.cluster.supervision``): the first
+failure is reported as ``ClusterError``, SIGINT and SIGTERM as ``Interrupted``, once
+every rank is stopped — SIGTERM, which makes a rank dump its Python stack, then SIGKILL
+after a grace period — and joined, so no rank survives (a fork server lives as long as
+this process and exits with it). Ranks also die with SIGKILL if this process dies
+(Linux PR_SET_PDEATHSIG, set by ``emu.cluster.rank_boot`` in the rank's first moments)
+and ignore SIGINT (Ctrl-C reaches the whole process group; the launcher stops them).
 
 A rank's own side (its groups, the target, the report, the teardown; and one rank under
 torchrun) is ``emu.cluster.rank_process``. This module is the launching process's side.
