@@ -77,6 +77,18 @@ class Observed:
                       key=lambda s: s.path)
 
 
+def network_interface() -> tuple[str, str] | None:
+    """(name, IPv4 address) of an up interface other than loopback, if this machine has
+    one: where a test points what must not listen on it anyway."""
+    stats = psutil.net_if_stats()
+    for name, addresses in sorted(psutil.net_if_addrs().items()):
+        for a in addresses:
+            if (name in stats and stats[name].isup and a.family == socket.AF_INET
+                    and not a.address.startswith("127.")):
+                return name, a.address
+    return None
+
+
 def watch_run(argv: list[str], tmp_path: Path, out: Path, env: dict | None = None,
               timeout: float = 300.0) -> Observed:
     """Run ``python -m emu run *argv --out out`` with TMPDIR=tmp_path/tmp and watch it

@@ -82,7 +82,7 @@ def test_ab_seeds_on_ray_equals_local(cli, tmp_path, ray_installed):
              "--config-a", "{}", "--config-b", STATIC]
     ray = cli(*flags, "--executor", "ray", "--out", "ray", timeout=900, process=True)
     assert ray.returncode == 0, ray.stderr
-    local = cli(*flags, "--out", "local")  # in this process: the reference
+    local = cli(*flags, "--jobs", "2", "--out", "local")  # in this process: the reference
     assert local.returncode == 0, local.stderr
     assert local.stdout == ray.stdout.replace("Outputs in ray/", "Outputs in local/")
     abs_ = [json.loads((tmp_path / d / "ab.json").read_text()) for d in ("local", "ray")]

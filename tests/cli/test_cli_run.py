@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.exposure import network_interface
+
 pytestmark = pytest.mark.integration
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -136,14 +138,19 @@ def test_python_dash_m_emu_is_the_same_cli(cli):
 
 
 def test_run_under_torchrun(cli, tiny_trace, tmp_path, clikit):
-    """torchrun starts the ranks (each one `python -m emu run`); rank 0 reports."""
+    """torchrun starts the ranks (each one `python -m emu run`); rank 0 reports. The
+    rendezvous is torchrun's, at a network address when this machine has one: rank 0
+    then says once that the address exposes it, all ranks being on this machine (and
+    says nothing on loopback). docs/security.md names this test for the warning."""
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp_path / "tr"
     small = list(clikit.SMALL)
     del small[small.index("--dp"):small.index("--dp") + 2]  # the DP size is WORLD_SIZE
+    interface = network_interface()
+    address = "127.0.0.1" if interface is None else interface[1]
     proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "emu", "run",
-         "--workload", str(tiny_trace), *small, "--out", str(out)],
+        [str(torchrun), "--standalone", "--local-addr", address, "--nproc-per-node", "2",
+         "-m", "emu", "run", "--workload", str(tiny_trace), *small, "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -152,6 +159,9 @@ def test_run_under_torchrun(cli, tiny_trace, tmp_path, clikit):
     assert metrics["dp_size"] == 2
     assert metrics["requests_finished"] == 10
     assert (out / "load.png").exists()
+    warning = (f"warning: MASTER_ADDR={address} is not a loopback address, but all 2 "
+               "ranks of this run are on this machine")
+    assert proc.stderr.count(warning) == (0 if interface is None else 1), proc.stderr
 
 
 @pytest.mark.parametrize("args, fragment", [

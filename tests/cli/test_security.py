@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from emu import limits, workload
 from emu.cli import inputs
-from tests.exposure import watch_run
+from tests.exposure import network_interface, watch_run
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +41,15 @@ def _argv(clikit, trace: Path, *flags: str) -> list:
 
 @pytest.fixture(scope="module")
 def process_run(tmp_path_factory, clikit):
-    """One dp=2 run with rank processes, watched from outside while it runs."""
+    """One dp=2 run with rank processes, watched from outside while it runs. The
+    environment names a network interface for gloo (``GLOO_SOCKET_IFNAME``, as a user or
+    a host's profile may), when this machine has one: ``launch`` must pin gloo's pair
+    sockets to loopback all the same, every rank being on this machine."""
     tmp_path = tmp_path_factory.mktemp("process-run")
     trace = clikit.write_trace(tmp_path / "tiny.jsonl", clikit.tiny_requests())
-    seen = watch_run(_argv(clikit, trace), tmp_path, tmp_path / "out")
+    interface = network_interface()
+    env = None if interface is None else {"GLOO_SOCKET_IFNAME": interface[0]}
+    seen = watch_run(_argv(clikit, trace), tmp_path, tmp_path / "out", env=env)
     assert seen.returncode == 0, seen.stderr
     assert seen.samples_under_way > 0
     return seen
@@ -59,50 +60,6 @@ def test_a_process_run_listens_on_loopback_only(process_run):
     # serves on the socket the launcher bound and handed over as rank 0 started.
     assert len(process_run.listening("rank")) == 2
     assert process_run.exposed() == []
-
-
-def _network_interface() -> tuple[str, str] | None:
-    """(name, IPv4 address) of an interface other than loopback, if this machine has one."""
-    stats = psutil.net_if_stats()
-    for name, addresses in sorted(psutil.net_if_addrs().items()):
-        for a in addresses:
-            if (name in stats and stats[name].isup and a.family == socket.AF_INET
-                    and not a.address.startswith("127.")):
-                return name, a.address
-    return None
-
-
-def test_gloo_stays_on_loopback_when_the_environment_names_a_network_interface(
-        tmp_path, tiny_trace, clikit):
-    """GLOO_SOCKET_IFNAME set by the user (or by a host's profile) to a network interface
-    would put gloo's pair sockets there; ``launch`` pins them to loopback, all ranks
-    being on this machine."""
-    interface = _network_interface()
-    if interface is None:
-        pytest.skip("this machine has no network interface besides loopback")
-    seen = watch_run(_argv(clikit, tiny_trace), tmp_path, tmp_path / "out",
-                     env={"GLOO_SOCKET_IFNAME": interface[0]})
-    assert seen.returncode == 0, seen.stderr
-    assert len(seen.listening("rank")) == 2
-    assert seen.exposed() == []
-
-
-def test_torchrun_warns_once_when_a_run_on_one_machine_has_a_network_master_addr(
-        tmp_path, tiny_trace, clikit):
-    """Under torchrun the rendezvous is torchrun's, at the user's MASTER_ADDR (here made
-    from --local-addr): rank 0 says once that a network address exposes it."""
-    interface = _network_interface()
-    if interface is None:
-        pytest.skip("this machine has no network interface besides loopback")
-    address = interface[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr",
-         address, "--nproc-per-node", "2", "-m", "emu", "run", "--workload", tiny_trace,
-         *clikit.SMALL, "--out", tmp_path / "out"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count(f"warning: MASTER_ADDR={address} is not a loopback address, "
-                             "but all 2 ranks of this run are on this machine") == 1
 
 
 def test_a_thread_run_listens_on_nothing(tmp_path, tiny_trace, clikit):

@@ -51,12 +51,15 @@ def spec(out_dir, *, dp_size: int, transport: str, faults=None) -> RunSpec:
 
 
 class Descendants:
-    """Every process below this one seen while the block runs (sampled), and the Ray
-    placement groups that were created, when Ray is up."""
+    """Every process below this one seen while the block runs (sampled), and, with
+    ``ray``, the Ray placement groups that were created while Ray is up. A sampler that
+    stopped on an error fails the block, rather than leaving ``seen`` short."""
 
-    def __init__(self):
+    def __init__(self, *, ray: bool):
         self.seen: set[psutil.Process] = set()
         self.groups: dict[str, dict] = {}
+        self._ray = ray
+        self._error: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -67,10 +70,19 @@ class Descendants:
     def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join()
+        if self._error is not None:
+            raise AssertionError("the process sampler stopped") from self._error
 
     def _sample(self) -> None:
-        while not self._done.wait(0.2):
-            self.seen.update(psutil.Process().children(recursive=True))
+        try:
+            while not self._done.wait(0.2):
+                self._sample_once()
+        except BaseException as error:  # noqa: BLE001 - reported by __exit__
+            self._error = error
+
+    def _sample_once(self) -> None:
+        self.seen.update(psutil.Process().children(recursive=True))
+        if self._ray:
             ray = sys.modules.get("ray")
             if ray is not None and ray.is_initialized():
                 from ray.util import placement_group_table
@@ -132,7 +144,7 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     specs = [spec(endless, dp_size=2, transport="thread"),
              spec(killed, dp_size=1, transport="process")]
     done = []
-    with Descendants() as descendants:
+    with Descendants(ray=executor == "ray") as descendants:
         killer = RankKiller()
         batch = open_executor(executor, jobs=2)
         batch.check(specs)
@@ -150,7 +162,7 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     assert json.loads((endless / "run.json").read_text())["state"] == "interrupted"
     assert (endless / "rank1.events.jsonl").stat().st_size > 0
     started = {p for p in descendants.seen - before if not _helper_of_this_process(p)}
-    assert started, "the batch started no process"
+    assert started, ("the batch started no process", before, descendants.seen)
     _, alive = psutil.wait_procs(started, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
     if executor == "ray":

@@ -158,14 +158,15 @@ def test_a_fork_server_evicted_leaves_its_siblings_sockets(monkeypatch, tmp_path
                                                           no_leftover_processes):
     """A launcher's fork servers share one socket directory; one that exits while the
     launcher lives (evicted for another preload) removes its own socket only, so the next
-    launch still forks its ranks. (It removed the whole directory: the next server could
-    not bind and the ranks were spawned; a running server's socket vanished.)"""
+    launch still forks its ranks. (It removed the whole directory: a running server's
+    socket vanished, and a server started next could not bind.) The third launch forks
+    from the server the second one started, after the first one's server exited."""
     servers = collections.OrderedDict()  # its own: this worker's servers stay as they are
     monkeypatch.setattr(rank_start, "_servers", servers)
     monkeypatch.setattr(rank_start, "MAX_SERVERS", 1)
-    preloads = [Preload(("json",)), Preload(("csv",)), Preload(("json",))]
+    preloads = [Preload(("json",)), Preload(("csv",)), Preload(("csv",))]
     try:
-        for preload in preloads:  # each launch evicts the server of the one before
+        for preload in preloads:  # the second launch evicts the first one's server
             forked = launch(forked_target, None, dp_size=2, device="cpu", out_dir=tmp_path,
                             preload=preload)
             assert forked == [True, True]
