@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from multiprocessing import connection, forkserver, util
 
@@ -42,6 +43,9 @@ MAX_SERVERS = 3
 START_METHOD = {"cpu": "forkserver", "npu": "spawn"}
 
 _servers: collections.OrderedDict[Preload, forkserver.ForkServer] = collections.OrderedDict()
+# Held while a rank starts from a fork server (``RankStarter.starting``); reentrant, as
+# starting a rank may start a forked server, which starts from its base server.
+_STARTING = threading.RLock()
 # A fork server's client side (CPython's private fields, no public accessor): its socket,
 # its pid and, in newer Pythons, the key each connection authenticates with.
 _CONNECTION = ("_forkserver_address", "_forkserver_pid", "_forkserver_authkey")
@@ -69,16 +73,20 @@ class RankStarter:
     def starting(self) -> Iterator[None]:
         """multiprocessing asks its one module-level fork server for every new process
         (``multiprocessing.forkserver.connect_to_new_process``); while a rank starts, that
-        is this launch's server."""
+        is this launch's server. One rank starts at a time in this process (launches in
+        two threads): were one thread to put the default back while the other's rank
+        starts, that rank would be forked by multiprocessing's own server, not its
+        launch's, and exit at once, its parent not the one it was told of."""
         if self._server is None:
             yield
             return
-        default = forkserver.connect_to_new_process
-        forkserver.connect_to_new_process = self._server.connect_to_new_process
-        try:
-            yield
-        finally:
-            forkserver.connect_to_new_process = default
+        with _STARTING:
+            default = forkserver.connect_to_new_process
+            forkserver.connect_to_new_process = self._server.connect_to_new_process
+            try:
+                yield
+            finally:
+                forkserver.connect_to_new_process = default
 
 
 def rank_starter(device_kind: str, preload: Preload) -> RankStarter:

@@ -74,9 +74,13 @@ class Descendants:
             raise AssertionError("the process sampler stopped") from self._error
 
     def _sample(self) -> None:
+        """From the block's start, every 50 ms: from a warm fork server, a batch's jobs
+        and ranks can start, be killed and be stopped within a fraction of a second."""
         try:
-            while not self._done.wait(0.2):
+            while True:
                 self._sample_once()
+                if self._done.wait(0.05):
+                    return
         except BaseException as error:  # noqa: BLE001 - reported by __exit__
             self._error = error
 
