@@ -185,7 +185,8 @@ class _ForkedServer(forkserver.ForkServer):
         util.Finalize(self, self._stop, exitpriority=10)
 
     def ensure_running(self) -> None:
-        with self._lock:
+        # _STARTING first, as a rank's start takes it before it reaches this lock.
+        with _STARTING, self._lock:
             if self._process is not None and self._process.is_alive():
                 return
             self._stop_unlocked()
