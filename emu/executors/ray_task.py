@@ -26,6 +26,7 @@ import signal
 import tempfile
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from emu.executors.base import run_spec
@@ -66,9 +67,7 @@ def run_task(index: int, spec: RunSpec, board) -> dict:
     {"interrupted": report} when the batch stopped it, or {"stopped": True} when the
     batch stopped before it began) and, unless stopped before it began, ``files``: the
     run directory's files by name, zlib-compressed."""
-    import ray
-
-    if not ray.get(board.begin.remote(index)):
+    if not _may_begin(board, index):
         return {"stopped": True}
     with tempfile.TemporaryDirectory(prefix="dyntra-emu-ray-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -82,6 +81,17 @@ def run_task(index: int, spec: RunSpec, board) -> dict:
             outcome = {"interrupted": report}
         outcome["files"] = _pack(run_dir)
     return outcome
+
+
+def _may_begin(board, index: int) -> bool:
+    """``StopBoard.begin``, awaited on a thread of its own: while a task's own thread
+    blocks in a Ray call, Ray lends the task's CPU to the next queued task and takes it
+    back after, so a board still starting (the batch's first tasks wait for it) would let
+    one run more than the CPUs start at once."""
+    import ray
+
+    with ThreadPoolExecutor(max_workers=1) as asker:
+        return asker.submit(ray.get, board.begin.remote(index)).result()
 
 
 def _pack(run_dir: Path) -> dict[str, bytes]:

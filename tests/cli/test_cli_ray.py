@@ -9,6 +9,7 @@ these tests are few; `tests/integration/test_executors.py` has the failure path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -108,8 +109,9 @@ def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_insta
         {"request_id": f"r{i}", "arrival_s": 0.01 * i, "prompt_tokens": 64 + 40 * i,
          "output_tokens": 10_000_000} for i in range(6)])
     out = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "emu", "sweep", "--workload", str(trace), *clikit.SMALL,
+    proc = subprocess.Popen(  # faulthandler: SIGABRT prints where a stuck command is
+        [sys.executable, "-X", "faulthandler", "-m", "emu", "sweep", "--workload", str(trace),
+         *clikit.SMALL,
          "--block-size", "1024", "--num-gpu-blocks", "20000", "--executor", "ray",
          "--grid", "bubble_threshold=1,5",
          "--out", str(out)],
@@ -126,7 +128,15 @@ def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_insta
             log = _open_events_log(seen)
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=240)
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            stderr = proc.communicate()[1]
+            with contextlib.suppress(ProcessLookupError):  # Ray's agents, in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the sweep did not stop within 240 s of SIGINT; its stderr, with "
+                        f"its threads' stacks at the end:\n{stderr}")
     finally:
         if proc.poll() is None:
             proc.kill()

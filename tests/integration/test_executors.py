@@ -8,7 +8,8 @@ The failing run is on the process transport (its one rank a real process, in a
 placement group on Ray), the endless one on rank threads. Once both runs are under way
 (each has written a step to its event log), the test kills the failing run's rank with
 SIGKILL, as the kernel's OOM killer would: the rank is the process holding that run's
-event log open.
+event log open. A third run, endless on rank threads, finds no slot (two jobs; a Ray of
+two CPUs, one held by the placement group, one by the first run): it must never begin.
 
 And a local job dies with its batch when the batch's process is killed with SIGKILL;
 a job's ranks, forks of the batch's fork server, die with their job killed so; a job
@@ -107,6 +108,7 @@ class RankKiller(threading.Thread):
         super().__init__(daemon=True)
         self._deadline = time.monotonic() + timeout_s
         self.victim: psutil.Process | None = None
+        self.most_runs = 0  # the most runs seen under way at once (their logs held open)
         self.problem = ""
 
     def run(self) -> None:
@@ -117,7 +119,8 @@ class RankKiller(threading.Thread):
             ranks = [process for process, paths in logs.items()
                      if [path.name for path in paths] == ["rank0.events.jsonl"]]
             held = [path for paths in logs.values() for path in paths]
-            if len(ranks) == 1 and len(held) == 3 and all(map(holds_a_step, held)):
+            self.most_runs = max(self.most_runs, len({path.parent for path in held}))
+            if len(ranks) == 1 and len(held) >= 3 and all(map(holds_a_step, held)):
                 ranks[0].kill()
                 self.victim = ranks[0]
                 return
@@ -140,13 +143,16 @@ def _helper_of_this_process(process: psutil.Process) -> bool:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("executor", ["local", "ray"])
-def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request):
+def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request,
+                                                      monkeypatch):
     if executor == "ray":
         request.getfixturevalue("ray_installed")
+        monkeypatch.setattr("emu.executors.ray_cluster.local_cpus", lambda: 2)
     before = set(psutil.Process().children(recursive=True))
-    killed, endless = tmp_path / "killed", tmp_path / "endless"
+    killed, endless, queued = tmp_path / "killed", tmp_path / "endless", tmp_path / "queued"
     specs = [spec(endless, dp_size=2, transport="thread"),
-             spec(killed, dp_size=1, transport="process")]
+             spec(killed, dp_size=1, transport="process"),
+             spec(queued, dp_size=2, transport="thread")]
     done = []
     with Descendants(ray=executor == "ray") as descendants:
         killer = RankKiller()
@@ -165,6 +171,8 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     assert json.loads((killed / "run.json").read_text())["state"] == "failed"
     assert json.loads((endless / "run.json").read_text())["state"] == "interrupted"
     assert (endless / "rank1.events.jsonl").stat().st_size > 0
+    assert killer.most_runs == 2, f"{killer.most_runs} runs under way at once"
+    assert list(queued.iterdir()) == []  # the third run never began
     started = {p for p in descendants.seen - before if not _helper_of_this_process(p)}
     assert started, ("the batch started no process", before, descendants.seen)
     _, alive = psutil.wait_procs(started, timeout=30)
