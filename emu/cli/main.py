@@ -64,7 +64,10 @@ def main(argv=None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     prog = f"{PROG} {args.command}"
-    # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message.
+    # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message. So
+    # does SIGINT when the command started with it ignored, as a script's background job
+    # does: a `kill -INT` must still stop its runs (a run's launcher catches it anyway).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
         return args.func(args)

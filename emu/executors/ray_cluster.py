@@ -144,9 +144,9 @@ class RayExecutor:
                     for ref in ready:
                         index = tasks[ref]
                         outcome = self._outcome(ref, index, specs[index])
-                        self._release(groups.pop(index, None))
-                        if "error" in outcome:
+                        if "error" in outcome:  # its group outlives the stop (_stop)
                             raise RunFailed(index, outcome["error"])
+                        self._release(groups.pop(index, None))
                         results[index] = outcome
                         on_done(index)
             except BaseException as exc:  # a failed run, SIGINT, SIGTERM
@@ -173,7 +173,9 @@ class RayExecutor:
 
     def _stop(self, board, pending: list, tasks: dict, specs: Sequence[RunSpec]) -> None:
         """Stop the batch: cancel what has not begun, let the runs under way stop and send
-        their partial files back, kill what is still running after STOP_GRACE_S."""
+        their partial files back, kill what is still running after STOP_GRACE_S. Called
+        while a failed run's placement group is still held: released earlier, its CPUs
+        would start a queued run before the board refuses it."""
         ray = self._ray
         try:
             began = set(ray.get(board.stop.remote(), timeout=STOP_GRACE_S))

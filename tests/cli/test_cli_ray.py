@@ -102,6 +102,13 @@ def _open_events_log(processes) -> Path | None:
                  if path.name == "rank1.events.jsonl" and holds_a_step(path)), None)
 
 
+def _ignore_sigint() -> None:
+    """Started as a script's background job is (`dyntra-emu sweep ... &`): with SIGINT
+    ignored, which the command must override (pytest run in the background passes that
+    on to every test's command)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.timeout(600)
 def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed):
     # Ten million output tokens per request: the runs would last hours.
@@ -116,7 +123,7 @@ def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_insta
          "--grid", "bubble_threshold=1,5",
          "--out", str(out)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_ignore_sigint)
     seen: set[psutil.Process] = set()
     deadline = time.monotonic() + 300
     log = None
