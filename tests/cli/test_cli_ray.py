@@ -103,9 +103,9 @@ def _open_events_log(processes) -> Path | None:
 
 
 def _ignore_sigint() -> None:
-    """Started as a script's background job is (`dyntra-emu sweep ... &`): with SIGINT
-    ignored, which the command must override (pytest run in the background passes that
-    on to every test's command)."""
+    """Start the command as a script's background job starts (`dyntra-emu sweep ... &`):
+    with SIGINT ignored. It must catch SIGINT all the same (pytest run in the background
+    passes the same on to every command a test starts)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
