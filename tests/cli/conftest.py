@@ -33,6 +33,12 @@ STATIC = {"scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "st
 # on 2 rank threads: the runs of ab_over_seeds.
 AB_OVER_SEEDS = ["--workload", "recipe:pr12292,n=6,rate=20", "--dp", "2", "--block-size",
                  "2048", "--device", "cpu", "--quiet", "--transport", "thread"]
+# The A/B of ab_over_seeds: DyntraLB off (A) against static mode (B), on seeds 3 and 4.
+AB_OVER_SEEDS_AB = ["ab", *AB_OVER_SEEDS, "--seeds", "2", "--seed", "3", "--config-a", "{}",
+                    "--config-b", json.dumps(STATIC)]
+# A 2 x 2 grid (and the baseline) of small runs on rank processes: the runs of sweep_2x2.
+SWEEP_2X2 = [*SMALL, "--grid", "bubble_threshold=1,5", "--grid", "mode=static,dynamic",
+             "--grid", "long_req_block_threshold=30"]
 
 
 def tiny_requests() -> list[dict]:
@@ -42,6 +48,13 @@ def tiny_requests() -> list[dict]:
          "prompt_tokens": 40 + 150 * (i % 3), "output_tokens": 8 + 9 * (i % 4)}
         for i in range(10)
     ]
+
+
+def sweep_requests() -> list[dict]:
+    """Sixteen requests of uneven size (two long prompts above 30 blocks of 16 tokens)."""
+    return [{"request_id": f"s{i}", "arrival_s": round(0.02 * i, 3),
+             "prompt_tokens": 600 if i in (3, 11) else 40 + 120 * (i % 4),
+             "output_tokens": 6 + 5 * (i % 5)} for i in range(16)]
 
 
 def write_trace(path: Path, requests: list[dict]) -> Path:
@@ -88,6 +101,8 @@ class CliKit:
 
     SMALL = SMALL
     AB_OVER_SEEDS = AB_OVER_SEEDS
+    AB_OVER_SEEDS_AB = AB_OVER_SEEDS_AB
+    SWEEP_2X2 = SWEEP_2X2
     STATIC = STATIC
     tiny_requests = staticmethod(tiny_requests)
     write_trace = staticmethod(write_trace)
@@ -99,24 +114,46 @@ def clikit() -> type[CliKit]:
     return CliKit
 
 
+def _once_per_session(tmp_path_factory, worker_id, name: str, argv) -> tuple[
+        subprocess.CompletedProcess, Path]:
+    """`dyntra-emu argv(dir)` run once per test session, in the test's process, and its
+    directory ``dir``: under xdist the first worker to ask runs it in the session's
+    temporary directory, under a file lock, and the others read what it left there."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the session's, above each worker's
+    where, result = shared / name, shared / f"{name}.json"
+    with FileLock(shared / f"{name}.lock"):
+        if not result.exists():
+            where.mkdir()
+            proc = run_in_process(argv(where), where)
+            result.write_text(json.dumps([proc.args, proc.returncode, proc.stdout,
+                                          proc.stderr]))
+    return subprocess.CompletedProcess(*json.loads(result.read_text())), where
+
+
 @pytest.fixture(scope="session")
 def ab_over_seeds(tmp_path_factory, worker_id) -> tuple[subprocess.CompletedProcess, Path]:
     """One `ab --seeds 2` over a generated workload on rank threads, DyntraLB off (A)
     against static mode from step 0 (B), and its out dir: what `ab` reports over seeds
-    (test_cli_ab.py) and the baseline `gate` reads (test_cli_gate.py). Its four runs of
-    the recipe's long request (4,096 tokens) are among the tier's longest, so the tests
-    share one: under xdist the first worker to ask runs it in the session's temporary
-    directory, under a file lock, and the others read what it left there."""
-    shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        shared = shared.parent  # the session's, above each worker's
-    out, result = shared / "ab-over-seeds" / "seeds", shared / "ab-over-seeds.json"
-    with FileLock(shared / "ab-over-seeds.lock"):
-        if not result.exists():
-            out.parent.mkdir()
-            proc = run_in_process(["ab", *AB_OVER_SEEDS, "--seeds", "2", "--seed", "3",
-                                   "--out", str(out), "--config-a", "{}",
-                                   "--config-b", json.dumps(STATIC)], out.parent)
-            result.write_text(json.dumps([proc.args, proc.returncode, proc.stdout,
-                                          proc.stderr]))
-    return subprocess.CompletedProcess(*json.loads(result.read_text())), out
+    (test_cli_ab.py), the baseline `gate` reads (test_cli_gate.py) and what the same
+    command on Ray must give (test_cli_ray.py). Its four runs of the recipe's long
+    request (4,096 tokens) are among the tier's longest, so the tests share one."""
+    proc, where = _once_per_session(
+        tmp_path_factory, worker_id, "ab-over-seeds",
+        lambda where: [*AB_OVER_SEEDS_AB, "--out", str(where / "seeds")])
+    return proc, where / "seeds"
+
+
+@pytest.fixture(scope="session")
+def sweep_2x2(tmp_path_factory, worker_id) -> tuple[subprocess.CompletedProcess, Path]:
+    """One `sweep` of SWEEP_2X2 over sweep_requests() on rank processes, and its out dir
+    (the trace is sweep.jsonl beside it): what test_cli_sweep.py checks, and what the
+    same sweep on Ray must give (test_cli_ray.py)."""
+    def argv(where: Path) -> list[str]:
+        trace = write_trace(where / "sweep.jsonl", sweep_requests())
+        return ["sweep", "--workload", str(trace), *SWEEP_2X2, "--jobs", "2",
+                "--out", str(where / "sw")]
+
+    proc, where = _once_per_session(tmp_path_factory, worker_id, "sweep-2x2", argv)
+    return proc, where / "sw"

@@ -1,7 +1,8 @@
 """`--executor ray` through the real console script, on a local Ray that the command
 starts and shuts down: a 2 x 2 sweep and `ab --seeds 2` give what `--executor local`
-(run in the test's process, the reference) gives (rows, metrics, event logs, plots;
-wall-clock fields aside), SIGINT mid-sweep stops every run and leaves no process or
+gives (rows, metrics, event logs, plots; wall-clock fields aside; the reference is the
+session's run of each, shared with test_cli_sweep.py and test_cli_ab.py, see
+tests/cli/conftest.py), SIGINT mid-sweep stops every run and leaves no process or
 scratch directory, and bad executor flags are one line with exit 2 and nothing written.
 
 Ray is heavy on two cores (its GCS, raylet and agents start with every command), so
@@ -24,13 +25,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.cli.test_cli_sweep import sweep_requests
 from tests.held_logs import event_logs_held, holds_a_step
 
 pytestmark = pytest.mark.integration
-
-STATIC = ('{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static", '
-          '"start_step": 0}}}')
 
 
 def _without_wall(metrics: dict) -> dict:
@@ -49,50 +46,49 @@ def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
             assert (a / log).read_bytes() == (b / log).read_bytes(), (name, log)
 
 
-@pytest.mark.timeout(900)  # two sweeps, one starting Ray, on two shared cores
-def test_sweep_on_ray_equals_local(cli, clikit, tmp_path, ray_installed):
-    trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
-    flags = ["sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
-             "--grid", "mode=static,dynamic", "--grid", "long_req_block_threshold=30"]
-    ray = cli(*flags, "--executor", "ray", "--out", "ray", timeout=600, process=True)
+@pytest.mark.timeout(900)  # the reference may be running on the other worker first
+def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_installed):
+    """The sweep of sweep_2x2 (run in a test process, the reference) again on a local Ray:
+    each run a task in a placement group of its ranks' CPUs."""
+    local, reference = sweep_2x2
+    assert local.returncode == 0, local.stderr
+    ray = cli("sweep", "--workload", reference.parent / "sweep.jsonl", *clikit.SWEEP_2X2,
+              "--executor", "ray", "--out", "ray", timeout=600, process=True)
     assert ray.returncode == 0, ray.stderr
     assert "on Ray (a local Ray)" in ray.stderr
-    local = cli(*flags, "--jobs", "2", "--out", "local")  # in this process: the reference
-    assert local.returncode == 0, local.stderr
 
-    sweeps = [json.loads((tmp_path / d / "sweep.json").read_text()) for d in ("local", "ray")]
+    sweeps = [json.loads((d / "sweep.json").read_text()) for d in (reference, tmp_path / "ray")]
     assert [r["name"] for r in sweeps[0]["rows"]] == ["baseline", "p01", "p02", "p03", "p04"]
     assert sweeps[0]["rows"] == sweeps[1]["rows"]
     assert ({k: v for k, v in sweeps[0].items() if k != "wall_s"}
             == {k: v for k, v in sweeps[1].items() if k != "wall_s"})
     assert any(r["pauses"] for r in sweeps[0]["rows"])  # DyntraLB did something
     for name in ("sweep.csv", "pareto.png", "kv_blocks.png"):
-        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
-    _same_runs(tmp_path / "local" / "runs", tmp_path / "ray" / "runs",
+        assert (reference / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
+    _same_runs(reference / "runs", tmp_path / "ray" / "runs",
                [r["name"] for r in sweeps[0]["rows"]])
 
 
 @pytest.mark.timeout(900)
-def test_ab_seeds_on_ray_equals_local(cli, tmp_path, ray_installed):
-    """On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
+def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_installed):
+    """The A/B of ab_over_seeds (run in a test process, the reference) again on a local
+    Ray. On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
     each run thousands of steps, which cost 2 min over the eight runs on rank processes.
     Process-transport runs on Ray, each in a placement group of its ranks' CPUs, are the
     sweep's above and tests/integration/test_executors.py's."""
-    flags = ["ab", "--workload", "recipe:pr12292,n=2,rate=20", "--seeds", "2", "--seed", "3",
-             "--dp", "2", "--block-size", "2048", "--device", "cpu", "--transport", "thread",
-             "--config-a", "{}", "--config-b", STATIC]
-    ray = cli(*flags, "--executor", "ray", "--out", "ray", timeout=900, process=True)
-    assert ray.returncode == 0, ray.stderr
-    local = cli(*flags, "--jobs", "2", "--out", "local")  # in this process: the reference
+    local, reference = ab_over_seeds
     assert local.returncode == 0, local.stderr
-    assert local.stdout == ray.stdout.replace("Outputs in ray/", "Outputs in local/")
-    abs_ = [json.loads((tmp_path / d / "ab.json").read_text()) for d in ("local", "ray")]
+    ray = cli(*clikit.AB_OVER_SEEDS_AB, "--executor", "ray", "--out", tmp_path / "ray",
+              timeout=900, process=True)
+    assert ray.returncode == 0, ray.stderr
+    assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(reference))
+    abs_ = [json.loads((d / "ab.json").read_text()) for d in (reference, tmp_path / "ray")]
 
     def without_wall(ab):
         return json.loads(json.dumps(ab), object_hook=lambda d: {k: v for k, v in d.items()
                                                                  if k != "wall"})
     assert without_wall(abs_[0]) == without_wall(abs_[1])
-    _same_runs(tmp_path / "local", tmp_path / "ray",
+    _same_runs(reference, tmp_path / "ray",
                [f"seed{s}/{r}" for s in (3, 4) for r in ("a", "b")])
 
 

@@ -14,20 +14,10 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def sweep_requests() -> list[dict]:
-    """Sixteen requests of uneven size (two long prompts above 30 blocks of 16 tokens)."""
-    return [{"request_id": f"s{i}", "arrival_s": round(0.02 * i, 3),
-             "prompt_tokens": 600 if i in (3, 11) else 40 + 120 * (i % 4),
-             "output_tokens": 6 + 5 * (i % 5)} for i in range(16)]
-
-
-def test_sweep_2x2_end_to_end(cli, clikit, tmp_path, dyntra_cluster):
-    trace = clikit.write_trace(tmp_path / "sweep.jsonl", sweep_requests())
-    proc = cli("sweep", "--workload", trace, *clikit.SMALL, "--grid", "bubble_threshold=1,5",
-               "--grid", "mode=static,dynamic", "--grid", "long_req_block_threshold=30",
-               "--jobs", "2", "--out", "sw")
+def test_sweep_2x2_end_to_end(sweep_2x2, cli, clikit, tmp_path, dyntra_cluster):
+    proc, out = sweep_2x2
     assert proc.returncode == 0, proc.stderr
-    out = tmp_path / "sw"
+    trace = out.parent / "sweep.jsonl"
     for name in ("sweep.json", "sweep.csv", "summary.md", "pareto.png", "kv_blocks.png"):
         assert (out / name).stat().st_size > 0, name
     sweep = json.loads((out / "sweep.json").read_text())
