@@ -73,7 +73,8 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
 def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_installed):
     """The A/B of ab_over_seeds (run in a test process, the reference) again on a local
     Ray. On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
-    each run thousands of steps, which cost 2 min over the eight runs on rank processes.
+    each run thousands of steps, which would cost about a minute over the four runs on
+    rank processes.
     Process-transport runs on Ray, each in a placement group of its ranks' CPUs, are the
     sweep's above and tests/integration/test_executors.py's."""
     local, reference = ab_over_seeds
