@@ -24,11 +24,16 @@ A server outlives it by design (it exits once the launcher is gone,
 ``emu.cluster.rank_boot``), so the last server to go removes the directory then. While
 the launcher lives, the directory keeps a running server's socket (``emu.cluster.
 rank_start`` starts a server before it stops the one it evicts).
+
+Having removed its socket, the server leaves without interpreter finalization, which
+with torch loaded costs about 0.7 s of CPU (module teardown, C++ static destructors)
+for a process about to vanish, and an evicted server's launcher waits for it.
 """
 
 import atexit
 import os
 import signal
+import sys
 from multiprocessing import forkserver
 
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
@@ -49,8 +54,8 @@ def serve_here() -> None:
 def remove_socket() -> None:
     """At the server's exit: remove its socket, and the ``pymp-*`` directory it lies in
     when no sibling's socket is left there. The server's main loop records the socket's
-    address where the launcher keeps it (CPython has no public accessor). Ranks are
-    forks of the server and inherit this handler; it does nothing in them."""
+    address where the launcher keeps it (CPython has no public accessor). Does nothing
+    in any other process."""
     address = forkserver._forkserver._forkserver_address
     if os.getpid() != _SERVER_PID or not isinstance(address, str):
         return  # a rank; or no address, or one in the abstract namespace (bytes)
@@ -66,6 +71,21 @@ def remove_socket() -> None:
             pass
 
 
+def leave() -> None:
+    """At the server's exit: ``remove_socket``, then exit at once. atexit calls the last
+    registered handler first, so the handlers of the modules the server imports after
+    this one (the implementation's) have run; the earlier ones (torch's, logging's,
+    multiprocessing's) have nothing to do in a server. The exit status is the one the
+    interpreter would give: 1 after an uncaught exception (a preload that failed to
+    import), which leaves ``sys.last_value`` behind, else 0 (the loop's SystemExit once
+    the launcher is gone). It does nothing in the ranks and jobs that inherit it (a rank
+    runs its atexit handlers before its ``os._exit``)."""
+    if os.getpid() != _SERVER_PID:
+        return
+    remove_socket()
+    os._exit(1 if hasattr(sys, "last_value") else 0)
+
+
 planner.warm_up()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-atexit.register(remove_socket)
+atexit.register(leave)
