@@ -129,8 +129,8 @@ def _keep_operators_registered() -> None:
     """Before the rank's atexit handlers run: drop torch's unregistering of its operator
     kernels from them. Each ``torch.library.Library`` (torch's own, vLLM's) unregisters its
     kernels in a weakref finalizer that runs at exit, rewriting dispatch tables the rank
-    inherited from its fork server: a copy-on-write page fault per page, about a third of
-    a small rank's faults and a sixth of its CPU. The rank then leaves through
+    inherited from its fork server: a copy-on-write page fault per page, two fifths of
+    a tiny launch's page faults and a fifth of its CPU. The rank then leaves through
     ``os._exit``, so nothing could see the tables again. weakref keeps the live
     finalizers in a private registry (no public accessor); a Python without it, or a
     torch without ``_del_library``, leaves the finalizers as they are."""
