@@ -7,8 +7,8 @@ its own, the checkouts alternating (A B, B A, ...) over ``--repeats`` rounds.
 ``--tree`` names a checkout (the first is the baseline of the ratios); the sample
 process imports ``emu`` from it. Give an idle machine: the CPU is the machine's, so
 anything else running counts too. The fork server's start is left out (one run before
-the clock starts); its exit is not: the machine's CPU is read ``SETTLE_S`` after the
-sample process ends, when the server, which exits once that process is gone, is gone.
+the clock starts); its exit counts: the machine's CPU is read ``SETTLE_S`` after the
+sample process ends, by when the server (which exits once that process is gone) is gone.
 
     git worktree add /tmp/before <commit>
     .venv/bin/python benchmarks/launch_cpu_bench.py --tree /tmp/before --tree . --repeats 3

@@ -46,7 +46,7 @@ _SERVER_PID = os.getpid()
 
 def serve_here() -> None:
     """In a process forked from this server that becomes a fork server itself
-    (``emu.cluster.rank_start._serve``): it is the server ``remove_socket`` is for now."""
+    (``emu.cluster.rank_start._serve``): it is the server ``leave`` is for now."""
     global _SERVER_PID
     _SERVER_PID = os.getpid()
 
@@ -54,11 +54,11 @@ def serve_here() -> None:
 def remove_socket() -> None:
     """At the server's exit: remove its socket, and the ``pymp-*`` directory it lies in
     when no sibling's socket is left there. The server's main loop records the socket's
-    address where the launcher keeps it (CPython has no public accessor). Does nothing
-    in any other process."""
+    address where the launcher keeps it (CPython has no public accessor). Called in the
+    server only (``leave``, ``emu.cluster.rank_start._serve``)."""
     address = forkserver._forkserver._forkserver_address
-    if os.getpid() != _SERVER_PID or not isinstance(address, str):
-        return  # a rank; or no address, or one in the abstract namespace (bytes)
+    if not isinstance(address, str):
+        return  # no address, or one in the abstract namespace (bytes)
     try:
         os.unlink(address)
     except OSError:
