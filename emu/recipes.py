@@ -10,6 +10,7 @@ key delta as a mean with a 95 % confidence interval (``seed_summary``);
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import statistics
 from functools import cache
@@ -42,7 +43,8 @@ def is_recipe(value: str) -> bool:
 
 
 @cache
-def _generator():
+def generator():
+    """fixtures/generate.py as a module (its recipes, their constants and setups)."""
     spec = importlib.util.spec_from_file_location("fixtures_generate", GENERATOR)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -55,7 +57,7 @@ def parse_recipe(value: str) -> tuple[str, dict]:
     if not GENERATOR.is_file():
         raise ValueError(f"the recipe generator {GENERATOR} is not installed")
     name, *params = value[len(PREFIX):].split(",")
-    recipes = _generator().RECIPES
+    recipes = generator().RECIPES
     if name not in recipes:
         raise ValueError(f"unknown recipe {name!r}; recipes are: {', '.join(sorted(recipes))}")
     kwargs = {}
@@ -73,11 +75,60 @@ def parse_recipe(value: str) -> tuple[str, dict]:
     return name, kwargs
 
 
+# How each setting of a recipe's published setup is given on the command line.
+_SETUP_FLAGS = {"max_concurrency": "--max-concurrency", "block_size": "--block-size",
+                "max_num_seqs": "--max-num-seqs", "router": "--router",
+                "cost_model": "--cost-model", "additional_config": "--additional-config",
+                "async_scheduling": "--async-scheduling"}
+
+
+def setup_hint(value: str, spec, config) -> str | None:
+    """For ``--workload recipe:NAME`` of a recipe that rebuilds a published run
+    (``RECIPE_SETUPS`` in fixtures/generate.py): one line naming the flags that run it as
+    published, when ``spec`` (a checked RunSpec, ``config`` its parsed additional config)
+    differs from that setup; None otherwise. When ``spec.impl`` cannot schedule
+    asynchronously, the hint says to run vllm-ascend's code for that."""
+    if not is_recipe(value):
+        return None
+    from emu import impl
+
+    try:
+        impl.get(spec.impl).check(config, dp_size=spec.dp_size, async_scheduling=True,
+                                  vllm_ascend=spec.vllm_ascend)
+        async_supported = True
+    except ValueError:
+        async_supported = False
+    name, _ = parse_recipe(value)
+    setup = generator().RECIPE_SETUPS.get(name)
+    if setup is None:
+        return None
+    flags = []
+    for field, published in setup.items():
+        actual = getattr(spec, field)
+        if field == "cost_model":
+            actual = actual.name
+        elif field == "additional_config":
+            actual = json.loads(actual) if isinstance(actual, str) else actual
+        if actual == published:
+            continue
+        flag = _SETUP_FLAGS[field]
+        if field == "async_scheduling":
+            flags.append(flag if async_supported else f"--impl vllm-ascend {flag}")
+        elif field == "additional_config":
+            flags.append(f"{flag} '{json.dumps(published)}'")
+        else:
+            flags.append(f"{flag} {published}")
+    if not flags:
+        return None
+    return (f"hint: {PREFIX}{name} rebuilds a published run; its setup adds "
+            f"{' '.join(flags)} (docs/fidelity.md: what is published, cited or assumed)")
+
+
 def write_recipe_trace(value: str, seed: int, path: Path) -> Path:
     """Generate the recipe's trace with ``seed`` into ``path`` (JSON Lines)."""
     name, kwargs = parse_recipe(value)
-    generator = _generator()
-    generator.write_trace(generator.RECIPES[name](seed=seed, **kwargs), path)
+    module = generator()
+    module.write_trace(module.RECIPES[name](seed=seed, **kwargs), path)
     return path
 
 

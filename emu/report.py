@@ -288,8 +288,11 @@ def _lb_rows(m: dict) -> list[tuple]:
         ("steps with a plan applied", str(churn["active_steps"])),
         ("plan churn (outs+ins per active step)", _num(churn["per_active_step"], 2)),
         ("pauses (requests paused)", f"{pauses['total']} ({pauses['requests_paused']})"),
-        ("pause duration p50 / p99", f"{_num(pauses['duration_ms']['p50'], 1)} / "
-                                     f"{_num(pauses['duration_ms']['p99'], 1)} ms"),
+        ("requests paused at least once", _paused_share(m)),
+        ("pause duration p50 / p99 / max", f"{_num(pauses['duration_ms']['p50'], 1)} / "
+                                           f"{_num(pauses['duration_ms']['p99'], 1)} / "
+                                           f"{_num(pauses['duration_ms']['max'], 1)} ms"),
+        ("longest time one request spent paused", _longest_paused(pauses)),
     ]
     control = m.get("control_plane")
     if control is not None:
@@ -301,6 +304,20 @@ def _lb_rows(m: dict) -> list[tuple]:
             rows.append((label, f"{_num(wall[key]['mean'], 3)} ms mean, "
                                 f"{_num(wall[key]['p99'], 3)} ms p99"))
     return rows
+
+
+def _paused_share(m: dict) -> str:
+    """Requests paused at least once, as a count and a percentage of the run's requests
+    (metrics written before ``requests_paused_pct`` existed show the count alone)."""
+    pauses = m["pauses"]
+    pct = pauses.get("requests_paused_pct")
+    share = "" if pct is None else f" ({pct:.1f} %)"
+    return f"{pauses['requests_paused']} of {m['requests_total']}{share}"
+
+
+def _longest_paused(pauses: dict) -> str:
+    longest = pauses.get("longest_paused_ms")
+    return "-" if longest is None else f"{_num(longest, 1)} ms"
 
 
 def _md_notes(notes: list[str]) -> list[str]:

@@ -81,8 +81,10 @@ class RunSpec:
     max_num_batched_tokens: int = knob(8192, Int(1), "token budget per step per rank")
     router: str = knob(
         "round_robin", Choice(ROUTERS),
-        "how unpinned requests are assigned to ranks: round_robin, or least_loaded (vLLM's "
-        "front end: lowest waiting*4 + running)")
+        "how unpinned requests are assigned to ranks: round_robin; least_loaded (lowest "
+        "waiting*4 + running, earlier vLLM front ends); or vllm (vLLM 0.27.1's DP load "
+        "balancer in the API server: its in-flight counts and the coordinator's 100 ms "
+        "stats, emu/vllm_dp_lb.py)")
     scheduling_policy: str = knob("fcfs", Choice(SCHEDULING_POLICIES), "vLLM scheduling policy")
     cost_model: StepCostModel = PROFILES[DEFAULT_PROFILE]
     kv_latency_fixed_s: float = knob(0.002, NonNegativeSeconds())

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from emu.knobs import is_int, is_number
 from emu.limits import MAX_TRACE_BYTES, MAX_TRACE_REQUESTS, FileTooLarge, read_limited
+from emu.vllm_dp_lb import VllmDPLBRouter
 
 MAX_TOKENS = 10_000_000
 MAX_ARRIVAL_S = 1_000_000.0
@@ -47,7 +48,7 @@ MAX_PRIORITY = 2**31 - 1
 REQUIRED_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FIELDS = ("rank", "priority", "prompt_text")
 
-ROUTERS = ("round_robin", "least_loaded")
+ROUTERS = ("round_robin", "least_loaded", "vllm")
 DEFAULT_ROUTER = "round_robin"
 
 # How many problems a TraceError message lists before summarising the rest.
@@ -328,6 +329,7 @@ class RoundRobinRouter:
     requests do not advance the rotation."""
 
     name = "round_robin"
+    observes_engines = False
 
     def __init__(self, dp_size: int):
         _check_dp_size(dp_size)
@@ -344,8 +346,9 @@ class RoundRobinRouter:
 
 
 class LeastLoadedRouter:
-    """vLLM's DP front-end rule: the rank with the lowest `waiting * 4 + running`, ties
-    to the lowest rank index, judged on counts one step old.
+    """The DP front-end rule of earlier vLLM releases: the rank with the lowest
+    `waiting * 4 + running`, ties to the lowest rank index, judged on counts one step
+    old (vLLM 0.27.1's own balancer is ``--router vllm``, ``emu.vllm_dp_lb``).
 
     The engine calls `route(request, counts)` for each arriving request with the
     per-rank `(waiting, running)` counts it gathered in the previous step's lockstep
@@ -359,6 +362,7 @@ class LeastLoadedRouter:
     """
 
     name = "least_loaded"
+    observes_engines = False
 
     def __init__(self, dp_size: int):
         _check_dp_size(dp_size)
@@ -389,13 +393,18 @@ class LeastLoadedRouter:
         return best_rank
 
 
-def make_router(name: str, dp_size: int) -> RoundRobinRouter | LeastLoadedRouter:
+def make_router(name: str, dp_size: int) -> RoundRobinRouter | LeastLoadedRouter | VllmDPLBRouter:
     """The router the engine uses for unpinned requests; every rank builds the same one
-    and feeds it the same inputs, so every rank agrees on every assignment."""
+    and feeds it the same inputs, so every rank agrees on every assignment. ``vllm`` is
+    vLLM 0.27.1's own DP load balancer (``emu.vllm_dp_lb``), which also observes every
+    lockstep step."""
     if name == "round_robin":
         return RoundRobinRouter(dp_size)
     if name == "least_loaded":
         return LeastLoadedRouter(dp_size)
+    if name == "vllm":
+        _check_dp_size(dp_size)
+        return VllmDPLBRouter(dp_size)
     raise ValueError(f"unknown router {name!r}; expected one of {list(ROUTERS)}")
 
 

@@ -33,6 +33,7 @@ from emu.cli.inputs import (
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.progress import note
+from emu.cli.recipe_hint import print_setup_hint
 from emu.cli.running import resolve_launch, run_one
 from emu.impl import PLANNERS
 from emu.knobs import Int
@@ -161,6 +162,7 @@ def cmd_ab(args) -> int:
     pairs = _pairs(args, launch, sources, seeds, out_dir, trees)
     warn_ignored_keys("ab", ignored_keys(
         [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
+    print_setup_hint(args.workload, *pairs[0][1])  # B: the side the published setup ran
     about = [] if trees is None else tree_lines(trees)
     if args.seeds is not None:
         # Each run of the batch has a fresh process of its own (a local job, or one a
@@ -290,6 +292,10 @@ def _ab_headline(a: dict, b: dict, labels) -> str:
         ("TPOT p50 (ms)", a["tpot_ms"]["p50"], b["tpot_ms"]["p50"], 1, ""),
         ("TPOT p99 (ms)", a["tpot_ms"]["p99"], b["tpot_ms"]["p99"], 1, ""),
         ("virtual time (s)", a["virtual_time_s"], b["virtual_time_s"], 1, ""),
+        ("requests paused (% of requests)", a["pauses"].get("requests_paused_pct"),
+         b["pauses"].get("requests_paused_pct"), 1, " %"),
+        ("longest time one request paused (s)", a["pauses"].get("longest_paused_ms"),
+         b["pauses"].get("longest_paused_ms"), 1e-3, ""),
     ]
     if "control_plane" in a or "control_plane" in b:
         rows.append(("DyntraLB control plane (s)", (a.get("control_plane") or {}).get("total_s"),

@@ -14,6 +14,7 @@ from emu.cli.inputs import (
     warn_ignored_keys,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.recipe_hint import print_setup_hint
 from emu.cli.running import resolve_launch, run_one
 from emu.cli.timeline import check_timeline_path, save_timeline
 
@@ -48,6 +49,7 @@ def cmd_run(args) -> int:
                            problems=problems)
     if launch.rank == 0:  # under torchrun: rank 0 warns and prepares the directory
         warn_ignored_keys("run", ignored_keys([(config, source)]))
+        print_setup_hint(args.workload, spec, config)
         prepare_out_dir(out_dir, args.overwrite)
     metrics = run_one(args, spec, config, launch, "run")
     if metrics is None:

@@ -8,8 +8,10 @@ DP step time; a rank's bubble is ``step time - own cost``. The same collective c
 every rank's (waiting, running) counts, which the router of the next intake reads (vLLM's
 front-end also routes on counts that are one step old), and, under a concurrency limit
 (``RunSpec.max_concurrency``), every rank's cumulative finished count, from which each
-rank's intake releases the next requests (``emu.rank.intake``). Without a limit the buffer
-keeps the two-counts layout, so the recorded collective is unchanged.
+rank's intake releases the next requests (``emu.rank.intake``). vLLM's own DP load
+balancer (``--router vllm``, ``emu.vllm_dp_lb``) also needs each rank's finished count and
+KV cache usage, what its front end learns from the engines' outputs and stats. Without
+these the buffer keeps the two-counts layout, so the recorded collective is unchanged.
 
 Virtual time is integer microseconds throughout the engine.
 """
@@ -17,6 +19,7 @@ Virtual time is integer microseconds throughout the engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,15 +29,27 @@ import torch.distributed as dist
 from emu.sites import LOCKSTEP_SITE
 
 
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's numbers as the last lockstep collective carried them: its queues, its
+    requests finished so far and its KV cache usage in permille (the last two are 0
+    unless the clock carries them)."""
+
+    waiting: int
+    running: int
+    finished: int
+    kv_usage_permille: int
+
+
 class LockstepClock:
     """The per-step MAX all-reduce on the device group. Every rank calls ``step`` once
     per non-idle iteration (real or dummy step), so the device group stays matched.
 
-    Buffer layout (int32, allocated once): ``[own_cost_us, w0, r0, w1, r1, ...]``, or
-    with ``carry_finished`` ``[own_cost_us, w0, r0, f0, w1, r1, f1, ...]``; each rank
-    fills its own cost and its own slots and leaves the others zero, so the MAX gives the
-    DP step time and everyone's counts at once. On an NPU the collective runs on a
-    device copy of the buffer.
+    Buffer layout (int32, allocated once): ``[own_cost_us, w0, r0, w1, r1, ...]``; with
+    ``carry_finished`` each rank's slots are ``w, r, f``, with ``carry_kv_usage`` also
+    ``kv`` (permille) after them. Each rank fills its own cost and its own slots and
+    leaves the others zero, so the MAX gives the DP step time and everyone's counts at
+    once. On an NPU the collective runs on a device copy of the buffer.
     """
 
     def __init__(
@@ -46,12 +61,15 @@ class LockstepClock:
         device: str | torch.device = "cpu",
         observe: Callable[[str, str, torch.Tensor, Callable[[], Any]], Any] | None = None,
         carry_finished: bool = False,
+        carry_kv_usage: bool = False,
     ):
         self.device_group = device_group
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self._observe = observe
-        self._width = 3 if carry_finished else 2
+        self._finished_slot = 2 if carry_finished else None
+        self._kv_slot = 2 + carry_finished if carry_kv_usage else None
+        self._width = 2 + carry_finished + carry_kv_usage
         self._array = np.zeros(1 + self._width * dp_size, dtype=np.int32)
         self._cpu = torch.from_numpy(self._array)
         device = torch.device(device)
@@ -71,30 +89,44 @@ class LockstepClock:
             self._counts = list(zip(values[1::width], values[2::width], strict=True))
         return self._counts
 
+    @property
+    def rank_stats(self) -> list[RankStats]:
+        """Every rank's ``RankStats`` as reported to the last collective."""
+        values, width = self._values, self._width
+        out = []
+        for rank in range(self.dp_size):
+            slot = 1 + width * rank
+            out.append(RankStats(
+                values[slot], values[slot + 1],
+                0 if self._finished_slot is None else values[slot + self._finished_slot],
+                0 if self._kv_slot is None else values[slot + self._kv_slot]))
+        return out
+
     def step(self, own_cost_us: int, num_waiting: int, num_running: int,
-             num_finished: int = 0) -> int:
+             num_finished: int = 0, kv_usage_permille: int = 0) -> int:
         """Join this step's lockstep collective; returns the DP step time (the maximum
         own cost over ranks, microseconds) and refreshes ``counts``, every rank's
         ``(waiting, running)`` as reported to this collective, and (``carry_finished``)
         ``finished_total``, the sum of every rank's ``num_finished`` (its requests
-        finished so far)."""
+        finished so far); ``kv_usage_permille`` travels with ``carry_kv_usage``."""
         buf = self._array
         buf.fill(0)
         buf[0] = own_cost_us
-        width = self._width
-        slot = 1 + width * self.dp_rank
+        slot = 1 + self._width * self.dp_rank
         buf[slot] = num_waiting
         buf[slot + 1] = num_running
-        if width == 3:
-            buf[slot + 2] = num_finished
+        if self._finished_slot is not None:
+            buf[slot + self._finished_slot] = num_finished
+        if self._kv_slot is not None:
+            buf[slot + self._kv_slot] = kv_usage_permille
         if self._observe is None:
             self._all_reduce()
         else:
             self._observe(LOCKSTEP_SITE, "all_reduce_max", self._tensor, self._all_reduce)
         self._values = values = buf.tolist()
         self._counts = None
-        if width == 3:
-            self.finished_total = sum(values[3::3])
+        if self._finished_slot is not None:
+            self.finished_total = sum(values[1 + self._finished_slot::self._width])
         return values[0]
 
     def _all_reduce(self) -> None:

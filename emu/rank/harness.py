@@ -58,9 +58,11 @@ class RankHarness(ABC):
         self.cost = cost_model.cost
         recorder = CollectiveRecorder(ctx.guard, where=self)
         self.recorder = recorder if faults is None else faults.wrap_recorder(recorder)
+        observes = self.arrivals.observes_engines
         self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
                                       device=ctx.device, observe=self.recorder,
-                                      carry_finished=spec.max_concurrency is not None)
+                                      carry_finished=spec.max_concurrency is not None or observes,
+                                      carry_kv_usage=observes)
         self.control_plane = self._control_plane(planner)
         self.events: EventLog | None = None
         self.wall: WallLog | None = None
@@ -109,11 +111,22 @@ class RankHarness(ABC):
         the DP step time. ``num_finished``: this rank's finishes up to the step's start
         (those of an executed step come after its forward), which a concurrency limit
         turns into the next sends (``emu.rank.intake``)."""
+        observes = self.arrivals.observes_engines
         step_us = self.lockstep.step(own_cost_us, self._num_waiting(), self._num_running(),
-                                     num_finished)
+                                     num_finished,
+                                     self._kv_usage_permille() if observes else 0)
         # the finishes reported came at the end of the last step, before its control plane
         self.arrivals.finished(self.lockstep.finished_total, step_start_us - self.control_us)
+        if observes:
+            self.arrivals.observe(self.lockstep.rank_stats, step_start_us)
         return step_us
+
+    def _kv_usage_permille(self) -> int:
+        """This rank's KV cache usage as vLLM's scheduler reports it to the DP
+        coordinator (``BlockPool.get_usage``: the share of the usable blocks not free),
+        in permille, from the free blocks the engine reports (``_stall_state``)."""
+        free = self._stall_state()[2]
+        return round(1000 * (1 - free / self.spec.num_gpu_blocks))
 
     def wave_ended(self) -> None:
         """After the iteration that ended a wave (every rank idle): every request taken

@@ -53,6 +53,17 @@ class Arrivals:
             self._send_us = self._times[:max_concurrency]
         self._finished = 0
 
+    @property
+    def observes_engines(self) -> bool:
+        """Whether the router reads every lockstep step (``observe``): then the lockstep
+        must carry each rank's finished count and KV usage."""
+        return self._router.observes_engines
+
+    def observe(self, stats, at_us: int) -> None:
+        """Every rank's numbers of the lockstep step that started at ``at_us``
+        (``emu.rank.clock.RankStats``), for a router that observes the engines."""
+        self._router.observe(stats, at_us)
+
     def exhausted(self) -> bool:
         return self._next >= len(self.trace)
 

@@ -61,8 +61,8 @@ def test_gate_passes_a_run_against_itself_and_catches_a_worse_config(cli, tiny_t
         assert proc.returncode == 0, proc.stdout + proc.stderr
         rows = _table(proc.stdout)
         assert {cells[-1] for cells in rows.values()} == {"pass"}
-        assert "PASS: 14 metrics checked, none regressed" in proc.stdout
-        assert _junit_failures(tmp_path / "self.xml") == (14, set())
+        assert "PASS: 16 metrics checked, none regressed" in proc.stdout
+        assert _junit_failures(tmp_path / "self.xml") == (16, set())
 
     # A run directory without metrics.json (the pytest plugin writes none): its metrics
     # come from its event logs.
@@ -71,7 +71,7 @@ def test_gate_passes_a_run_against_itself_and_catches_a_worse_config(cli, tiny_t
     (bare / "metrics.json").unlink()
     proc = cli("gate", bare, "--baseline", tmp_path / "off")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS: 14 metrics checked, none regressed" in proc.stdout
+    assert "PASS: 16 metrics checked, none regressed" in proc.stdout
 
     # The worse config against the better baseline.
     proc = cli("gate", tmp_path / "static", "--baseline", tmp_path / "off",
@@ -91,15 +91,19 @@ def test_gate_passes_a_run_against_itself_and_catches_a_worse_config(cli, tiny_t
         ("bubble_ratio", worse["bubble_ratio"], base["bubble_ratio"] + 0.01),
         ("throughput_tok_s", -worse["throughput_tok_s"], -base["throughput_tok_s"] * 0.98),
         ("balance_ratio", -worse["balance_ratio"], -(base["balance_ratio"] - 0.01)),
+        ("pauses.requests_paused_pct", worse["pauses"]["requests_paused_pct"],
+         base["pauses"]["requests_paused_pct"] + 5),
+        ("pauses.longest_paused_ms", worse["pauses"]["longest_paused_ms"],
+         base["pauses"]["longest_paused_ms"] * 1.10),
     ) if value > limit}
     assert "tpot_ms.p99" in expected  # the paused requests' TPOT
     assert flagged == expected
     assert rows["requests_finished"][-1] == "pass"
     assert rows["tpot_ms.p99"][1:3] == [f"{base['tpot_ms']['p99']:.6g}",
                                         f"{worse['tpot_ms']['p99']:.6g}"]
-    assert f"REGRESSION: {len(flagged)} of 14 metrics regressed" in proc.stdout
+    assert f"REGRESSION: {len(flagged)} of 16 metrics regressed" in proc.stdout
     assert "note: the run and the baseline differ in config additional_config" in proc.stdout
-    assert _junit_failures(tmp_path / "gate.xml") == (14, flagged)
+    assert _junit_failures(tmp_path / "gate.xml") == (16, flagged)
 
     # --json: the same verdicts.
     proc = cli("gate", tmp_path / "static", "--baseline", tmp_path / "off", "--json")
@@ -112,7 +116,7 @@ def test_gate_passes_a_run_against_itself_and_catches_a_worse_config(cli, tiny_t
     offs = [f"--tol={name}=off" for name in sorted(flagged)]
     proc = cli("gate", tmp_path / "static", "--baseline", tmp_path / "off", *offs)
     assert proc.returncode == 0, proc.stdout
-    assert f"PASS: {14 - len(flagged)} metrics checked" in proc.stdout
+    assert f"PASS: {16 - len(flagged)} metrics checked" in proc.stdout
 
     proc = cli("gate", tmp_path / "static", "--baseline", tmp_path / "off",
                "--tol", "tpot_ms.p99x=+5%")

@@ -68,3 +68,18 @@ def test_lockstep_step_time_and_counts(monkeypatch):
     assert clock.step(20_000, 0, 0) == 20_000
     assert group.sent[-1] == [20_000, 0, 0, 0, 0, 0, 0]
     assert clock.counts == [(0, 0)] * 3
+
+
+def test_lockstep_carries_finished_and_kv_usage_for_the_vllm_router(monkeypatch):
+    # With both extras each rank's slots are (waiting, running, finished, KV permille):
+    # what vLLM's DP load balancer reads (emu/vllm_dp_lb.py).
+    group = FakeDeviceGroup([[25_000, 3, 1, 7, 400, 0, 0, 0, 0]])  # rank 0's contribution
+    monkeypatch.setattr(clock_module.dist, "all_reduce", group.all_reduce)
+    clock = LockstepClock(group, dp_rank=1, dp_size=2, carry_finished=True,
+                          carry_kv_usage=True)
+    assert clock.step(21_000, 2, 5, num_finished=4, kv_usage_permille=650) == 25_000
+    assert group.sent == [[21_000, 0, 0, 0, 0, 2, 5, 4, 650]]
+    assert clock.counts == [(3, 1), (2, 5)]
+    assert clock.finished_total == 11
+    assert [(s.waiting, s.running, s.finished, s.kv_usage_permille)
+            for s in clock.rank_stats] == [(3, 1, 7, 400), (2, 5, 4, 650)]

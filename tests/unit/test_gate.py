@@ -41,7 +41,8 @@ def metrics(**changes) -> dict:
          "throughput_tok_s": 100.0, "virtual_time_s": 2.0, "bubble_ratio": 0.05,
          "balance_ratio": 0.8, "preemptions": 0, "tpot_ms": _dist(20.0, 30.0),
          "ttft_ms": _dist(50.0, 90.0), "itl_ms": _dist(20.0, 25.0),
-         "e2e_ms": _dist(400.0, 900.0), "pauses": {"total": 4}}
+         "e2e_ms": _dist(400.0, 900.0),
+         "pauses": {"total": 4, "requests_paused_pct": 30.0, "longest_paused_ms": 800.0}}
     for name, value in changes.items():
         where, *path = name.split("__")
         target = m

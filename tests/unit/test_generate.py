@@ -167,3 +167,29 @@ def test_pr12292_recipe_from_the_command_line(tmp_path):
     trace = load_trace(out)
     assert len(trace) == 50
     assert sum(r.prompt_tokens == 45 * 2048 for r in trace) >= 1
+
+
+def test_pr12292_gpqa_recipe_is_the_published_accuracy_run():
+    records = gen.pr12292_gpqa(seed=0)
+    assert records == gen.pr12292_gpqa(seed=0) and records != gen.pr12292_gpqa(seed=1)
+    assert len(records) == 198  # GPQA Diamond
+    assert {r["arrival_s"] for r in records} == {0.0}  # request rate 0: all at once
+    outputs = np.array([r["output_tokens"] for r in records])
+    assert outputs.min() >= 1 and outputs.max() <= 32_768  # the published max output
+    # many seeds pooled: the cited mean (capped at 32,768, which trims a little)
+    pooled = np.concatenate([[r["output_tokens"] for r in gen.pr12292_gpqa(seed=s)]
+                             for s in range(20)])
+    assert 0.95 * gen.GPQA_OUTPUT_MEAN_TOKENS < pooled.mean() < 1.03 * gen.GPQA_OUTPUT_MEAN_TOKENS
+    # the sweep's knobs: another mean, and Poisson arrivals at a rate
+    longer = gen.pr12292_gpqa(seed=0, output_mean=14_566)
+    assert np.mean([r["output_tokens"] for r in longer]) > 2 * outputs.mean()
+    times = [r["arrival_s"] for r in gen.pr12292_gpqa(seed=0, rate=64.0)]
+    assert times[0] == 0.0 and times == sorted(times) and 1.5 < times[-1] < 5.0
+
+
+def test_pr12292_gpqa_recipe_from_the_command_line(tmp_path):
+    out = tmp_path / "gpqa.jsonl"
+    subprocess.run([sys.executable, str(SCRIPT), "--recipe", "pr12292-gpqa", "--out",
+                    str(out)], check=True, capture_output=True)
+    trace = load_trace(out)
+    assert len(trace) == 198 and {r.arrival_s for r in trace} == {0.0}

@@ -158,10 +158,30 @@ def test_pauses(m):
     # B: 0.07-0.09 closed, 0.10-open (not finished -> until end of run 0.12)
     pauses = dict(m["pauses"])
     durations = pauses.pop("duration_ms")
-    assert pauses == {"total": 2, "requests_paused": 1, "per_request_mean": 0.5,
-                      "per_request_max": 2, "open_at_end": 1}
+    longest = pauses.pop("longest_paused_ms")
+    # 1 of the run's 4 requests (A and D on rank 0, B and C on rank 1) was paused
+    assert pauses == {"total": 2, "requests_paused": 1, "requests_paused_pct": 25.0,
+                      "per_request_mean": 0.5, "per_request_max": 2, "open_at_end": 1}
     assert durations == approx({"count": 2, "mean": 20.0, "p50": 20.0, "p90": 20.0,
                                 "p99": 20.0, "max": 20.0})
+    # B's two pauses, 20 ms each, add up: the longest time one request spent paused
+    assert longest == approx(40.0)
+
+
+def test_paused_share_counts_every_request(tmp_path):
+    """The share of requests paused is over every request of the run, finished or not,
+    paused or not: 1 of 4 is 25 %; the longest paused time is one request's sum."""
+    run = load_run(_write_run(tmp_path / "r", [[
+        step(0, 1, 0.0, 0.02, 0.02, 5),
+        request(0, "P", 0.0, 0.0, [0.01], 0.5, pauses=[(0.1, 0.2), (0.3, 0.35)]),
+        request(0, "Q", 0.0, 0.0, [0.01], 0.5),
+        request(0, "R", 0.0, 0.0, [0.01], 0.5),
+        request(0, "S", 0.0, 0.0, [0.01], None),
+    ]]))
+    pauses = compute_metrics(run)["pauses"]
+    assert pauses["requests_paused"] == 1
+    assert pauses["requests_paused_pct"] == approx(25.0)
+    assert pauses["longest_paused_ms"] == approx(150.0)
 
 
 def test_open_pause_of_finished_request_ends_at_finish(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -60,3 +61,46 @@ def test_seed_summary_with_a_missing_value():
     rows = {label: (deltas, ci) for label, deltas, ci in seed_summary(pairs)}
     assert rows["output throughput"] == ([], None)
     assert rows["duration (virtual time)"][1] is not None
+
+
+def _gpqa_spec(**fields):
+    from dyntra_lb.config import load_additional_config
+    from emu.rank.costs import load_profile
+    from emu.recipes import generator
+    from emu.spec import RunSpec
+
+    setup = dict(generator().RECIPE_SETUPS["pr12292-gpqa"])
+    setup["cost_model"] = load_profile(setup["cost_model"])
+    setup["additional_config"] = json.dumps(setup["additional_config"])
+    setup["impl"] = "vllm-ascend"
+    setup.update(fields)
+    spec = RunSpec(trace=[], dp_size=8, out_dir="x", **setup)
+    return spec, load_additional_config(spec.additional_config)
+
+
+def test_setup_hint_names_what_differs_from_the_published_run():
+    from emu.recipes import setup_hint
+
+    spec, config = _gpqa_spec()
+    assert setup_hint("recipe:pr12292-gpqa", spec, config) is None  # as published
+    assert setup_hint("recipe:pr12292", spec, config) is None  # no published setup
+    assert setup_hint("longtail", spec, config) is None
+    spec, config = _gpqa_spec(max_concurrency=None, max_num_seqs=16, router="round_robin")
+    hint = setup_hint("recipe:pr12292-gpqa,n=50", spec, config)
+    assert hint.startswith("hint: recipe:pr12292-gpqa rebuilds a published run; its setup "
+                           "adds --max-concurrency 128 --max-num-seqs 256 --router vllm ")
+    assert "--block-size" not in hint and "--async-scheduling" not in hint
+
+
+def test_setup_hint_on_an_impl_without_async_scheduling():
+    from emu import impl
+    from emu.recipes import setup_hint
+
+    spec, config = _gpqa_spec(impl="kit", async_scheduling=False)
+    try:
+        impl.get("kit").check(config, dp_size=8, async_scheduling=True, vllm_ascend=None)
+    except ValueError:  # the kit schedules synchronously: vllm-ascend's code can do it
+        expected = "--impl vllm-ascend --async-scheduling"
+    else:
+        expected = "adds --async-scheduling"
+    assert expected in setup_hint("recipe:pr12292-gpqa", spec, config)

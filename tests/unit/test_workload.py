@@ -240,14 +240,14 @@ def test_least_loaded_pinned_request_does_not_count():
 def test_routers_are_deterministic_across_instances():
     counts = [(2, 1), (0, 4), (1, 1)]
     reqs = [_unpinned(i) for i in range(10)]
-    for name in ("round_robin", "least_loaded"):
+    for name in ("round_robin", "least_loaded", "vllm"):
         a, b = make_router(name, 3), make_router(name, 3)
         assert [a.route(r, counts) for r in reqs] == [b.route(r, counts) for r in reqs]
 
 
 def test_make_router_errors():
     with pytest.raises(ValueError, match=r"unknown router 'random'; expected one of "
-                                         r"\['round_robin', 'least_loaded'\]"):
+                                         r"\['round_robin', 'least_loaded', 'vllm'\]"):
         make_router("random", 2)
     with pytest.raises(ValueError, match="dp_size"):
         make_router("round_robin", 0)
