@@ -82,22 +82,14 @@ _SETUP_FLAGS = {"max_concurrency": "--max-concurrency", "block_size": "--block-s
                 "async_scheduling": "--async-scheduling"}
 
 
-def setup_hint(value: str, spec, config) -> str | None:
+def setup_hint(value: str, spec, async_supported: bool) -> str | None:
     """For ``--workload recipe:NAME`` of a recipe that rebuilds a published run
     (``RECIPE_SETUPS`` in fixtures/generate.py): one line naming the flags that run it as
-    published, when ``spec`` (a checked RunSpec, ``config`` its parsed additional config)
-    differs from that setup; None otherwise. When ``spec.impl`` cannot schedule
-    asynchronously, the hint says to run vllm-ascend's code for that."""
+    published, when ``spec`` (a RunSpec) differs from that setup; None otherwise. When
+    ``spec.impl`` cannot schedule asynchronously (``async_supported`` False), the hint
+    says to run vllm-ascend's code for that."""
     if not is_recipe(value):
         return None
-    from emu import impl
-
-    try:
-        impl.get(spec.impl).check(config, dp_size=spec.dp_size, async_scheduling=True,
-                                  vllm_ascend=spec.vllm_ascend)
-        async_supported = True
-    except ValueError:
-        async_supported = False
     name, _ = parse_recipe(value)
     setup = generator().RECIPE_SETUPS.get(name)
     if setup is None:

@@ -32,10 +32,6 @@ and sees the same numbers, so every rank agrees on every assignment. One API ser
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the router is built where the CLI is, without torch
-    from emu.rank.clock import RankStats
 
 # vllm/v1/engine/coordinator.py: DPCoordinatorProc(min_stats_update_interval_ms=100), and
 # "otherwise every 5 seconds" when the stats did not change.
@@ -67,9 +63,10 @@ class VllmDPLBRouter:
         """This client's unfinished requests on ``rank`` (vLLM's ``engine_inflight``)."""
         return self._routed[rank] - self._finished[rank]
 
-    def observe(self, stats: Sequence[RankStats], at_us: int) -> None:
+    def observe(self, stats: Sequence, at_us: int) -> None:
         """A lockstep step that started at ``at_us``: the finishes it reports reach the
-        client; the coordinator publishes the engines' counts if its interval is up."""
+        client; the coordinator publishes the engines' counts if its interval is up.
+        ``stats``: every rank's ``emu.rank.clock.RankStats``, by rank."""
         self._finished = [s.finished for s in stats]
         counts = [(s.waiting, s.running, s.kv_usage_permille) for s in stats]
         since = None if self._published_us is None else at_us - self._published_us

@@ -81,12 +81,12 @@ def _gpqa_spec(**fields):
 def test_setup_hint_names_what_differs_from_the_published_run():
     from emu.recipes import setup_hint
 
-    spec, config = _gpqa_spec()
-    assert setup_hint("recipe:pr12292-gpqa", spec, config) is None  # as published
-    assert setup_hint("recipe:pr12292", spec, config) is None  # no published setup
-    assert setup_hint("longtail", spec, config) is None
-    spec, config = _gpqa_spec(max_concurrency=None, max_num_seqs=16, router="round_robin")
-    hint = setup_hint("recipe:pr12292-gpqa,n=50", spec, config)
+    spec, _ = _gpqa_spec()
+    assert setup_hint("recipe:pr12292-gpqa", spec, True) is None  # as published
+    assert setup_hint("recipe:pr12292", spec, True) is None  # no published setup
+    assert setup_hint("longtail", spec, True) is None
+    spec, _ = _gpqa_spec(max_concurrency=None, max_num_seqs=16, router="round_robin")
+    hint = setup_hint("recipe:pr12292-gpqa,n=50", spec, True)
     assert hint.startswith("hint: recipe:pr12292-gpqa rebuilds a published run; its setup "
                            "adds --max-concurrency 128 --max-num-seqs 256 --router vllm ")
     assert "--block-size" not in hint and "--async-scheduling" not in hint
@@ -94,13 +94,15 @@ def test_setup_hint_names_what_differs_from_the_published_run():
 
 def test_setup_hint_on_an_impl_without_async_scheduling():
     from emu import impl
+    from emu.cli.recipe_hint import async_supported
     from emu.recipes import setup_hint
 
     spec, config = _gpqa_spec(impl="kit", async_scheduling=False)
     try:
         impl.get("kit").check(config, dp_size=8, async_scheduling=True, vllm_ascend=None)
     except ValueError:  # the kit schedules synchronously: vllm-ascend's code can do it
-        expected = "--impl vllm-ascend --async-scheduling"
+        supported, expected = False, "--impl vllm-ascend --async-scheduling"
     else:
-        expected = "adds --async-scheduling"
-    assert expected in setup_hint("recipe:pr12292-gpqa", spec, config)
+        supported, expected = True, "adds --async-scheduling"
+    assert async_supported(spec, config) is supported
+    assert expected in setup_hint("recipe:pr12292-gpqa", spec, supported)
