@@ -110,9 +110,10 @@ def main(argv=None) -> int:
         for impl, async_ in cols:
             key = _key(impl, async_)
             row = replace(base, spec={"async_scheduling": True}) if async_ else base
-            results["paused"][key] = [run_cell(row, impl, s, args.vllm_ascend,
-                                               pathlib.Path(tmp))["paused_pct"]
-                                      for s in args.gpqa_seeds]
+            results["paused"][key] = [
+                run_cell(row, impl, s, args.vllm_ascend,
+                         pathlib.Path(tmp) / f"gpqa-{impl}-{async_}-{s}")["paused_pct"]
+                for s in args.gpqa_seeds]
             print(f"GPQA paused share, {key}: {results['paused'][key]}", flush=True)
             results["ab"][key] = [ab_pair(impl, async_, args.router, s, args.vllm_ascend,
                                           pathlib.Path(tmp)) for s in args.seeds]

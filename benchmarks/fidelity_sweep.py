@@ -141,15 +141,15 @@ def async_impls(impl_names: list[str]) -> list[str]:
     return out
 
 
-def run_cell(row: Row, impl: str, seed: int, tree: str, tmp: pathlib.Path) -> dict:
-    """One run of ``row`` on ``impl`` with workload seed ``seed``: its pause numbers."""
+def run_cell(row: Row, impl: str, seed: int, tree: str, out_dir: pathlib.Path) -> dict:
+    """One run of ``row`` on ``impl`` with workload seed ``seed``, its files in
+    ``out_dir``: its pause numbers."""
     fields_ = base_fields()
     spec_over = dict(row.spec)
     if isinstance(spec_over.get("cost_model"), str):
         spec_over["cost_model"] = load_profile(spec_over["cost_model"])
     fields_.update(spec_over)
-    out = tmp / f"{row.dimension}-{len(row.label)}-{impl}-{seed}"
-    spec = RunSpec(trace=trace(seed, **row.trace), dp_size=DP, out_dir=out, seed=seed,
+    spec = RunSpec(trace=trace(seed, **row.trace), dp_size=DP, out_dir=out_dir, seed=seed,
                    impl=impl, vllm_ascend=tree if impl == "vllm-ascend" else None,
                    transport="thread", device="cpu", collective_timeout_s=1200.0, **fields_)
     start = time.monotonic()
@@ -187,9 +187,9 @@ def main(argv=None) -> int:
             for impl in names:
                 cells = []
                 for seed in args.seeds:
+                    out = pathlib.Path(tmp) / f"{row.dimension}-{ROWS.index(row)}-{impl}-{seed}"
                     try:
-                        cells.append(run_cell(row, impl, seed, args.vllm_ascend,
-                                              pathlib.Path(tmp)))
+                        cells.append(run_cell(row, impl, seed, args.vllm_ascend, out))
                     except ClusterError as exc:
                         print(f"  {row.dimension} {row.label} {impl} seed {seed}: FAILED: "
                               f"{str(exc).splitlines()[0][:200]}", flush=True)
