@@ -93,13 +93,13 @@ def bundled_workloads() -> list[str]:
 
 def resolve_workload(value: str) -> Path:
     """A workload given as FILE or NAME -> its trace file. An existing path wins; a bare
-    name (no directory part, no .jsonl suffix) is a bundled workload. Raises ValueError
+    name (no directory part, no suffix such as .jsonl or .csv) is a bundled workload. Raises ValueError
     starting with the value, e.g. ``'longtale': no such file and not a bundled
     workload; ...`` (the CLI puts ``--workload`` in front)."""
     path = Path(value)
     if path.exists():
         return path
-    is_name = value and "/" not in value and os.sep not in value and path.suffix != ".jsonl"
+    is_name = value and "/" not in value and os.sep not in value and not path.suffix
     if not is_name:
         raise ValueError(f"{value}: no such file")
     bundled = WORKLOADS_DIR / f"{value}.jsonl"

@@ -41,8 +41,10 @@ class Replay:
             origin = rows[0].request.arrival_s if rebase and rows else 0.0
         if origin == 0.0 and self.time_scale == 1.0:
             return rows
+        # to the engine's whole microseconds (emu.workload.arrival_us), without the
+        # float noise of the subtraction
         return [dataclasses.replace(row, request=dataclasses.replace(
-            row.request, arrival_s=(row.request.arrival_s - origin) * self.time_scale))
+            row.request, arrival_s=round((row.request.arrival_s - origin) * self.time_scale, 6)))
             for row in rows]
 
     def label(self, name: str) -> str:
