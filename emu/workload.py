@@ -93,8 +93,8 @@ def bundled_workloads() -> list[str]:
 
 def resolve_workload(value: str) -> Path:
     """A workload given as FILE or NAME -> its trace file. An existing path wins; a bare
-    name (no directory part, no suffix such as .jsonl or .csv) is a bundled workload. Raises ValueError
-    starting with the value, e.g. ``'longtale': no such file and not a bundled
+    name (no directory part, no suffix such as .jsonl or .csv) is a bundled workload.
+    Raises ValueError starting with the value, e.g. ``'longtale': no such file and not a bundled
     workload; ...`` (the CLI puts ``--workload`` in front)."""
     path = Path(value)
     if path.exists():

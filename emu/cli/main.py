@@ -47,7 +47,8 @@ examples:
   dyntra-emu timeline runs/x                     # the run's timeline, for Perfetto
   dyntra-emu <command> --help                    # options of one command
 
-Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
+Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/). Trace
+formats --workload reads (Mooncake, Azure, BurstGPT, vllm bench custom): docs/workloads.md.
 Metrics are documented in docs/metrics.md.
 """
 

@@ -40,7 +40,7 @@ def test_thresholds_placed_on_the_distribution(cli, tmp_path):
     assert (f"bubble_threshold = 5 blocks (absolute): the planner stops once the fullest "
             f"rank holds less than that above the ranks' mean; {small} of {n} requests"
             in proc.stdout), proc.stdout
-    assert f"max\n  at arrival (prompt) " in proc.stdout
+    assert "max\n  at arrival (prompt) " in proc.stdout
     assert proc.stdout.count("<- ") == 2  # both thresholds marked in the histogram
     assert "note: " in proc.stdout and "skipped 1 row(s): failed request" in proc.stdout
     png = (tmp_path / "i" / "block_counts.png").read_bytes()
