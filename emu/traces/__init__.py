@@ -145,8 +145,9 @@ def _head(raw: bytes) -> tuple[Head, str]:
             keys = frozenset(obj)
             return (Head(number, keys, frozenset()),
                     f"a JSON object with keys {', '.join(sorted(keys)) or 'none'}")
-        if obj is not None:
-            return Head(number, frozenset(), frozenset()), "JSON, but not an object"
+        if obj is not None or line.lstrip().startswith(("{", "[")):
+            return (Head(number, frozenset(), frozenset(), broken_json=True),
+                    "JSON, but not an object")
         columns = [c.strip() for c in next(csv.reader([line]), [])]
         return (Head(number, frozenset(), frozenset(columns)),
                 f"read as a CSV header: {', '.join(columns)}")

@@ -23,11 +23,13 @@ class ReadOptions:
 @dataclass(frozen=True)
 class Head:
     """The first non-blank line of a trace file, as detection looks at it: the keys of
-    a JSON object, or else the fields of a CSV header."""
+    a JSON object, or else the fields of a CSV header; ``broken_json``: the line opens
+    like JSON (``{`` or ``[``) but is not a JSON object."""
 
     line: int
     keys: frozenset[str]
     columns: frozenset[str]
+    broken_json: bool = False
 
 
 @dataclass(frozen=True)

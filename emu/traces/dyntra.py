@@ -19,7 +19,9 @@ FORMAT = TraceFormat(
     about="our JSON Lines: request_id, arrival_s, prompt_tokens, output_tokens "
           "(fixtures/README.md)",
     rows=_rows,
-    looks_like=lambda head: bool(head.keys & {"request_id", "arrival_s"}),
+    # A first line that opens like JSON but is not an object is ours to explain: the
+    # line-by-line reader names what is wrong with it.
+    looks_like=lambda head: bool(head.keys & {"request_id", "arrival_s"}) or head.broken_json,
     ordered=True,
     rebase=False,
 )
