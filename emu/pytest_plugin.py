@@ -58,11 +58,14 @@ class ClusterRun:
         return [e for r in ranks for e in self.events[r] if e["kind"] == "request"]
 
 
-def _trace_from(trace, workload) -> tuple[list, str | None]:
+def _trace_from(trace, workload, reading: dict) -> tuple[list, str | None]:
     """The TraceRequest list for ``trace`` (TraceRequests, dicts in the trace-file schema,
-    or a path) or ``workload`` (a file or a bundled workload name), and what
-    ``RunSpec.workload`` calls it (as the CLI does for ``--workload``; None for a list)."""
-    from emu.workload import TraceRequest, load_trace, resolve_workload, workload_label
+    or a path) or ``workload`` (a file in any trace format, or a bundled workload name,
+    read as ``reading`` says: ``emu.traces.read_trace``'s ``format``, ``replay`` and
+    ``options``), and what ``RunSpec.workload`` calls it (as the CLI does for
+    ``--workload``; None for a list)."""
+    from emu.traces import read_trace
+    from emu.workload import TraceRequest, resolve_workload, workload_label
 
     if (trace is None) == (workload is None):
         raise ValueError("dyntra_cluster: pass exactly one of trace=... or workload=...")
@@ -71,9 +74,10 @@ def _trace_from(trace, workload) -> tuple[list, str | None]:
             path = resolve_workload(str(workload))
         except ValueError as exc:
             raise ValueError(f"dyntra_cluster: workload {exc}") from None
-        return load_trace(path), workload_label(str(workload), path)
+        label = reading["replay"].label(workload_label(str(workload), path))
+        return read_trace(path, **reading).requests, label
     if isinstance(trace, (str, pathlib.Path)):
-        return load_trace(trace), str(trace)
+        return read_trace(trace).requests, str(trace)
     return [r if isinstance(r, TraceRequest) else TraceRequest(**r) for r in trace], None
 
 
@@ -87,13 +91,19 @@ class ClusterFactory:
 
     def __call__(self, trace=None, *, workload=None, additional_config=None,
                  dp_size: int | None = None, seed: int = 0, faults=None, strict: bool = True,
-                 transport: str = "process", **spec_fields) -> ClusterRun:
+                 transport: str = "process", workload_format: str | None = None,
+                 time_scale: float = 1.0, window: tuple[float, float] | None = None,
+                 limit: int | None = None, tokenizer: str | None = None,
+                 **spec_fields) -> ClusterRun:
         """Run one cluster to completion and return its ``ClusterRun``.
 
         ``trace``: TraceRequests, dicts with the trace-file fields (``request_id``,
         ``arrival_s``, ``prompt_tokens``, ``output_tokens``, optional ``rank``,
         ``priority``) or a trace file; or ``workload``: a file or bundled name
-        ("default", "uniform", "longtail", "bimodal"). ``additional_config``:
+        ("default", "uniform", "longtail", "bimodal"), the file in any format of
+        docs/workloads.md, detected or named by ``workload_format``, replayed as
+        ``time_scale``, ``window`` (START, END seconds) and ``limit`` say, as the CLI's
+        flags of the same names do (``tokenizer`` for a vllm-custom trace). ``additional_config``:
         vllm-ascend's additional config (None: DyntraLB off). ``dp_size`` overrides the
         ``dp`` marker. ``faults``: faults to inject (``emu.faults`` objects or
         ``--fault`` strings such as ``"kill:rank=1,step=50"``, or a ``FaultPlan``).
@@ -113,7 +123,12 @@ class ClusterFactory:
             spec_fields["faults"] = FaultPlan.of(faults)
         self._runs += 1
         out_dir = self._tmp_path / f"dyntra-cluster-{self._runs}"
-        requests, label = _trace_from(trace, workload)
+        from emu.traces import ReadOptions, Replay
+
+        reading = {"format": workload_format,
+                   "replay": Replay(time_scale=time_scale, window=window, limit=limit),
+                   "options": ReadOptions(tokenizer=tokenizer)}
+        requests, label = _trace_from(trace, workload, reading)
         spec = RunSpec(trace=requests, workload=label,
                        dp_size=self.dp_size if dp_size is None else dp_size,
                        out_dir=out_dir, additional_config=additional_config, seed=seed,

@@ -75,12 +75,12 @@ FLOORS = [
     ("what runs inside a rank: the kit, vllm-ascend", ["emu.impl"]),
     ("what every rank has: context, harness, clock, costs, logs, recorder",
      ["emu.rank"]),
-    ("the ground every floor stands on: traces, faults, metrics and their reports, plots, "
-     "timelines, the gate and ab.json, recipes, settings' kinds and limits, collective "
-     "sites, run status",
-     ["emu.workload", "emu.faults", "emu.metrics", "emu.report", "emu.plots", "emu.timeline",
-      "emu.gate", "emu.ab_seeds", "emu.recipes", "emu.no_effect", "emu.run_status",
-      "emu.knobs", "emu.limits", "emu.sites"]),
+    ("the ground every floor stands on: traces and their formats, faults, metrics and their "
+     "reports, plots, block-count distributions, timelines, the gate and ab.json, recipes, "
+     "settings' kinds and limits, collective sites, run status",
+     ["emu.workload", "emu.traces", "emu.block_counts", "emu.faults", "emu.metrics",
+      "emu.report", "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds", "emu.recipes",
+      "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites"]),
 ]
 
 
