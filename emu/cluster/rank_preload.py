@@ -5,7 +5,7 @@ implementation's own); never by a rank or the launcher itself.
 It imports what every rank would otherwise import during its own start-up: torch and
 torch.distributed, the rank side of a launch (`emu.cluster.rank_process`) and the rank
 target (`emu.impl.run_rank`); and it loads the compiled
-planner from numba's disk cache (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules
+planner from numba's disk cache (`dyntra_lb.planner.front.warm_up`, 1-2 s and some 75 modules
 that each rank of a DyntraLB run would load again). Each rank, a fork of the server,
 then has all of it in memory from its first instruction (`emu.cluster.rank_boot`).
 Without a disk cache (the first run of a fresh install) the warm-up compiles the planner
@@ -39,7 +39,7 @@ from multiprocessing import forkserver
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
 import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
 import emu.impl  # noqa: F401  the rank target
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 
 _SERVER_PID = os.getpid()
 

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Iterator
 from multiprocessing import connection, forkserver, util
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 from emu.rank.context import Preload
 
 MAX_SERVERS = 3

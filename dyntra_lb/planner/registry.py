@@ -2,13 +2,13 @@
 
 Every place that runs a planner by name (the coordinator of each rank, ``dyntra-emu
 replay`` and ``explain``, the vllm-ascend planner swap) looks it up here with :func:`get`
-and calls it like :func:`dyntra_lb.planner.balance_load`:
+and calls it like :func:`dyntra_lb.planner.front.balance_load`:
 ``planner(requests_by_rank, dp_size, *, max_num_seqs=None, threshold=5.0, max_iters=1000,
 observer=None) -> list[Plan]``. A planner is a pure function of the gathered snapshot:
 every rank calls it on the same input and must get the same plans.
 
 - ``reference`` (the default): today's planner, the one production runs
-  (``dyntra_lb.planner.balance_load``: compiled with numba when installed, else Python).
+  (``dyntra_lb.planner.front.balance_load``: compiled with numba when installed, else Python).
   It is the only one that must match vllm-ascend's ``_balance_load``, quirks included.
 - ``fill-protect`` (opt-in): :func:`fill_protect`.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dyntra_lb.planner import Plan, balance_load, balance_load_python
+from dyntra_lb.planner.front import Plan, balance_load, balance_load_python
 
 Planner = Callable[..., list[Plan]]
 
