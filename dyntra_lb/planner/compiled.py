@@ -19,13 +19,13 @@ are in ``dyntra_lb/planner/compiled_steps.py``). This module holds the Python si
 (:func:`plan`: the rows flattened into arrays, the result split back into lists) and the
 one kernel it calls, ``_balance``: parsing, the fill, the main loop and cancellation.
 
-Compile time: the first call compiles ``_balance`` and all it calls (about 22 s of CPU
-here; later processes load numba's disk cache). Two habits keep it from growing: the
-kernels copy into slices element by element (a slice assignment brings numba's
-shape check and its error message formatting into the compile, about 3 s), and the
-swap search's direction is a runtime value (numba compiles a function once per
-argument type, and a literal ``True`` is a type of its own: ``_swap`` called with
-``True`` and with ``False`` was compiled twice, 7 s).
+Compile time: the first call compiles ``_balance`` and all it calls (tens of seconds of
+CPU: benchmarks/RESULTS.md, "Planner speed"; later processes load numba's disk cache).
+Two habits keep it from growing: the kernels copy into slices element by element (a
+slice assignment brings numba's shape check and its error message formatting into the
+compile), and the swap search's direction is a runtime value (numba compiles a function
+once per argument type, and a literal ``True`` is a type of its own: ``_swap`` called
+with ``True`` and with ``False`` would be compiled twice).
 """
 
 from __future__ import annotations

@@ -183,8 +183,8 @@ def test_an_edit_to_a_callee_in_another_file_compiles_the_kernel_anew(tmp_path):
 def test_two_environments_over_one_checkout_keep_each_others_cached_kernel(tmp_path):
     # The README's .venv and .venv-upstream differ in their prefix and their numba
     # version; numba keeps one index per source file and drops an index another
-    # version wrote, so each switch compiled the planner anew (30-36 s). Here the
-    # other environment is this interpreter with another prefix and numba version.
+    # version wrote, so each switch compiled the planner anew. Here the other
+    # environment is this interpreter with another prefix and numba version.
     (tmp_path / "kernel.py").write_text(textwrap.dedent("""
         from dyntra_lb.planner.compiled import _cached_jit
 
