@@ -38,7 +38,7 @@ import numpy as np
 from planner_bench import snapshot
 from sidebyside import REPO, TREE, end_line, machine_line
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 from emu.offline.logscan import read_log
 from emu.rank.control_plane import planner_work
 from emu.rank.costs import PROFILES

@@ -35,7 +35,7 @@ import numpy as np
 from planner_bench import snapshot
 from sidebyside import TREE, end_line, machine_line
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 from emu.rank.control_plane import planner_work
 from emu.rank.costs import PROFILES
 

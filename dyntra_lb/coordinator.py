@@ -30,10 +30,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dyntra_lb import diagnostics, planners
+from dyntra_lb import diagnostics
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
 from dyntra_lb.payload import block_slots, pack, payload_len, unpack
-from dyntra_lb.planner import Plan, warm_up
+from dyntra_lb.planner import registry as planners
+from dyntra_lb.planner.front import Plan, warm_up
 from dyntra_lb.sites import ALLGATHER_SITE, FLAG_SITE
 
 logger = logging.getLogger("dyntra_lb")
@@ -88,7 +89,7 @@ class DyntraLBCoordinator:
     ``policy`` is the scheduler-side ``DyntraLBPolicy``. ``observe``, when given, wraps
     every collective: ``observe(site, op, tensor, fn)`` must call ``fn()`` and return
     its result (the emulator records the collective sequence through it). ``planner``
-    names the planner every rank runs on the gathered snapshot (``dyntra_lb.planners``;
+    names the planner every rank runs on the gathered snapshot (``dyntra_lb.planner.registry``;
     "reference", production's, by default). ``plan_memo``, when given, is shared by
     ranks in one address space (see ``_plan``).
     """

@@ -19,12 +19,13 @@ jobs (``emu.executors.local``) are too: tied to this process by the parent-death
 (a batch killed with SIGKILL leaves no run going on), its outcome sent back through a
 pipe. A job is a fork of the fork server its run's ranks come from, which has imported
 what the run needs and has run nothing (``emu.cluster.rank_start``: one server per
-implementation and tree), so it starts in milliseconds where a fresh interpreter spends
-2 s importing torch and the kit, 10 s with vLLM and a tree; nothing of one run reaches
-the next. The job's ranks are forks of the same server, not of a server of the job's
-own (``emu.cluster.rank_start.use_parent_server``). The job imports its own side (this
-module, the target's) as it starts, in milliseconds: what they need is loaded. A run
-that may touch an NPU gets a spawned interpreter instead, as its ranks would.
+implementation and tree), so it starts at once, where a fresh interpreter would import
+torch and the kit, or vLLM and a tree, all over again (benchmarks/RESULTS.md, "Start-up
+and teardown costs"); nothing of one run reaches the next. The job's ranks are forks of
+the same server, not of a server of the job's own
+(``emu.cluster.rank_start.use_parent_server``). The job imports its own side (this
+module, the target's) as it starts, at once: what they need is loaded. A run that may
+touch an NPU gets a spawned interpreter instead, as its ranks would.
 """
 
 from __future__ import annotations

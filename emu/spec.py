@@ -98,9 +98,9 @@ class RunSpec:
     planner: str | None = knob(
         None, Choice(PLANNERS, optional=True),
         "which planner the ranks run: reference (production's algorithm, "
-        "dyntra_lb/planner.py) or fill-protect (opt-in: the throughput drop never takes "
-        "a request the fill step admitted), from dyntra_lb/planners.py, with either impl "
-        "(in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
+        "dyntra_lb/planner/front.py) or fill-protect (opt-in: the throughput drop never "
+        "takes a request the fill step admitted), from dyntra_lb/planner/registry.py, with "
+        "either impl (in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
         "_balance_load, --impl vllm-ascend only)",
         shown_default="the impl's own: reference for kit, vllm-ascend for vllm-ascend")
     planner_cost: str = knob(
@@ -354,7 +354,7 @@ def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
         problems.append(Problem(
             "planner", names.where("planner"),
             f"only with {names.setting('impl', 'vllm-ascend')} (the kit runs the planners "
-            "of dyntra_lb/planners.py: reference, fill-protect)"))
+            "of dyntra_lb/planner/registry.py: reference, fill-protect)"))
     if spec.transport == "thread" and spec.device == "npu":
         problems.append(Problem(
             "transport", names.where("transport"),

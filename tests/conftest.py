@@ -26,7 +26,7 @@ def pytest_configure(config):
     planner into its disk cache once, so that no rank of a test compiles it (tens of
     seconds) while its peers wait in a collective."""
     if not hasattr(config, "workerinput"):
-        from dyntra_lb import planner
+        from dyntra_lb.planner import front as planner
 
         planner.warm_up()
 

@@ -38,7 +38,8 @@ def _import_torch_npu():
     the `torch.npu` runtime module. Unit tests replace this function.
 
     Without torch_npu installed this returns before importing torch, so that a CPU-only
-    machine's CLI answers (bad input, a CPU run's launcher) without torch's 1-2 s import.
+    machine's CLI answers (bad input, a CPU run's launcher) without waiting for torch's
+    import.
     """
     if importlib.util.find_spec("torch_npu") is None:
         raise ModuleNotFoundError("No module named 'torch_npu'", name="torch_npu")

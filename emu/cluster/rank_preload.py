@@ -4,9 +4,9 @@ implementation's own); never by a rank or the launcher itself.
 
 It imports what every rank would otherwise import during its own start-up: torch and
 torch.distributed, the rank side of a launch (`emu.cluster.rank_process`) and the rank
-target (`emu.impl.run_rank`); and it loads the compiled
-planner from numba's disk cache (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules
-that each rank of a DyntraLB run would load again). Each rank, a fork of the server,
+target (`emu.impl.run_rank`); and it loads the compiled planner from numba's disk cache
+(`dyntra_lb.planner.front.warm_up`: numba and its modules, which each rank of a DyntraLB
+run would load again). Each rank, a fork of the server,
 then has all of it in memory from its first instruction (`emu.cluster.rank_boot`).
 Without a disk cache (the first run of a fresh install) the warm-up compiles the planner
 here, once.
@@ -25,9 +25,10 @@ A server outlives it by design (it exits once the launcher is gone,
 the launcher lives, the directory keeps a running server's socket (``emu.cluster.
 rank_start`` starts a server before it stops the one it evicts).
 
-Having removed its socket, the server leaves without interpreter finalization, which
-with torch loaded costs about 0.7 s of CPU (module teardown, C++ static destructors)
-for a process about to vanish, and an evicted server's launcher waits for it.
+Having removed its socket, the server leaves without interpreter finalization (module
+teardown, C++ static destructors), which with torch loaded is long for a process about
+to vanish (benchmarks/RESULTS.md, "Start-up and teardown costs"), and an evicted
+server's launcher waits for it.
 """
 
 import atexit
@@ -39,7 +40,7 @@ from multiprocessing import forkserver
 import emu.cluster.rank_boot  # noqa: F401  the rank's start target
 import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
 import emu.impl  # noqa: F401  the rank target
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 
 _SERVER_PID = os.getpid()
 

@@ -118,8 +118,9 @@ def rank_main(spec: RankSpec, payload: bytes, conn, store_listener: socket.socke
     except EOFError:  # the parent is gone; PDEATHSIG normally got here first
         _flush_and_exit(1)
     dist.destroy_process_group()
-    # atexit handlers (logging.shutdown among them) yes, interpreter finalization no: it
-    # costs about 1 s per rank with torch loaded, 25% of a dp=2 launch.
+    # atexit handlers (logging.shutdown among them) yes, interpreter finalization no:
+    # with torch loaded it is a large share of a short rank's CPU, spent on a process
+    # about to vanish (benchmarks/RESULTS.md, "Start-up and teardown costs").
     _keep_operators_registered()
     atexit._run_exitfuncs()
     _flush_and_exit(0)
@@ -129,8 +130,8 @@ def _keep_operators_registered() -> None:
     """Before the rank's atexit handlers run: drop torch's unregistering of its operator
     kernels from them. Each ``torch.library.Library`` (torch's own, vLLM's) unregisters its
     kernels in a weakref finalizer that runs at exit, rewriting dispatch tables the rank
-    inherited from its fork server: a copy-on-write page fault per page, two fifths of
-    a tiny launch's page faults and a fifth of its CPU. The rank then leaves through
+    inherited from its fork server: a copy-on-write page fault per page (most of a
+    tiny launch's faults: benchmarks/RESULTS.md, "Launch CPU"). The rank then leaves through
     ``os._exit``, so nothing could see the tables again. weakref keeps the live
     finalizers in a private registry (no public accessor); a Python without it, or a
     torch without ``_del_library``, leaves the finalizers as they are."""
@@ -204,10 +205,10 @@ def _end_group_threads() -> None:
     threads (a socket loop per group, worker loops), lives until its last reference
     goes, and the target's objects hold references in reference cycles (the engine and
     its collective recorder point at each other), which only the cyclic garbage
-    collector frees. Left alone, those threads were still running when the process
-    exited (the collector had not run since) and went on handling the peers' sockets
-    through interpreter finalization and C++ static destruction; now and then, on a
-    loaded machine, that ended the process with SIGABRT after a successful run. A
-    collection here destroys the groups, which joins their threads, while the process
-    is healthy. (Rank processes of ``launch`` leave through ``os._exit`` instead.)"""
+    collector frees. Left alone, those threads can still be running when the process
+    exits (if the collector has not run since) and go on handling the peers' sockets
+    through interpreter finalization and C++ static destruction, which can end the
+    process with SIGABRT (``std::terminate``) after a successful run. A collection here
+    destroys the groups, which joins their threads, while the process is healthy. (Rank
+    processes of ``launch`` leave through ``os._exit`` instead.)"""
     gc.collect()

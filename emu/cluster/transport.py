@@ -15,7 +15,7 @@ it holds, by rank (under torchrun, this rank's only).
 Rank threads and torchrun's rank run in this process and import torch here, when they
 run; rank processes import it themselves. So a process that only launches rank
 processes (a ``dyntra-emu`` command, a batch's driver, a Ray worker) never pays for
-torch's import (2 s of CPU here), nor waits for it before its ranks start.
+torch's import, nor waits for it before its ranks start.
 """
 
 from __future__ import annotations

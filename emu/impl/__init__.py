@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dyntra_lb import planners
 from dyntra_lb.config import AdditionalConfig
+from dyntra_lb.planner import registry as planners
 from emu.rank.context import Preload, RankContext, RankSummary
 
 if TYPE_CHECKING:  # the harness imports torch, which the CLI's parser must not wait for
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the harness imports torch, which the CLI's parser must not 
 
 IMPLS = {"kit": "emu.impl.kit", "vllm-ascend": "emu.impl.vllm_ascend"}
 # The planners a run can select (RunSpec.planner, --planner): ours from the registry
-# (dyntra_lb.planners; "reference" is production's algorithm), valid with either impl
+# (dyntra_lb.planner.registry; "reference" is production's algorithm), valid with either impl
 # (in a vllm-ascend rank one takes the place of _balance_load), and "vllm-ascend",
 # production's own _balance_load, valid only with impl "vllm-ascend".
 PLANNERS = (*planners.NAMES, "vllm-ascend")

@@ -3,8 +3,8 @@ with tiny traces written there so cluster runs stay short (dp=2, block size 16).
 
 Two ways to run it. `cli(...)` calls the command's `main(argv)` in the test's own
 process: the same parser, checks, launcher and rank processes as the console script,
-without the 3-4 s a fresh interpreter and its fork server spend importing torch (most
-of a tiny run's cost). `cli(..., process=True)` runs the installed console script (or
+without a fresh interpreter and its fork server importing torch again (most of a tiny
+run's cost). `cli(..., process=True)` runs the installed console script (or
 `python -m emu`) in a subprocess, for what only a process shows: its exit status after
 the interpreter's own handling, signals, what it leaves behind."""
 

@@ -85,7 +85,7 @@ def test_the_command_never_imports_torch_for_a_run_on_rank_processes(tiny_trace,
                                                                      clikit):
     """torch is imported by the ranks (rank 0 serves the rendezvous store), not by the
     command's own process: neither to parse its flags (``--help`` is quick) nor to run
-    the ranks, so none of its 2 s of import stand before the ranks start."""
+    the ranks, so its import never stands before the ranks start."""
     script = ("import sys\n"
               "from emu.cli.main import main\n"
               "with_the_cli = 'torch' in sys.modules\n"

@@ -160,7 +160,7 @@ def test_the_command_line_and_a_python_caller_are_refused_by_the_same_rules(
     assert proc.returncode == 1
     assert [(p.field, p.index) for p in info.value.problems] == [
         ("trace", 1), ("planner", None), ("faults", 0), ("faults", 1)]
-    planner = ("only with {} (the kit runs the planners of dyntra_lb/planners.py: "
+    planner = ("only with {} (the kit runs the planners of dyntra_lb/planner/registry.py: "
                "reference, fill-protect)")
     big = ("request 'big' needs 256 KV blocks (4000 prompt + 96 output tokens, {}) but a "
            "rank has {}; it could never run")

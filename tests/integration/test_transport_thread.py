@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from dyntra_lb import planners
+from dyntra_lb.planner import registry as planners
 from emu.cluster import threads
 from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan

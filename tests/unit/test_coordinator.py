@@ -15,7 +15,7 @@ from dyntra_lb import diagnostics
 from dyntra_lb.config import load_additional_config
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from dyntra_lb.payload import pack, payload_len
-from dyntra_lb.planner import Plan, balance_load
+from dyntra_lb.planner.front import Plan, balance_load
 
 
 class FakeCandidate:
@@ -452,7 +452,7 @@ def test_no_formatting_work_when_diagnostics_off(make, monkeypatch, caplog):
 @pytest.mark.parametrize("name", ["reference", "fill-protect"])
 def test_the_coordinator_runs_the_planner_it_is_given(monkeypatch, name):
     """The plan handed to the policy is the named planner's row for this rank."""
-    from dyntra_lb import planners
+    from dyntra_lb.planner import registry as planners
 
     dp = FakeDP(0, 2, 2)
     monkeypatch.setattr(coordinator_module.dist, "all_reduce", dp.all_reduce)

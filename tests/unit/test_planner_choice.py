@@ -1,4 +1,4 @@
-"""RunSpec.planner: which planner the ranks run; the kit runs ours (dyntra_lb.planners),
+"""RunSpec.planner: which planner the ranks run; the kit runs ours (dyntra_lb.planner.registry),
 vllm-ascend ranks either theirs or one of ours in its place."""
 
 from __future__ import annotations

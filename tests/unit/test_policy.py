@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 from dyntra_lb.policy import DyntraLBPolicy, RequestStatus
 from emu.impl.kit.request import Request
 from emu.impl.kit.scheduler import Scheduler

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from dyntra_lb.blocks import num_blocks
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 from emu.impl.kit.request import Request, RequestStatus
 from emu.impl.kit.scheduler import Scheduler
 from emu.rank.remote_kv import RemoteKVConnector

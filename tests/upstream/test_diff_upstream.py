@@ -133,7 +133,7 @@ def test_a_changed_tie_rule_is_named_at_the_first_step_where_the_plans_part(tmp_
 
 @pytest.mark.parametrize("name", ["static", "dynamic"])
 def test_the_reference_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tmp_path, name):
-    """``planner="reference"``: vllm-ascend's engine and scheduler with dyntra_lb.planner in
+    """``planner="reference"``: vllm-ascend's engine and scheduler with dyntra_lb.planner.front in
     place of ``_balance_load``; the event logs are byte-identical to vllm-ascend's own
     planner's, and both wall logs time the planner at every planning step."""
     own = upstream_run(name, 2)

@@ -38,8 +38,8 @@ from vllm.v1.engine.core import DPEngineCoreProc, EngineCore, EngineShutdownStat
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
-from dyntra_lb import planners
 from dyntra_lb.blocks import block_counts, num_blocks
+from dyntra_lb.planner import registry as planners
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
@@ -192,7 +192,7 @@ class _EmulatedEngine:
 
     def _balance_load(self, *args, **kwargs):
         """The planner of ``_do_lb_allgather``, timed for the wall log: vllm-ascend's
-        own, or with another ``RunSpec.planner`` ours from ``dyntra_lb.planners`` (same
+        own, or with another ``RunSpec.planner`` ours from ``dyntra_lb.planner.registry`` (same
         arguments), its plans handed back as the ``{"out_blk", "in_blk", "freeze"}``
         dicts vllm-ascend reads.
 
@@ -256,7 +256,7 @@ def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
 class EmulatedRank(RankHarness):
     """One rank on the rank harness: builds the engine production runs (``engine_class``)
     and runs vLLM's busy loop; ``planner`` is "vllm-ascend" (production's
-    ``_balance_load``) or one of ``dyntra_lb.planners`` in its place."""
+    ``_balance_load``) or one of ``dyntra_lb.planner.registry`` in its place."""
 
     def __init__(self, ctx, spec, *, vllm_config, core_module, dyntra_lb_enabled: bool,
                  planner: str):
