@@ -4,9 +4,10 @@ compiled planner's cache, built once per session; soak tests first.
 ``ci`` (the default): derandomized, so every run (CI or local) tests the same examples
 and a failure reproduces by rerunning; no example database, so earlier runs cannot
 change what runs; 300 examples for the tests that do not set their own count (the
-planner and fuzz tests set theirs). Neither profile has a deadline: an example's wall
-time says how busy the machine is, not whether the code is right. ``explore``: a fresh random seed on every run and
-the example database in ``.hypothesis/``, for hunting new failures locally:
+planner and fuzz tests set theirs). Neither profile has a deadline or the too-slow
+health check: an example's wall time says how busy the machine is, not whether the code
+is right. ``explore``: a fresh random seed on every run and the example database in
+``.hypothesis/``, for hunting new failures locally:
 
     HYPOTHESIS_PROFILE=explore pytest -q tests/unit -n 2
 """
@@ -14,11 +15,13 @@ the example database in ``.hypothesis/``, for hunting new failures locally:
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", derandomize=True, database=None, max_examples=300,
-                          print_blob=True, deadline=None)
-settings.register_profile("explore", derandomize=False, print_blob=True, deadline=None)
+                          print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", derandomize=False, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
