@@ -4,6 +4,8 @@ gives (rows, metrics, event logs, plots; wall-clock fields aside; the reference 
 session's run of each, shared with test_cli_sweep.py and test_cli_ab.py, see
 tests/cli/conftest.py), SIGINT mid-sweep stops every run and leaves no process or
 scratch directory, and bad executor flags are one line with exit 2 and nothing written.
+Every command that starts a Ray leaves nothing in its TMPDIR: no ``pymp-*`` directory
+of a worker's fork server (tests/ray_tmpdir.py).
 
 Ray is heavy on two cores (its GCS, raylet and agents start with every command), so
 these tests are few; `tests/integration/test_executors.py` has the failure path."""
@@ -26,6 +28,7 @@ import psutil
 import pytest
 
 from tests.held_logs import event_logs_held, holds_a_step
+from tests.ray_tmpdir import pymp_left
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +50,8 @@ def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
 
 
 @pytest.mark.timeout(900)  # the reference may be running on the other worker first
-def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_installed):
+def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_installed,
+                                   worker_tmp):
     """The sweep of sweep_2x2 (run in a test process, the reference) again on a local Ray:
     each run a task in a placement group of its ranks' CPUs."""
     local, reference = sweep_2x2
@@ -55,6 +59,7 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
     ray = cli("sweep", "--workload", reference.parent / "sweep.jsonl", *clikit.SWEEP_2X2,
               "--executor", "ray", "--out", "ray", timeout=600, process=True)
     assert ray.returncode == 0, ray.stderr
+    assert pymp_left(worker_tmp) == []
     assert "on Ray (a local Ray)" in ray.stderr
 
     sweeps = [json.loads((d / "sweep.json").read_text()) for d in (reference, tmp_path / "ray")]
@@ -70,7 +75,8 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
 
 
 @pytest.mark.timeout(900)
-def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_installed):
+def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_installed,
+                                      worker_tmp):
     """The A/B of ab_over_seeds (run in a test process, the reference) again on a local
     Ray. On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
     each run thousands of steps, which would cost about a minute over the four runs on
@@ -82,6 +88,7 @@ def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_
     ray = cli(*clikit.AB_OVER_SEEDS_AB, "--executor", "ray", "--out", tmp_path / "ray",
               timeout=900, process=True)
     assert ray.returncode == 0, ray.stderr
+    assert pymp_left(worker_tmp) == []
     assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(reference))
     abs_ = [json.loads((d / "ab.json").read_text()) for d in (reference, tmp_path / "ray")]
 
@@ -107,7 +114,8 @@ def _ignore_sigint() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed):
+def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed,
+                                                     worker_tmp):
     # Ten million output tokens per request: the runs would last hours.
     trace = clikit.write_trace(tmp_path / "endless.jsonl", [
         {"request_id": f"r{i}", "arrival_s": 0.01 * i, "prompt_tokens": 64 + 40 * i,
@@ -159,6 +167,7 @@ def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_insta
     _, alive = psutil.wait_procs(seen, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
     assert not log.parent.parent.exists()  # the task's scratch directory
+    assert pymp_left(worker_tmp) == []
 
 
 def _free_port() -> int:
