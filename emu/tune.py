@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
+from dyntra_lb.config import DyntraLBConfig
 from emu.recipes import mean_ci
 
 KNOBS = ("mode", "start_step", "bubble_threshold", "long_req_block_threshold",
@@ -153,6 +154,35 @@ class Space:
                 "long_req_block_threshold": list(self.long_req_blocks),
                 "dynamic_max_step": list(DYNAMIC_MAX_STEP), "base_mode": self.base_mode}
 
+    def start_params(self, base: dict) -> dict | None:
+        """The Optuna parameters of the base config's own values (its dyntra_lb_config,
+        production's defaults for what it leaves out), so that the study tries the
+        user's starting point first; None when one of them lies outside the ranges."""
+        config = {**dataclasses.asdict(DyntraLBConfig()), **base}
+        params: dict = {}
+        if "mode" in self.knobs:
+            params["mode"] = config["mode"]
+        if "start_step" in self.knobs:
+            params["start_step"] = config["start_step"]
+            if not _on_grid(config["start_step"], *START_STEP):
+                return None
+        if "bubble_threshold" in self.knobs:
+            value = config["bubble_threshold"]
+            if value >= 1 and float(value).is_integer() and _on_grid(value, *BUBBLE_BLOCKS):
+                params.update(bubble_form="blocks", bubble_threshold_blocks=int(value))
+            elif value < 1 and _on_grid(value, *BUBBLE_RATIO):
+                params.update(bubble_form="ratio", bubble_threshold_ratio=float(value))
+            else:
+                return None
+        if config["mode"] == "dynamic":
+            for knob, (low, high) in (("long_req_block_threshold", self.long_req_blocks),
+                                      ("dynamic_max_step", DYNAMIC_MAX_STEP)):
+                if knob in self.knobs:
+                    if not _on_grid(config[knob], low, high):
+                        return None
+                    params[knob] = config[knob]
+        return params
+
     def suggest(self, trial) -> dict:
         """The trial's dyntra_lb_config keys, asked of the Optuna trial. The dynamic-mode
         knobs are asked only of a dynamic-mode trial (static mode never reads them), and
@@ -180,6 +210,14 @@ class Space:
                 values["dynamic_max_step"] = trial.suggest_int(
                     "dynamic_max_step", *DYNAMIC_MAX_STEP, log=True)
         return values
+
+
+def _on_grid(value, low, high, step=None) -> bool:
+    """Whether ``value`` is in [low, high] (and on the step's grid from ``low``)."""
+    if not low <= value <= high:
+        return False
+    return step is None or math.isclose((value - low) / step, round((value - low) / step),
+                                        abs_tol=1e-9)
 
 
 def config_label(values: dict) -> str:
@@ -250,12 +288,13 @@ def find_study(storage_url: str, fingerprint: Fingerprint) -> bool:
 
 
 def open_study(storage_url: str, fingerprint: Fingerprint, objectives: Sequence[str],
-               seed: int):
+               seed: int, first: dict | None = None):
     """The study in ``storage_url``: loaded when there is one (``find_study``), else
-    created with ``fingerprint``. The sampler is TPE for one objective, NSGA-II for
-    several, seeded with ``seed`` and the number of trials already in the study (a
-    resumed study does not draw its first trials again). Trials a stopped process left
-    running are marked failed."""
+    created with ``fingerprint`` and ``first`` (Optuna parameters, ``Space.start_params``)
+    as its first trial. The sampler is TPE for one objective, NSGA-II for several, seeded
+    with ``seed`` and the number of trials already in the study (a resumed study does not
+    draw its first trials again). Trials a stopped process left running are marked
+    failed."""
     import optuna
 
     found = find_study(storage_url, fingerprint)
@@ -268,6 +307,8 @@ def open_study(storage_url: str, fingerprint: Fingerprint, objectives: Sequence[
                                 sampler=_sampler(len(objectives), seed + trials))
     if not found:
         study.set_user_attr(FINGERPRINT_ATTR, json.loads(json.dumps(fingerprint.record)))
+        if first is not None:
+            study.enqueue_trial(first)
     for trial in study.get_trials(deepcopy=False,
                                   states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)

@@ -86,7 +86,7 @@ EPILOG = """examples:
   dyntra-emu tune --workload my_trace.jsonl --objectives throughput --knobs mode,start_step
       one objective (TPE), two knobs, on one fixed trace
   python -c "import optuna; s = optuna.load_study(study_name='dyntra-emu tune', \\
-      storage='sqlite:///runs/pr-tune/study.db'); print(s.trials_dataframe())"
+      storage='sqlite:///runs/pr-tune/study.db'); print(len(s.trials), s.best_trials)"
       watch the study from another process
 
 --out DIR gets summary.md, tune.json (every trial, the front, the recommendation, the
@@ -138,7 +138,7 @@ def cmd_tune(args) -> int:
 
     with batch_executor(args, [bases[seeds[0]]]) as executor:
         _prepare_out(args, out_dir, storage, resuming)
-        study = _open(storage, fingerprint, objectives, args.seed)
+        study = _open(storage, fingerprint, objectives, args.seed, space.start_params(lb))
         slots = executor.slots(bases[seeds[0]])
         note(args, f"tune: {'resuming the study' if resuming else 'a new study'} in "
                    f"{storage}: {args.trials} more trial(s) of {len(seeds)} seed(s) each on "
@@ -251,8 +251,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _prepare_out(args, out_dir: Path, storage: str, resuming: bool) -> None:
-    """--out DIR made; with --overwrite this command's earlier files and study removed.
-    A directory that holds tune's files without their study is refused."""
+    """--out DIR made. A resumed study rewrites its own files there at the end. Else an
+    earlier run's or study's files are refused, or with --overwrite removed with the
+    study in the storage."""
+    if resuming:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return
     prepare_out_dir(out_dir, args.overwrite)
     ours = [out_dir / name for name in TUNE_FILES if os.path.lexists(out_dir / name)]
     if args.overwrite:
@@ -263,15 +267,15 @@ def _prepare_out(args, out_dir: Path, storage: str, resuming: bool) -> None:
         except Exception as exc:
             raise UsageError(f"--storage {storage}: cannot remove the study: "
                              f"{_first_line(exc)}") from None
-    elif ours and not resuming:
+    elif ours:
         raise UsageError(f"--out {out_dir}: holds the files of a study ({ours[0].name}) "
                          f"but --storage {storage} holds no study to resume; choose a new "
                          "directory or pass --overwrite to start again")
 
 
-def _open(storage: str, fingerprint: Fingerprint, objectives, seed: int):
+def _open(storage: str, fingerprint: Fingerprint, objectives, seed: int, first):
     try:
-        return open_study(storage, fingerprint, objectives, seed)
+        return open_study(storage, fingerprint, objectives, seed, first)
     except StudyMismatch as exc:
         raise UsageError(f"--storage {storage}: {exc}") from None
     except Exception as exc:

@@ -1,9 +1,10 @@
 """`--executor ray` through the real console script, on a local Ray that the command
-starts and shuts down: a 2 x 2 sweep and `ab --seeds 2` give what `--executor local`
-gives (rows, metrics, event logs, plots; wall-clock fields aside; the reference is the
-session's run of each, shared with test_cli_sweep.py and test_cli_ab.py, see
-tests/cli/conftest.py), SIGINT mid-sweep stops every run and leaves no process or
-scratch directory, and bad executor flags are one line with exit 2 and nothing written.
+starts and shuts down: a 2 x 2 sweep gives what `--executor local` gives (rows,
+metrics, event logs, plots; wall-clock fields aside; the reference is the session's run,
+shared with test_cli_sweep.py, see tests/cli/conftest.py), SIGINT mid-sweep stops every
+run and leaves no process or scratch directory, and bad executor flags are one line
+with exit 2 and nothing written. `ab --seeds` on Ray, against the session's local run
+too, is tests/cli/test_cli_ray_cluster.py's, on a cluster of two nodes.
 Every command that starts a Ray leaves nothing in its TMPDIR: no ``pymp-*`` directory
 of a worker's fork server (tests/ray_tmpdir.py).
 
@@ -72,32 +73,6 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
         assert (reference / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
     _same_runs(reference / "runs", tmp_path / "ray" / "runs",
                [r["name"] for r in sweeps[0]["rows"]])
-
-
-@pytest.mark.timeout(900)
-def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_installed,
-                                      worker_tmp):
-    """The A/B of ab_over_seeds (run in a test process, the reference) again on a local
-    Ray. On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
-    each run thousands of steps, which would cost about a minute over the four runs on
-    rank processes.
-    Process-transport runs on Ray, each in a placement group of its ranks' CPUs, are the
-    sweep's above and tests/integration/test_executors.py's."""
-    local, reference = ab_over_seeds
-    assert local.returncode == 0, local.stderr
-    ray = cli(*clikit.AB_OVER_SEEDS_AB, "--executor", "ray", "--out", tmp_path / "ray",
-              timeout=900, process=True)
-    assert ray.returncode == 0, ray.stderr
-    assert pymp_left(worker_tmp) == []
-    assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(reference))
-    abs_ = [json.loads((d / "ab.json").read_text()) for d in (reference, tmp_path / "ray")]
-
-    def without_wall(ab):
-        return json.loads(json.dumps(ab), object_hook=lambda d: {k: v for k, v in d.items()
-                                                                 if k != "wall"})
-    assert without_wall(abs_[0]) == without_wall(abs_[1])
-    _same_runs(reference, tmp_path / "ray",
-               [f"seed{s}/{r}" for s in (3, 4) for r in ("a", "b")])
 
 
 def _open_events_log(processes) -> Path | None:

@@ -66,11 +66,11 @@ def two_nodes():
         pytest.skip("Ray not installed: pip install -e '.[ray]'")
     with pytest.MonkeyPatch.context() as monkeypatch, own_tmpdir(monkeypatch) as tmp:
         monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        node = {"num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1"}
         cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-            **node, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
+            "num_cpus": NODE_CPUS, "include_dashboard": False,
+            "_system_config": SYSTEM_CONFIG})
         try:
-            cluster.add_node(**node)
+            cluster.add_node(num_cpus=NODE_CPUS)
             cluster.wait_for_nodes()
             raylet = ray_constants.PROCESS_TYPE_RAYLET
             raylets = [psutil.Process(n.all_processes[raylet][0].process.pid)

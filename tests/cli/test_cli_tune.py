@@ -127,6 +127,12 @@ def test_one_objective_on_a_trace_file(cli, clikit, tmp_path, tiny_trace):
                               storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
     assert study.directions == [optuna.study.StudyDirection.MAXIMIZE]
 
+    # A finished study, its report written, resumes the same way.
+    again = cli("tune", "--workload", tiny_trace, *clikit.SMALL, "--objectives", "throughput",
+                "--knobs", "mode,start_step", "--trials", "1", "--out", "t")
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads((tmp_path / "t" / "tune.json").read_text())["trials"]) == 4
+
 
 def _other_study(path: Path) -> str:
     """A storage holding a study of another workload, as a tune of it would leave it."""

@@ -247,3 +247,24 @@ def test_a_config_drawn_again_runs_nothing(tmp_path):
     assert {r["number"] for r in firsts} == {
         trial for trial, _, _ in fake.runs if trial is not None}
     assert search.runs == 3 + 2 * 3  # the baselines and each config's three seeds
+
+
+def test_the_base_config_is_the_first_trial(tmp_path):
+    """The user's starting point (here production's defaults but for two keys) is tried
+    first, so the recommendation is measured against it; a value off the ranges is not."""
+    space = Space(KNOBS, (1, 40), "dynamic")
+    first = space.start_params({"enabled": True, "long_req_block_threshold": 40,
+                                "bubble_threshold": 0.25})
+    assert first == {"mode": "dynamic", "start_step": 250, "bubble_form": "ratio",
+                     "bubble_threshold_ratio": 0.25, "long_req_block_threshold": 40,
+                     "dynamic_max_step": 256}
+    assert space.start_params({"start_step": 260}) is None  # off the 50-step grid
+    assert space.start_params({"long_req_block_threshold": 700}) is None  # above the range
+    study = open_study(f"sqlite:///{tmp_path / 'study.db'}", _fingerprint(), ALL, seed=0,
+                       first=first)
+    fake = _Fake()
+    Search(study=study, space=space, objectives=ALL, seeds=(0, 1, 2), slots=1,
+           run_batch=fake, say=lambda text: None).run(1)
+    assert trial_rows(study, ALL)[0]["values"] == {
+        "mode": "dynamic", "start_step": 250, "bubble_threshold": 0.25,
+        "long_req_block_threshold": 40, "dynamic_max_step": 256}
