@@ -63,3 +63,13 @@ def ray_installed():
         if os.environ.get("DYNTRA_RAY_REQUIRED") == "1":
             pytest.fail("Ray is required here (DYNTRA_RAY_REQUIRED=1): pip install -e '.[ray]'")
         pytest.skip("Ray not installed: pip install -e '.[ray]'")
+
+
+@pytest.fixture
+def worker_tmp(monkeypatch):
+    """A Ray test's own TMPDIR, inherited by the Ray it starts and its workers, so that
+    what they leave there can be counted (tests/ray_tmpdir.py); removed after."""
+    from tests.ray_tmpdir import own_tmpdir
+
+    with own_tmpdir(monkeypatch) as path:
+        yield path

@@ -173,6 +173,17 @@ def add_fault_option(parser: argparse.ArgumentParser) -> None:
              f"{', '.join(COLLECTIVE_SITES)}")
 
 
+def positive_ms(text: str) -> float:
+    """argparse's type of a limit in milliseconds (sweep's and tune's --max-tpot-p99-ms)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
+    return value
+
+
 def _fault(text: str):
     try:
         return parse_fault(text)

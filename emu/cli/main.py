@@ -19,6 +19,7 @@ from emu.cli import (
     run,
     sweep,
     timeline,
+    tune,
     validate,
 )
 from emu.cli.errors import (
@@ -42,6 +43,7 @@ examples:
   dyntra-emu inspect --workload trace.csv        # request block counts, thresholds marked
   dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
   dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
+  dyntra-emu tune --workload longtail --trials 20  # search DyntraLB's knobs (Optuna), resumable
   dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
   dyntra-emu gate runs/x --baseline runs/base    # regression gate for nightly jobs and CI
   dyntra-emu timeline runs/x                     # the run's timeline, for Perfetto
@@ -53,7 +55,8 @@ Metrics are documented in docs/metrics.md.
 """
 
 # The subcommands, in the order --help lists them.
-COMMANDS = (run, ab, validate, inspect, fit_cost, replay, explain, sweep, diff, gate, timeline)
+COMMANDS = (run, ab, validate, inspect, fit_cost, replay, explain, sweep, tune, diff, gate,
+            timeline)
 
 
 def build_parser() -> argparse.ArgumentParser:

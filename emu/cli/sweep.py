@@ -20,7 +20,13 @@ from emu.cli.batch import (
     run_batch,
 )
 from emu.cli.errors import UsageError
-from emu.cli.flags import Formatter, add_input_options, add_output_options, wrap
+from emu.cli.flags import (
+    Formatter,
+    add_input_options,
+    add_output_options,
+    positive_ms,
+    wrap,
+)
 from emu.cli.inputs import (
     build_spec,
     check_specs,
@@ -189,16 +195,6 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def _positive_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
-    return value
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``sweep`` on the ``dyntra-emu`` sub-command parser."""
     parser = subparsers.add_parser(
@@ -220,7 +216,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_executor_options(parser, "runs")
     parser.add_argument("--objective", choices=OBJECTIVES,
                         help="what the best config optimises (default: throughput)")
-    parser.add_argument("--max-tpot-p99-ms", type=_positive_ms, metavar="MS",
+    parser.add_argument("--max-tpot-p99-ms", type=positive_ms, metavar="MS",
                         help="best = highest throughput among configs with TPOT p99 <= MS")
     parser.add_argument("--yes", action="store_true",
                         help=f"run a grid of more than {MAX_POINTS} points")

@@ -90,6 +90,10 @@ class Executor(Protocol):
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         """Run every spec (checked, its out_dir made); see the module docstring."""
 
+    def slots(self, spec: RunSpec) -> int:
+        """Called once entered: how many runs like ``spec`` run at once here (``dyntra-emu
+        tune`` asks that many trials of its study at a time)."""
+
 
 def run_spec(spec: RunSpec, *, apart: bool = False) -> dict:
     """In a job process or on a Ray worker: one run of the batch (``emu.run.run``, which

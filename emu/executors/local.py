@@ -49,6 +49,9 @@ class LocalExecutor:
     def __exit__(self, *exc) -> None:
         pass
 
+    def slots(self, spec: RunSpec) -> int:
+        return self.jobs
+
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         queued = list(range(len(specs)))
         running: dict[int, tuple] = {}  # index -> (job process, its end of the pipe)

@@ -72,7 +72,8 @@ def test_the_batch_runners_import_first_in_a_fresh_interpreter(module):
 FLOORS = [
     ("the front ends: the command line, python -m emu, the pytest plugin",
      ["emu.cli", "emu.__main__", "emu.pytest_plugin"]),
-    ("a grid of runs (dyntra-emu sweep)", ["emu.sweep"]),
+    ("a batch of runs searched: a grid (dyntra-emu sweep), an Optuna study (dyntra-emu tune)",
+     ["emu.sweep", "emu.tune"]),
     ("where a batch of runs executes: local job processes, Ray", ["emu.executors"]),
     ("one run: run(spec), measured and recorded; in a fresh process",
      ["emu.run", "emu.run_apart"]),
