@@ -77,10 +77,10 @@ FLOORS = [
      ["emu.rank"]),
     ("the ground every floor stands on: traces, faults, metrics and their reports, plots, "
      "timelines, the gate and ab.json, recipes, settings' kinds and limits, collective "
-     "sites, run status",
+     "sites, run status, the bytecode cache",
      ["emu.workload", "emu.faults", "emu.metrics", "emu.report", "emu.plots", "emu.timeline",
       "emu.gate", "emu.ab_seeds", "emu.recipes", "emu.no_effect", "emu.run_status",
-      "emu.knobs", "emu.limits", "emu.sites"]),
+      "emu.knobs", "emu.limits", "emu.sites", "emu.bytecode"]),
 ]
 
 
