@@ -12,8 +12,8 @@ into directories of their own (each checkout's code in its own environments:
   once the section is taken out;
 
 and for each bundled workload, ``dyntra-emu diff`` of the kit against vllm-ascend (its
-``diff.json``, byte for byte). It prints one line per comparison and a count, and
-exits 1 if anything differs.
+``diff.json``, byte for byte but for the run directories it names). It prints one line
+per comparison and a count, and exits 1 if anything differs.
 
     .venv-upstream/bin/python benchmarks/byte_identity.py --baseline ../h42-baseline
     .venv-upstream/bin/python benchmarks/byte_identity.py --baseline ../h42-baseline \\
@@ -125,8 +125,10 @@ def main() -> int:
             for side, checkout in checkouts.items():
                 produce(checkout, ["diff", "--workload", workload], "vllm-ascend",
                         args.vllm_ascend, outs[side], "diff.json")
-            same = (outs["this"] / "diff.json").read_bytes() == \
-                (outs["baseline"] / "diff.json").read_bytes()
+            # The report names the run directories it compared: each checkout's own.
+            same = (outs["this"] / "diff.json").read_text().replace(str(outs["this"]), "OUT") \
+                == (outs["baseline"] / "diff.json").read_text().replace(str(outs["baseline"]),
+                                                                       "OUT")
             verdict = json.loads((outs["this"] / "diff.json").read_text()).get("identical")
             compared += 1
             differing += not same
