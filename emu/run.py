@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import pathlib
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from emu.cluster.transport import (
     Transport,
 )
 from emu.impl import run_rank
-from emu.metrics import compute_metrics, load_run, write_metrics
+from emu.metrics import Run, compute_metrics, load_run, read_events, write_metrics
 from emu.rank.context import RankSummary
 from emu.run_status import write_status
 from emu.spec import RunSpec, validate
@@ -50,7 +49,9 @@ from emu.spec import RunSpec, validate
 @dataclass(frozen=True)
 class RunResult:
     """Summaries (by rank), the files each rank wrote and, from ``run``, the metrics
-    (metrics.json's dictionary; None from ``run_cluster``)."""
+    (metrics.json's dictionary) and the run as its event logs read (``loaded``: what
+    the metrics were computed from, for plots and timelines without reading the logs
+    again); both None from ``run_cluster``."""
 
     out_dir: pathlib.Path
     ranks: list[RankSummary]
@@ -58,6 +59,7 @@ class RunResult:
     wall_logs: list[pathlib.Path]
     logs: list[pathlib.Path]
     metrics: dict | None = None
+    loaded: Run | None = None
 
     @property
     def truncated(self) -> bool:
@@ -70,25 +72,25 @@ class RunResult:
 
     def events(self, rank: int) -> list[dict]:
         """Parsed records of ``rank``'s event log, in file order."""
-        with open(self.event_logs[rank]) as f:
-            return [json.loads(line) for line in f]
+        return read_events(self.event_logs[rank])
 
 
 def run(spec: RunSpec) -> RunResult:
     """Run ``spec`` to completion, measure it and record what ran: ``run_cluster``, then
-    ``measure``; returns the result with its ``metrics``. Raises as ``run_cluster``
-    does (nothing is measured then)."""
+    ``measure``; returns the result with its ``metrics`` and the ``loaded`` run. Raises
+    as ``run_cluster`` does (nothing is measured then)."""
     result = run_cluster(spec)
-    return dataclasses.replace(result, metrics=measure(spec, result.device))
+    loaded = load_run(result.out_dir)
+    return dataclasses.replace(result, metrics=measure(spec, result.device, loaded),
+                               loaded=loaded)
 
 
-def measure(spec: RunSpec, device: str) -> dict:
-    """The metrics of the finished run of ``spec`` in ``spec.out_dir``, written to its
-    ``metrics.json`` and returned; ``device`` is where the lockstep collective ran
-    ("cpu" or "npu", ``RunResult.device``). Called by ``run`` and, under torchrun, by
-    rank 0 once every rank has finished."""
-    metrics = compute_metrics(load_run(spec.out_dir), config=recorded_config(spec, device),
-                              seed=spec.seed)
+def measure(spec: RunSpec, device: str, loaded: Run) -> dict:
+    """The metrics of the finished run of ``spec`` (``loaded`` from its ``out_dir``),
+    written to its ``metrics.json`` and returned; ``device`` is where the lockstep
+    collective ran ("cpu" or "npu", ``RunResult.device``). Called by ``run`` and, under
+    torchrun, by rank 0 once every rank has finished."""
+    metrics = compute_metrics(loaded, config=recorded_config(spec, device), seed=spec.seed)
     write_metrics(metrics, pathlib.Path(spec.out_dir) / "metrics.json")
     return metrics
 

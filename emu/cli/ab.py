@@ -171,9 +171,9 @@ def cmd_ab(args) -> int:
     # Rank threads import their tree into the process that hosts them, which can hold
     # one tree: with two trees, each run gets a fresh process of its own.
     apart = trees is not None and args.transport == "thread"
-    metrics = [run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
-               for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
-    return _report(pairs[0], metrics, labels, out_dir, about)
+    measured = [run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
+                for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
+    return _report(pairs[0], measured, labels, out_dir, about)
 
 
 def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
@@ -193,15 +193,15 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
-def _report(pair, metrics, labels, out_dir: Path, about: list[str]) -> int:
+def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
     """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
     summary.md and the overlay plots; ``about`` lines (which tree is which) first."""
-    from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
     from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
 
     spec = pair[0][0]
-    runs = [load_run(out_dir / name) for name in RUN_DIRS]
+    metrics = [m.metrics for m in measured]
+    runs = [m.run for m in measured]
     from emu.plots import write_ab_plots  # matplotlib: only once both runs are done
 
     plots = write_ab_plots(runs[0], runs[1], labels, out_dir)

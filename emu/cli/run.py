@@ -49,15 +49,14 @@ def cmd_run(args) -> int:
     if launch.rank == 0:  # under torchrun: rank 0 warns and prepares the directory
         warn_ignored_keys("run", ignored_keys([(config, source)]))
         prepare_out_dir(out_dir, args.overwrite)
-    metrics = run_one(args, spec, config, launch, "run")
-    if metrics is None:
+    measured = run_one(args, spec, config, launch, "run")
+    if measured is None:
         return 0
     # Imported only now: matplotlib costs a refused input or a failed run half a second.
-    from emu.metrics import load_run
     from emu.plots import write_plots
     from emu.report import summary_table, write_summary_md
 
-    run = load_run(out_dir)
+    metrics, run = measured
     plots = write_plots(run, out_dir)
     if timeline is not None:
         save_timeline(run, out_dir, timeline)

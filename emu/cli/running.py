@@ -11,12 +11,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import describe_config, local_ranks
 from emu.cli.progress import Progress, note
 from emu.cluster.device import DeviceError
+
+if TYPE_CHECKING:
+    from emu.metrics import Run
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,14 @@ class Launch:
     @property
     def local_ranks(self) -> int:
         return local_ranks(self.dp, self.torchrun is not None)
+
+
+class Measured(NamedTuple):
+    """A finished run as a command reports it: its metrics (metrics.json's dictionary)
+    and the run they were computed from (``emu.metrics.Run``, for plots)."""
+
+    metrics: dict
+    run: Run
 
 
 def resolve_launch(args) -> Launch:
@@ -72,11 +84,12 @@ def torchrun_env() -> tuple[int, int] | None:
 
 
 def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = False
-            ) -> dict | None:
+            ) -> Measured | None:
     """Run ``spec`` (checked; ``config`` its parsed additional config) into its out_dir
-    with a progress bar; metrics.json is written there. Returns the metrics (None on the
-    ranks other than 0 under torchrun). ``apart``: in a fresh process of its own
-    (``emu.run_apart``; ab's runs of two vllm-ascend trees on rank threads)."""
+    with a progress bar; metrics.json is written there. Returns its metrics and the run
+    they were computed from (None on the ranks other than 0 under torchrun). ``apart``:
+    in a fresh process of its own (``emu.run_apart``; ab's runs of two vllm-ascend trees
+    on rank threads)."""
     from emu.cluster.supervision import ClusterError, Interrupted
 
     out_dir = Path(spec.out_dir)
@@ -88,7 +101,7 @@ def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = Fals
     start = time.monotonic()
     try:
         with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
-            metrics, truncated = _run(spec, launch, apart)
+            measured, truncated = _run(spec, launch, apart)
     except DeviceError as exc:
         raise UsageError(f"--device {spec.device}: {exc}") from None
     except ClusterError as exc:
@@ -109,13 +122,13 @@ def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = Fals
     if truncated:
         print(f"{PROG}: warning: the run hit max_steps and was cut short; metrics cover "
               "the steps run", file=sys.stderr)
-    return metrics
+    return measured
 
 
-def _run(spec, launch: Launch, apart: bool) -> tuple[dict | None, bool]:
-    """Run the cluster (in a fresh process when ``apart``); returns its metrics (None on
-    a rank other than 0 under torchrun) and whether a rank hit max_steps (as far as this
-    process knows)."""
+def _run(spec, launch: Launch, apart: bool) -> tuple[Measured | None, bool]:
+    """Run the cluster (in a fresh process when ``apart``); returns its metrics and run
+    (None on a rank other than 0 under torchrun) and whether a rank hit max_steps (as far
+    as this process knows)."""
     if launch.torchrun is None:
         if apart:
             from emu.run_apart import run_apart as run
@@ -123,8 +136,9 @@ def _run(spec, launch: Launch, apart: bool) -> tuple[dict | None, bool]:
             from emu.run import run
 
         result = run(spec)
-        return result.metrics, result.truncated
+        return Measured(result.metrics, result.loaded), result.truncated
     # Under torchrun this process is one rank; rank 0 measures once every rank is done.
+    from emu.metrics import load_run
     from emu.run import join_cluster, measure
 
     try:
@@ -134,7 +148,8 @@ def _run(spec, launch: Launch, apart: bool) -> tuple[dict | None, bool]:
         raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
     if launch.rank != 0:
         return None, summary.truncated
-    return measure(spec, summary.device), summary.truncated
+    loaded = load_run(spec.out_dir)
+    return Measured(measure(spec, summary.device, loaded), loaded), summary.truncated
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

@@ -11,6 +11,9 @@ then has all of it in memory from its first instruction (`emu.cluster.rank_boot`
 Without a disk cache (the first run of a fresh install) the warm-up compiles the planner
 here, once.
 
+Before any of it, the server points itself at the kit's bytecode cache
+(`emu.bytecode.use_cache`), so that what it imports is compiled once, not at every run.
+
 It also makes the server ignore SIGTERM. A SIGTERM sent to the whole process group (as
 some job runners do) must reach the launcher, which stops every rank and reports where
 each one was; were the server to die of it first, every rank would die of its
@@ -37,10 +40,16 @@ import signal
 import sys
 from multiprocessing import forkserver
 
-import emu.cluster.rank_boot  # noqa: F401  the rank's start target
-import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
-import emu.impl  # noqa: F401  the rank target
-from dyntra_lb.planner import front as planner
+from emu.bytecode import use_cache
+
+# The server may have been started with -B (PYTHONDONTWRITEBYTECODE in the command's
+# flags): it compiles what it imports below once, into the kit's cache, not at every run.
+use_cache()
+
+import emu.cluster.rank_boot  # noqa: E402,F401  the rank's start target
+import emu.cluster.rank_process  # noqa: E402,F401  torch, the rank's side of a launch
+import emu.impl  # noqa: E402,F401  the rank target
+from dyntra_lb.planner import front as planner  # noqa: E402
 
 _SERVER_PID = os.getpid()
 

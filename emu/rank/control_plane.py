@@ -96,8 +96,7 @@ def planner_work(requests_by_rank, dp_size: int, *, max_num_seqs: int, threshold
     ``_balance_load`` is the reference algorithm) on the gathered snapshot, as
     ``_WorkCounter`` counts it. A function of its arguments alone, so every rank and both
     impls (the kit's int32 rows, vllm-ascend's lists) get the same count."""
-    rows = tuple((np.asarray(blks, dtype=np.int64).tobytes(), int(split))
-                 for blks, split in requests_by_rank)
+    rows = tuple((_row_key(blks), int(split)) for blks, split in requests_by_rank)
     key = (planner, dp_size, max_num_seqs, float(threshold), rows)
     if _last_count[0] != key:
         counter = _WorkCounter(threshold)
@@ -105,6 +104,15 @@ def planner_work(requests_by_rank, dp_size: int, *, max_num_seqs: int, threshold
                               threshold=threshold, observer=counter)
         _last_count[:] = [key, PlannerWork(counter.requests, counter.pairs, counter.rounds)]
     return _last_count[1]
+
+
+def _row_key(blks) -> tuple:
+    """A rank's block counts as a key, made at the least cost for each impl's rows (every
+    rank makes it every planned step): the kit's int32 arrays as their bytes,
+    vllm-ascend's lists of ints as a tuple."""
+    if type(blks) is np.ndarray:
+        return blks.dtype.str, blks.tobytes()
+    return "list", tuple(blks)
 
 
 # ------------------------------------------------------------------------ the charge

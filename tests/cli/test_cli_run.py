@@ -118,6 +118,31 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
     assert metrics["config"]["additional_config"] == config
 
 
+def test_run_reads_each_event_log_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):
+    """The metrics and the plots come from one reading of the logs: the run as read
+    for the metrics (``RunResult.loaded``) is the one the plots draw."""
+    import builtins
+    import io
+
+    reads: list[str] = []
+    real_open = io.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if str(file).endswith(".events.jsonl") and not set(mode) & set("wax+"):
+            reads.append(Path(file).name)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    out = tmp_path / "out"
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--transport", "thread",
+               "--out", out)
+
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "load.png").exists() and (out / "metrics.json").exists()
+    assert sorted(reads) == ["rank0.events.jsonl", "rank1.events.jsonl"]
+
+
 @pytest.mark.parametrize("command", [None, "run", "ab", "validate"])
 def test_help_explains_and_gives_examples(cli, command):
     proc = cli(*([command] if command else []), "--help")

@@ -86,10 +86,11 @@ FLOORS = [
      ["emu.rank"]),
     ("the ground every floor stands on: traces and their formats, faults, metrics and their "
      "reports, plots, block-count distributions, timelines, the gate and ab.json, recipes, "
-     "settings' kinds and limits, collective sites, run status",
+     "settings' kinds and limits, collective sites, run status, the bytecode cache",
      ["emu.workload", "emu.traces", "emu.block_counts", "emu.faults", "emu.metrics",
       "emu.report", "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds", "emu.recipes",
-      "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites"]),
+      "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites",
+      "emu.bytecode"]),
 ]
 
 

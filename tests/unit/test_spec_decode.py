@@ -282,3 +282,33 @@ def test_a_request_whose_padding_does_not_fit_the_budget_waits():
     out = step(scheduler, 1)  # d takes 4 of 6: q's 1 + 3 does not fit, 1 alone would
     assert out.num_scheduled_tokens == {"d": 4}
     assert [r.request_id for r in scheduler.waiting] == ["q"]
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's finaliser, written out: the oracle of the acceptance rule."""
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 0.7, 1.0])
+def test_decisions_are_the_hash_of_seed_request_and_position(rate):
+    # The rule computes a request's decisions in chunks with numpy; every one must be
+    # the 64-bit hash of (seed, request, position) under the rate's share of 2**64, the
+    # rule runs recorded before it were made with (a run's tokens depend on it).
+    import zlib
+
+    seed = 12345
+    rule = DraftAcceptance(3, rate, seed=seed)
+    threshold = int(round(rate * (1 << 64)))
+    for request_id in ("req-0", "pr12292-0040", "ü-7"):
+        key = _splitmix64((seed << 32) ^ zlib.crc32(request_id.encode()))
+        for position in [*range(0, 40), 255, 256, 257, 600, 5000]:
+            expected = _splitmix64(
+                key ^ (position * 0xD1B54A32D192ED03 & ((1 << 64) - 1))) < threshold
+            assert rule.accepted(request_id, position) == expected, (request_id, position)
+        # a fresh rule asked far ahead first decides the same
+        fresh = DraftAcceptance(3, rate, seed=seed)
+        assert fresh.num_accepted(request_id, 4998, 3) == rule.num_accepted(request_id, 4998, 3)
