@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from emu.spec import RunSpec
+from emu.spec import CheckedRun, RunSpec
 
 
 class ExecutorError(ValueError):
@@ -91,7 +91,7 @@ class Executor(Protocol):
         """Run every spec (checked, its out_dir made); see the module docstring."""
 
 
-def run_spec(spec: RunSpec, *, apart: bool = False) -> dict:
+def run_spec(spec: RunSpec | CheckedRun, *, apart: bool = False) -> dict:
     """In a job process or on a Ray worker: one run of the batch (``emu.run.run``, which
     writes its metrics.json; in a fresh process of its own when ``apart``, see
     ``emu.run_apart``); returns the metrics, or {"error": text} when the cluster failed
@@ -108,6 +108,7 @@ def run_spec(spec: RunSpec, *, apart: bool = False) -> dict:
     try:
         return run(spec).metrics
     except ClusterError as exc:
-        (Path(spec.out_dir) / "error.txt").write_text(str(exc) + "\n")
+        out_dir = spec.spec.out_dir if isinstance(spec, CheckedRun) else spec.out_dir
+        (Path(out_dir) / "error.txt").write_text(str(exc) + "\n")
         return {"error": f"rank {exc.rank} failed: {exc.message}" if exc.rank is not None
                 else exc.message}

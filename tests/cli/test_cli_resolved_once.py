@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.call_counts import RESOLVED_ONCE, count_calls
 
 
-@pytest.mark.xfail(strict=True, reason="main parses the config 3 times, chooses the "
-                                        "device twice")
 def test_one_run_works_out_each_input_once(cli, tmp_path, tiny_trace, clikit, monkeypatch):
     calls = count_calls(monkeypatch, RESOLVED_ONCE, tiny_trace)
     out = tmp_path / "out"

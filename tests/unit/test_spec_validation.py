@@ -10,7 +10,7 @@ import pytest
 from emu.cluster import threads, transport
 from emu.rank.costs import PROFILES
 from emu.run import run_cluster
-from emu.spec import RunSpec, SpecError, validate
+from emu.spec import RunSpec, SpecError, check
 from emu.workload import TraceRequest
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10, rank=1)]
@@ -33,9 +33,9 @@ def _spec(tmp_path, **kwargs):
 
 
 def test_valid_spec_returns_the_parsed_config(tmp_path):
-    config = validate(_spec(tmp_path, additional_config=LB))
+    config = check(_spec(tmp_path, additional_config=LB)).config
     assert config.dyntra_lb.enabled is True
-    assert validate(_spec(tmp_path)).dyntra_lb.enabled is False
+    assert check(_spec(tmp_path)).config.dyntra_lb.enabled is False
 
 
 @pytest.mark.parametrize(

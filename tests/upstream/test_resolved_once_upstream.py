@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.call_counts import RESOLVED_ONCE, TREE_RESOLVED_ONCE, count_calls
 from tests.in_process import run_in_process
 from tests.upstream.conftest import TREE
@@ -18,9 +16,6 @@ STATIC = {"scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "st
                                                     "start_step": 0}}}
 
 
-@pytest.mark.xfail(strict=True, reason="main resolves the tree 4 times (4 git rev-parse), "
-                                        "parses the config 3 times, chooses the device "
-                                        "twice")
 def test_one_vllm_ascend_run_works_out_each_input_once(tmp_path, monkeypatch):
     trace = tmp_path / "tiny.jsonl"
     trace.write_text("".join(json.dumps({"request_id": f"r{i}", "arrival_s": 0.01 * i,

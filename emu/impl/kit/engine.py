@@ -41,7 +41,9 @@ from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
 from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.rank.context import RankContext
 from emu.rank.control_plane import PlannerCall
+from emu.rank.engine_spec import EngineSpec
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.remote_kv import RemoteKVConnector
@@ -70,14 +72,14 @@ class _Step:
 
 class EngineCore(RankHarness):
     """One kit rank's engine: scheduler, remote-KV connector and (when DyntraLB is
-    enabled) the coordinator running ``planner``, over the validated ``spec``
-    (``emu.spec.RunSpec``) and its parsed ``config``, on the rank harness (clock,
-    arrivals, recorder, faults, logs)."""
+    enabled) the coordinator running the run's planner, over the run's ``spec``
+    (``emu.rank.engine_spec.EngineSpec``), on the rank harness (clock, arrivals,
+    recorder, faults, logs)."""
 
-    def __init__(self, ctx: Any, spec: Any, config: Any, planner: str):
-        super().__init__(ctx, spec, planner)
+    def __init__(self, ctx: RankContext, spec: EngineSpec):
+        super().__init__(ctx, spec)
         faults = self.faults
-        lb_config = config.dyntra_lb
+        lb_config = spec.config.dyntra_lb
         latencies = (spec.kv_latency_fixed_s, spec.kv_latency_per_block_s)
         self.connector = (RemoteKVConnector(*latencies) if faults is None
                           else faults.make_connector(*latencies))
@@ -92,8 +94,7 @@ class EngineCore(RankHarness):
             policy=spec.scheduling_policy,
             spec_decode=DraftAcceptance.for_profile(spec.cost_model, spec.seed),
         )
-        self.coordinator = (self._make_coordinator(ctx, config, planner)
-                            if lb_config.enabled else None)
+        self.coordinator = self._make_coordinator(ctx) if lb_config.enabled else None
         self.strict = StrictChecker(self) if spec.strict else None
 
         # DPEngineCoreProc state.
@@ -105,8 +106,9 @@ class EngineCore(RankHarness):
         self._sync_tensor = torch.from_numpy(self._sync_array)
         self._balance: BalanceStep | None = None  # DyntraLB's part of this iteration
 
-    def _make_coordinator(self, ctx, config, planner: str) -> DyntraLBCoordinator:
-        spec, lb_config = self.spec, config.dyntra_lb
+    def _make_coordinator(self, ctx: RankContext) -> DyntraLBCoordinator:
+        spec = self.spec
+        config, lb_config = spec.config, spec.config.dyntra_lb
         if ctx.rank == 0 and lb_config.enable_diagnostics:
             logger.info(diagnostics.enable_line())
         if lb_config.enable_diagnostics:
@@ -117,7 +119,7 @@ class EngineCore(RankHarness):
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=planner, plan_memo=ctx.host.plan_memo)
+            planner=spec.planner, plan_memo=ctx.host.plan_memo)
 
     # ------------------------------------------------------------------ loop
 
