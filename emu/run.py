@@ -34,6 +34,7 @@ import os
 import pathlib
 from dataclasses import dataclass
 
+from emu.cluster.supervision import ClusterError, Interrupted
 from emu.cluster.transport import (
     ProcessTransport,
     ThreadTransport,
@@ -182,17 +183,28 @@ def _run(transport: Transport, checked: CheckedRun) -> list[RankSummary]:
 @contextlib.contextmanager
 def _status_recorded(out_dir: pathlib.Path, spec: RunSpec):
     """run.json (emu.run_status) around a launch: "running" before any rank starts, then
-    "complete", "interrupted" (SIGINT / SIGTERM) or "failed" with the reason."""
+    "complete", "interrupted" (SIGINT / SIGTERM) or "failed" with the reason; a launch
+    that failed or was interrupted leaves every rank's report in error.txt."""
     write_status(out_dir, "running", dp_size=spec.dp_size, requests=len(spec.trace))
     try:
         yield
     except KeyboardInterrupt as exc:
+        _write_report(out_dir, exc)
         write_status(out_dir, "interrupted", dp_size=spec.dp_size, requests=len(spec.trace),
                      reason=str(exc).splitlines()[0] if str(exc) else "KeyboardInterrupt")
         raise
     except BaseException as exc:
+        _write_report(out_dir, exc)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         write_status(out_dir, "failed", dp_size=spec.dp_size, requests=len(spec.trace),
                      reason=reason)
         raise
     write_status(out_dir, "complete", dp_size=spec.dp_size, requests=len(spec.trace))
+
+
+def _write_report(out_dir: pathlib.Path, exc: BaseException) -> None:
+    """error.txt: the report of a launch that failed (``ClusterError``) or was interrupted
+    (``Interrupted``), which names the rank and holds every rank's last collectives and
+    stack."""
+    if isinstance(exc, (ClusterError, Interrupted)):
+        (out_dir / "error.txt").write_text(str(exc) + "\n")

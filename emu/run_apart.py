@@ -1,4 +1,5 @@
-"""``run_apart(spec)``: ``emu.run.run(spec)`` in a process of its own.
+"""``run_apart(spec)``: ``emu.run.run(spec)`` in a process of its own; and
+``run_here_or_apart``, the one place that chooses between the two.
 
 Called by ``dyntra-emu ab --vllm-ascend-a A --vllm-ascend-b B`` for every run whose ranks
 are threads: rank threads import their vllm-ascend tree into the process that hosts them,
@@ -123,6 +124,13 @@ def _job_main(target, checked: CheckedRun, conn, parent_pid: int, environ: dict[
         use_parent_server(preload, server)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     target(checked, conn)
+
+
+def run_here_or_apart(spec: RunSpec | CheckedRun, *, apart: bool) -> RunResult:
+    """``emu.run.run(spec)``: in this process, or in a process of its own when ``apart``
+    (``run_apart``). A command's run (``emu.cli.running``) and a batch's
+    (``emu.executors``) choose here."""
+    return run_apart(spec) if apart else run(spec)
 
 
 def run_apart(spec: RunSpec | CheckedRun) -> RunResult:

@@ -91,10 +91,8 @@ def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool
         with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
             metrics, truncated = _run(checked, launch, apart)
     except ClusterError as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
     except Interrupted as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
         ranks = ("every rank was stopped" if exc.details else
                  "no rank had started yet")
         reports = "every rank's report" if exc.details else "the report"
@@ -116,12 +114,9 @@ def _run(checked: CheckedRun, launch: Launch, apart: bool) -> tuple[dict | None,
     a rank other than 0 under torchrun) and whether a rank hit max_steps (as far as this
     process knows)."""
     if launch.torchrun is None:
-        if apart:
-            from emu.run_apart import run_apart as run
-        else:
-            from emu.run import run
+        from emu.run_apart import run_here_or_apart
 
-        result = run(checked)
+        result = run_here_or_apart(checked, apart=apart)
         return result.metrics, result.truncated
     # Under torchrun this process is one rank; rank 0 measures once every rank is done.
     from emu.run import join_cluster, measure
