@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
+from dyntra_lb.planner import registry as planners
+from dyntra_lb.planner.registry import Planner
 from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
 from emu.rank.context import RankContext
@@ -115,11 +118,14 @@ class EngineCore(RankHarness):
             # vLLM does not log these; `dyntra-emu replay` of this log reads them here.
             logger.info(f"emulated engine: max_num_seqs={spec.max_num_seqs} "
                         f"block_size={spec.block_size}")
+        planner = planners.get(spec.planner)
+        if ctx.host.plan_memo is not None:  # rank threads: one planner run per snapshot
+            planner = _shared_plans(planner, ctx.host.plan_memo)
         # The DP group is gloo, so DyntraLB's buffers stay on the CPU (as in vLLM).
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=spec.planner, plan_memo=ctx.host.plan_memo)
+            planner=planner)
 
     # ------------------------------------------------------------------ loop
 
@@ -316,3 +322,19 @@ class EngineCore(RankHarness):
             plan_generated=plan_generated.to_dict() if plan_generated is not None else None,
             kv_free_blocks=kv.pool.get_num_free_blocks(), kv_held_blocks=kv.num_held_blocks,
             paused_kv_blocks=paused_kv, collectives=collectives, control_plane=control_plane)
+
+
+def _shared_plans(planner: Planner, plan_memo: Callable[[Any, Callable[[], Any]], Any]
+                  ) -> Planner:
+    """``planner`` for a rank whose DP group's ranks share its address space (rank
+    threads; ``plan_memo`` from ``RankContext.host``): every rank plans the same gathered
+    snapshot, so the first rank to plan one runs the planner and the others take its
+    plans, keyed on everything they depend on (the planner is pure): the planner, its
+    arguments, every rank's block counts and split. The plans are only read afterwards
+    (each rank keeps its own row, rank 0 logs them), never changed."""
+    def plan(requests_by_rank, dp_size, **kwargs):
+        key = (planner, dp_size, *sorted(kwargs.items()),
+               *[(blocks.tobytes(), split) for blocks, split in requests_by_rank])
+        return plan_memo(key, lambda: planner(requests_by_rank, dp_size, **kwargs))
+
+    return plan
