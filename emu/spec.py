@@ -24,6 +24,7 @@ the command line and a caller in Python are refused by the same rules.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -41,7 +42,14 @@ from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.rank.control_costs import PLANNER_COSTS
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.rank.engine_spec import SCHEDULING_POLICIES, EngineSpec
-from emu.workload import ROUTERS, TraceRequest
+from emu.workload import (
+    ROUTERS,
+    ArrivalOrder,
+    TraceRequest,
+    UniqueIds,
+    arrival_problem,
+    pinned_rank_problem,
+)
 
 # How the ranks of a run are hosted (see RunSpec.transport).
 TRANSPORTS = ("process", "thread")
@@ -330,8 +338,9 @@ def _is_trace(trace) -> bool:
 
 
 def _trace_problems(spec: RunSpec, names: Names) -> list[Problem]:
-    """The trace as the engine needs it: TraceRequests with unique ids, in arrival
-    order, each fitting a rank's KV pool and pinned (if at all) to a rank that exists."""
+    """The trace as the engine needs it: TraceRequests that pass the rules of every trace
+    (``emu.workload``: arrival times, unique ids, arrival order, pinned ranks that
+    exist), each fitting a rank's KV pool."""
     trace = spec.trace
     where = names.where("trace")
     if isinstance(trace, (str, bytes)) or not isinstance(trace, Sequence):
@@ -340,25 +349,22 @@ def _trace_problems(spec: RunSpec, names: Names) -> list[Problem]:
     if not trace:
         return [Problem("trace", where, "is empty (expected at least one request)")]
     problems = []
-    seen: set[str] = set()
-    previous = 0.0
+    place = functools.partial(names.where, "trace")
+    ids, order = UniqueIds(place), ArrivalOrder(place)
     for i, request in enumerate(trace):
-        def problem(message: str, i=i) -> None:
-            problems.append(Problem("trace", names.where("trace", i), message, i))
+        def problem(message: str | None, field: str | None = None, i=i) -> None:
+            if message is not None:
+                text = message if field is None else f"field {field!r}: {message}"
+                problems.append(Problem("trace", place(i), text, i))
 
         if not isinstance(request, TraceRequest):
             problem(f"must be a TraceRequest, got {type(request).__name__}")
             continue
-        if request.request_id in seen:
-            problem(f"duplicate request_id {request.request_id!r}")
-        seen.add(request.request_id)
-        if request.arrival_s < previous:
-            problem(f"arrival_s must be non-decreasing, got {request.arrival_s} after "
-                    f"{previous}")
-        previous = request.arrival_s
-        if request.rank is not None and request.rank >= spec.dp_size:
-            problem(f"field 'rank': expected an integer in 0..{spec.dp_size - 1} for "
-                    f"dp_size={spec.dp_size}, got {request.rank}")
+        problem(ids.check(request.request_id, i), "request_id")
+        arrival = arrival_problem(request.arrival_s)
+        problem(arrival or order.check(request.arrival_s, i), "arrival_s")
+        if request.rank is not None:
+            problem(pinned_rank_problem(request.rank, spec.dp_size), "rank")
         needed = num_blocks(request.prompt_tokens + request.output_tokens, spec.block_size)
         if needed > spec.num_gpu_blocks:
             problem(f"request {request.request_id!r} needs {needed} KV blocks "

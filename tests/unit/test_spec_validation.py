@@ -64,8 +64,17 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
         ({"run_timeout_s": 1e12}, "RunSpec.run_timeout_s: must be > 0 and at most"),
         ({"trace": []}, "RunSpec.trace: is empty"),
         ({"trace": "trace.jsonl"}, "RunSpec.trace: must be a list"),
-        ({"trace": [TRACE[0], TRACE[0]]}, r"RunSpec.trace\[1\]: duplicate request_id 'a'"),
-        ({"trace": [TRACE[1], TRACE[0]]}, r"RunSpec.trace\[1\]: arrival_s must be"),
+        ({"trace": [TRACE[0], TRACE[0]]},
+         r"RunSpec.trace\[1\]: field 'request_id': duplicate id 'a' \(first used on "
+         r"RunSpec.trace\[0\]\)"),
+        ({"trace": [TRACE[1], TRACE[0]]},
+         r"RunSpec.trace\[1\]: field 'arrival_s': arrivals must be non-decreasing, got 0.0 "
+         r"after 0.5 on RunSpec.trace\[0\]"),
+        ({"trace": [TraceRequest("a", -1.0, 100, 10)]},
+         r"RunSpec.trace\[0\]: field 'arrival_s': expected a finite number >= 0 \(seconds\), "
+         r"got -1.0"),
+        ({"trace": [TraceRequest("a", float("nan"), 100, 10)]},
+         r"RunSpec.trace\[0\]: field 'arrival_s': expected a finite number >= 0"),
         ({"trace": [{"request_id": "a"}]}, r"RunSpec.trace\[0\]: must be a TraceRequest"),
         ({"trace": [TraceRequest("x", 0.0, 4000, 100)], "block_size": 16,
           "num_gpu_blocks": 100}, "needs 257 KV blocks"),
