@@ -1,9 +1,9 @@
 """``--impl vllm-ascend``: vllm-ascend's own DyntraLB, unmodified, in every rank.
 
-``check`` runs in the launching process before any rank starts (tree, vLLM version,
-torch_npu, scheduler variant); ``build`` runs in each rank: it routes the rank's log lines,
-imports the tree, builds the rank's ``VllmConfig`` and the engine
-(``engine.EmulatedRank``).
+``resolve`` runs in the launching process before any rank starts (tree, vLLM version,
+torch_npu, scheduler variant), once per run; ``build`` runs in each rank on the run's
+engine spec: it routes the rank's log lines, imports the resolved tree, builds the rank's
+``VllmConfig`` and the engine (``engine.EmulatedRank``).
 
 Where vllm-ascend's code gets help to run off an NPU (each one leaves its DyntraLB code
 as it is):

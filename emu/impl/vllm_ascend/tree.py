@@ -1,11 +1,12 @@
 """Which vllm-ascend and which vLLM a run uses, checked before any rank starts.
 
-The launching process resolves the tree (``--vllm-ascend PATH``, else the
+The launching process resolves the tree once per run (``--vllm-ascend PATH``, else the
 ``DYNTRA_VLLM_ASCEND`` environment variable, else an importable ``vllm_ascend``) and
 checks everything that can be checked without importing vLLM (which costs seconds):
 the path is a vllm-ascend source tree, the tree has DyntraLB, vLLM is installed at the
 release the tree pins, and ``torch_npu`` is not installed without CANN. Each failure is
-one ``TreeError`` line. The rank processes then import the tree with ``import_tree``.
+one ``TreeError`` line. The ranks (or their fork server) then import the tree from its
+root with ``import_tree``.
 """
 
 from __future__ import annotations
