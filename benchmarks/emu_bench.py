@@ -128,7 +128,7 @@ def run_case(dp_size: int, mode: str, steps: int, repeats: int) -> dict:
                        additional_config=MODES[mode], max_num_seqs=MAX_NUM_SEQS,
                        block_size=BLOCK_SIZE, device="cpu")
         checked = check(spec)
-        results = launch(_rank_bench, (checked.implementation, checked.engine, repeats),
+        results = launch(_rank_bench, (checked.implementation, checked.engine_spec, repeats),
                          dp_size=dp_size, device="cpu", out_dir=tmp,
                          collective_timeout_s=120.0)
     steps_done = results[0]["steps"]

@@ -174,7 +174,7 @@ def _local_ranks() -> int:
 def _run(transport: Transport, checked: CheckedRun) -> list[RankSummary]:
     """Every rank runs the implementation's engine on the run's engine spec."""
     spec = checked.spec
-    return transport.run(checked.implementation.run_rank, checked.engine,
+    return transport.run(checked.implementation.run_rank, checked.engine_spec,
                          dp_size=spec.dp_size, out_dir=pathlib.Path(spec.out_dir),
                          collective_timeout_s=spec.collective_timeout_s,
                          run_timeout_s=spec.run_timeout_s)

@@ -240,21 +240,21 @@ class CheckedRun:
       vllm-ascend, its tree and the tree's git commit);
     - ``device``: where the ranks' lockstep collective runs, "cpu" or "npu" (never
       "auto");
-    - ``engine``: what every rank reads (``emu.rank.engine_spec.EngineSpec``).
+    - ``engine_spec``: what every rank reads (``emu.rank.engine_spec.EngineSpec``).
     """
 
     spec: RunSpec
     config: AdditionalConfig
     implementation: Implementation
     device: str
-    engine: EngineSpec
+    engine_spec: EngineSpec
 
     @cached_property
     def description(self) -> dict:
         """What metrics.json records of the implementation the run used
         (``emu.impl.Implementation.describe``; for vllm-ascend the tree's content
         hash, computed here, once)."""
-        return self.implementation.describe(self.engine)
+        return self.implementation.describe(self.engine_spec)
 
 
 def check(spec: RunSpec, names: Names | None = None, *,

@@ -63,27 +63,27 @@ class Implementation(ABC):
         return None
 
     @abstractmethod
-    def build(self, ctx: RankContext, engine: EngineSpec) -> RankHarness:
-        """In each rank: the rank's engine for ``engine``, ready to ``run()``, writing
+    def build(self, ctx: RankContext, spec: EngineSpec) -> RankHarness:
+        """In each rank: the rank's engine for ``spec``, ready to ``run()``, writing
         into ``ctx.out_dir``."""
 
     @abstractmethod
-    def describe(self, engine: EngineSpec) -> dict:
+    def describe(self, spec: EngineSpec) -> dict:
         """What ``metrics.json`` records of the implementation a run used."""
 
-    def make_engine(self, ctx: RankContext, engine: EngineSpec) -> RankHarness:
+    def make_engine(self, ctx: RankContext, spec: EngineSpec) -> RankHarness:
         """This rank's engine, seeded. Tests that need a sabotaged rank start from here.
         Rank threads of one process seed the same process-wide RNGs with the same seed;
         no engine code draws from them (a draw would depend on how the threads
         interleave)."""
-        random.seed(engine.seed)
-        np.random.seed(engine.seed)
-        return self.build(ctx, engine)
+        random.seed(spec.seed)
+        np.random.seed(spec.seed)
+        return self.build(ctx, spec)
 
-    def run_rank(self, ctx: RankContext, engine: EngineSpec) -> RankSummary:
+    def run_rank(self, ctx: RankContext, spec: EngineSpec) -> RankSummary:
         """The target every transport runs in each rank (this method, bound to the run's
         implementation, is what a rank process unpickles)."""
-        return self.make_engine(ctx, engine).run()
+        return self.make_engine(ctx, spec).run()
 
 
 def get(name: str) -> type[Implementation]:

@@ -1,7 +1,7 @@
 """``EngineSpec``: what every rank of a run reads, and nothing else.
 
 The launching process checks a run (``emu.spec.check``), resolving what it needs once,
-and makes the run's engine spec from it (``emu.spec.CheckedRun.engine``); the
+and makes the run's engine spec from it (``emu.spec.CheckedRun.engine_spec``); the
 transports hand it to every rank, where the implementation builds the rank's engine
 from it (``emu.impl.Implementation.run_rank``). What only the launcher needs (the
 out_dir, which transport and device, the timeouts, the workload's name, which

@@ -101,7 +101,7 @@ def _run_placed(trace, out_dir, placement, transport="process"):
     (the launcher) or rank threads."""
     spec = _spec(trace, out_dir)
     checked = check(spec)
-    args = (checked.implementation, checked.engine, placement)
+    args = (checked.implementation, checked.engine_spec, placement)
     if transport == "thread":
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
         return run_in_threads(placed_target, args,

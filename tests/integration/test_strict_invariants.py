@@ -78,7 +78,7 @@ def _run_sabotaged(spec, broken_rank, kind, request_id=None) -> ClusterError:
     checked = check(spec)
     with pytest.raises(ClusterError) as info:
         launch(sabotaged_target,
-               (checked.implementation, checked.engine, broken_rank, kind, request_id),
+               (checked.implementation, checked.engine_spec, broken_rank, kind, request_id),
                dp_size=spec.dp_size, device="cpu", out_dir=spec.out_dir,
                collective_timeout_s=spec.collective_timeout_s,
                run_timeout_s=spec.run_timeout_s)

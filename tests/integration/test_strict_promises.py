@@ -147,7 +147,7 @@ def _run_broken(tmp_path, kind: str) -> ClusterError:
     spec = promise_spec(tmp_path)
     checked = check(spec)
     with pytest.raises(ClusterError) as info:
-        launch(broken_target, (checked.implementation, checked.engine, kind),
+        launch(broken_target, (checked.implementation, checked.engine_spec, kind),
                dp_size=spec.dp_size,
                device="cpu", out_dir=spec.out_dir,
                collective_timeout_s=spec.collective_timeout_s,

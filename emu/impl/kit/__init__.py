@@ -37,7 +37,7 @@ class KitImplementation(Implementation):
     def preload(self) -> Preload:
         return Preload(("emu.impl.kit.engine",))
 
-    def build(self, ctx, engine):
+    def build(self, ctx, spec):
         """This rank's kit engine; its ``dyntra_lb`` log goes to ``rank<r>.log`` with a
         fixed prefix (no timestamps, so the file is as deterministic as the event log)."""
         from emu.impl.kit.engine import EngineCore
@@ -46,10 +46,10 @@ class KitImplementation(Implementation):
         handler.setFormatter(logging.Formatter(
             f"(EngineCore_DP{ctx.rank}) %(levelname)s %(message)s"))
         ctx.host.route_log("dyntra_lb", [handler])
-        return EngineCore(ctx, engine)
+        return EngineCore(ctx, spec)
 
-    def describe(self, engine) -> dict:
-        return {"impl": "kit", "planner": engine.planner}
+    def describe(self, spec) -> dict:
+        return {"impl": "kit", "planner": spec.planner}
 
 
 IMPLEMENTATION = KitImplementation

@@ -80,7 +80,7 @@ class VllmAscendImplementation(Implementation):
 
         check_one_tree(self.tree)
 
-    def build(self, ctx, engine):
+    def build(self, ctx, spec):
         """This rank's engine, ready to ``run()``."""
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from emu.impl.vllm_ascend import rank_state
@@ -93,27 +93,27 @@ class VllmAscendImplementation(Implementation):
             preset_ascend_config,
         )
 
-        config = engine.config
-        _route_logs(ctx, engine)
+        config = spec.config
+        _route_logs(ctx, spec)
         core = import_tree(self.tree.root)
         rank_state.keep_per_rank(ctx.host)
         if config.dyntra_lb.enabled:
             # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
             core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
                                config.dyntra_lb.enable_diagnostics)
-        model_path = model_dir(ctx.out_dir, max_model_len_of(engine))
+        model_path = model_dir(ctx.out_dir, max_model_len_of(spec))
         vllm_config = build_vllm_config(
-            engine, rank=ctx.rank, dp_size=ctx.dp_size, variant=self.variant,
+            spec, rank=ctx.rank, dp_size=ctx.dp_size, variant=self.variant,
             dyntra_lb_enabled=config.dyntra_lb.enabled, model_path=model_path,
             additional_config=config.raw)
         preset_ascend_config(vllm_config)
         return EmulatedRank(
-            ctx, engine, vllm_config=vllm_config, core_module=core,
+            ctx, spec, vllm_config=vllm_config, core_module=core,
             dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled)
 
-    def describe(self, engine) -> dict:
-        return {"impl": "vllm-ascend", "async_scheduling": engine.async_scheduling,
-                "planner": engine.planner, **self.tree.describe()}
+    def describe(self, spec) -> dict:
+        return {"impl": "vllm-ascend", "async_scheduling": spec.async_scheduling,
+                "planner": spec.planner, **self.tree.describe()}
 
 
 IMPLEMENTATION = VllmAscendImplementation
@@ -123,7 +123,7 @@ _DYNTRA_FILES = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",
                  "recompute_scheduler.py")
 
 
-def _route_logs(ctx, engine) -> None:
+def _route_logs(ctx, spec) -> None:
     """vLLM's and vllm-ascend's log lines of this rank: the DyntraLB lines (from
     vllm-ascend's DyntraLB modules) into ``rank<r>.log`` with vLLM's prefix minus pid
     and time, as ``dyntra-emu replay`` reads them (after a first line with the engine
@@ -132,7 +132,7 @@ def _route_logs(ctx, engine) -> None:
     rank, out_dir = ctx.rank, ctx.out_dir
     path = out_dir / f"rank{rank}.log"
     path.write_text(f"(EngineCore_DP{rank}) INFO emulated engine: max_num_seqs="
-                    f"{engine.max_num_seqs} block_size={engine.block_size}\n")
+                    f"{spec.max_num_seqs} block_size={spec.block_size}\n")
     lines = logging.FileHandler(path, mode="a")
     lines.addFilter(lambda record: record.filename in _DYNTRA_FILES)
     lines.setFormatter(logging.Formatter(

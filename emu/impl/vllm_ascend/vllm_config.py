@@ -70,10 +70,10 @@ def model_dir(out_dir: pathlib.Path, max_model_len: int) -> pathlib.Path:
     return path
 
 
-def build_vllm_config(engine: EngineSpec, *, rank: int, dp_size: int, variant: str,
+def build_vllm_config(spec: EngineSpec, *, rank: int, dp_size: int, variant: str,
                       dyntra_lb_enabled: bool, model_path: pathlib.Path,
                       additional_config: dict):
-    """The VllmConfig of DP rank ``rank`` of ``dp_size`` running ``engine``. ``variant``
+    """The VllmConfig of DP rank ``rank`` of ``dp_size`` running ``spec``. ``variant``
     is the deployment variant the startup checks chose; ``additional_config`` the
     user's JSON, parsed."""
     from vllm.config import (
@@ -87,16 +87,16 @@ def build_vllm_config(engine: EngineSpec, *, rank: int, dp_size: int, variant: s
     )
 
     register_connector()
-    max_model_len = max_model_len_of(engine)
+    max_model_len = max_model_len_of(spec)
     model = ModelConfig(model=str(model_path), skip_tokenizer_init=True,
-                        max_model_len=max_model_len, dtype="bfloat16", seed=engine.seed)
+                        max_model_len=max_model_len, dtype="bfloat16", seed=spec.seed)
     scheduler = SchedulerConfig(
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
         max_model_len=max_model_len,
         is_encoder_decoder=False,
-        policy=engine.scheduling_policy,
-        async_scheduling=engine.async_scheduling,
+        policy=spec.scheduling_policy,
+        async_scheduling=spec.async_scheduling,
         enable_chunked_prefill=True,
         scheduler_cls=scheduler_cls(variant, dyntra_lb_enabled),
     )
@@ -104,17 +104,17 @@ def build_vllm_config(engine: EngineSpec, *, rank: int, dp_size: int, variant: s
                               data_parallel_rank_local=rank)
     config = VllmConfig(
         model_config=model,
-        cache_config=CacheConfig(block_size=engine.block_size, enable_prefix_caching=False,
-                                 num_gpu_blocks_override=engine.num_gpu_blocks + 1),
+        cache_config=CacheConfig(block_size=spec.block_size, enable_prefix_caching=False,
+                                 num_gpu_blocks_override=spec.num_gpu_blocks + 1),
         scheduler_config=scheduler,
         parallel_config=parallel,
-        speculative_config=speculative_config(engine.cost_model, model, parallel),
+        speculative_config=speculative_config(spec.cost_model, model, parallel),
         kv_transfer_config=KVTransferConfig(
             kv_connector=CONNECTOR_NAME, kv_role="kv_consumer",
             kv_load_failure_policy="recompute",
             kv_connector_extra_config={
-                "latency_fixed_s": engine.kv_latency_fixed_s,
-                "latency_per_block_s": engine.kv_latency_per_block_s}),
+                "latency_fixed_s": spec.kv_latency_fixed_s,
+                "latency_per_block_s": spec.kv_latency_per_block_s}),
         device_config=DeviceConfig(device="cpu"),
         additional_config=additional_config,
     )
@@ -122,7 +122,7 @@ def build_vllm_config(engine: EngineSpec, *, rank: int, dp_size: int, variant: s
     # check_and_update_config); vllm-ascend's NPU platform keeps it, and so does the
     # node emulated here: with it, vLLM's engine overlaps each step with the next
     # (its batch queue), as on the node.
-    config.scheduler_config.async_scheduling = engine.async_scheduling
+    config.scheduler_config.async_scheduling = spec.async_scheduling
     return config
 
 
@@ -142,15 +142,15 @@ def speculative_config(profile, model, parallel):
                              target_model_config=model, target_parallel_config=parallel)
 
 
-def max_model_len_of(engine: EngineSpec) -> int:
+def max_model_len_of(spec: EngineSpec) -> int:
     """Room for the longest request of the trace, rounded up to whole blocks, plus, with
     k draft tokens, 3k more: the drafts and lookahead slots of a request's last steps
     (vLLM caps a step's tokens and slots at ``max_model_len``; the kit has no such cap,
     so it must never bind)."""
-    longest = max(r.prompt_tokens + r.output_tokens for r in engine.trace)
-    longest += 3 * engine.cost_model.num_speculative_tokens
-    blocks = -(-longest // engine.block_size) + 1
-    return blocks * engine.block_size
+    longest = max(r.prompt_tokens + r.output_tokens for r in spec.trace)
+    longest += 3 * spec.cost_model.num_speculative_tokens
+    blocks = -(-longest // spec.block_size) + 1
+    return blocks * spec.block_size
 
 
 def preset_ascend_config(vllm_config) -> None:
