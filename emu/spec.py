@@ -16,10 +16,10 @@ imports neither torch nor vLLM, so the CLI can build its parser from it quickly.
 
 ``check(spec, names)`` raises ``SpecError`` with every problem at once, each a
 ``Problem`` naming the field (and, for a request of the trace or a fault, its index).
-``names`` words them:
-by default in RunSpec's own terms (``RunSpec.trace[3]``, ``block_size=16``); the CLI
-passes its own, which says ``file:line`` and ``--block-size 16`` instead, so a user of
-the command line and a caller in Python are refused by the same rules.
+``names`` words them: by default in RunSpec's own terms (``RunSpec.trace[3]``,
+``block_size=16``); the CLI passes its own, which says ``file:line`` and ``--block-size
+16`` instead, so a user of the command line and a caller in Python are refused by the
+same rules.
 """
 
 from __future__ import annotations
