@@ -3,7 +3,7 @@ calls of a function in this process, wherever a module imported it by name, and
 ``RESOLVED_ONCE`` names what one ``dyntra-emu run`` must work out once, each with the
 function that does it every time.
 
-Used by tests/cli/test_cli_resolved_once.py (the kit) and
+Used by tests/cli/test_cli_run.py (``test_run_dynamic_config_from_file``: the kit) and
 tests/upstream/test_resolved_once_upstream.py (``--impl vllm-ascend``, whose tree is
 resolved too).
 """

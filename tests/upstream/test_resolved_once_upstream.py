@@ -1,5 +1,5 @@
 """One `dyntra-emu run --impl vllm-ascend` works out each input of its run once
-(tests/call_counts.py): besides the kit's (tests/cli/test_cli_resolved_once.py), its
+(tests/call_counts.py): besides the kit's (tests/cli/test_cli_run.py), its
 vllm-ascend tree is resolved once (one `git rev-parse`) and hashed once. Counted in the
 command's process, which launches rank processes."""
 
