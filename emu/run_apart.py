@@ -137,8 +137,8 @@ def run_apart(spec: RunSpec | CheckedRun) -> RunResult:
     """Run ``spec`` in a process of its own and return its result; raises what the run
     raised there (``ClusterError``, ``Interrupted`` ...), or here, before it starts, a
     RunSpec's ``SpecError``."""
-    out_dir = spec.spec.out_dir if isinstance(spec, CheckedRun) else spec.out_dir
-    job, receive = start_job(_job, spec, f"dyntra-emu run {out_dir}")
+    checked = as_checked(spec)
+    job, receive = start_job(_job, checked, f"dyntra-emu run {checked.spec.out_dir}")
     try:
         outcome = _receive(receive, job)
     except BaseException as exc:  # SIGINT / SIGTERM here: the run stops, then reports
