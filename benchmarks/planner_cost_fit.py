@@ -57,7 +57,7 @@ _LONG_PAIRS = 2_000_000
 def production_planner():
     from emu.impl.vllm_ascend.tree import import_tree, resolve
 
-    return import_tree(resolve(TREE)).DyntraLBDPEngineCoreProc._balance_load
+    return import_tree(resolve(TREE).root).DyntraLBDPEngineCoreProc._balance_load
 
 
 def partial(rng, dp: int, mns: int, skewed: bool):

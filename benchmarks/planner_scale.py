@@ -49,7 +49,7 @@ _LONG_S = 1.0
 def production_planner():
     from emu.impl.vllm_ascend.tree import import_tree, resolve
 
-    return import_tree(resolve(TREE)).DyntraLBDPEngineCoreProc._balance_load
+    return import_tree(resolve(TREE).root).DyntraLBDPEngineCoreProc._balance_load
 
 
 def step_ms(snap, mns: int) -> float:

@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from emu.knobs import is_int
+
+if TYPE_CHECKING:  # imported when a cluster runs (see above)
+    from emu.run import RunResult
+    from emu.spec import RunSpec
 
 DEFAULT_DP = 2
 
@@ -39,14 +43,15 @@ class ClusterRun:
     - ``metrics``: the metrics.json dictionary (docs/metrics.md) of the run, written
       into ``out_dir`` too; its ``config`` is what the CLI records for the same spec;
     - ``events``: the parsed event log of every rank, ``events[rank]`` in file order;
-    - ``out_dir``: where the run's files are (inside the test's ``tmp_path``).
+    - ``out_dir``: where the run's files are (inside the test's ``tmp_path``);
+    - ``spec``: the ``emu.spec.RunSpec`` that ran.
     """
 
-    result: Any
+    result: RunResult
     metrics: dict
     events: list[list[dict]]
     out_dir: pathlib.Path
-    spec: Any = field(repr=False, default=None)
+    spec: RunSpec | None = field(repr=False, default=None)
 
     def steps(self, rank: int) -> list[dict]:
         """Step records of ``rank``."""

@@ -1,5 +1,12 @@
 """Workload traces for the emulated cluster: the trace schema, loading with validation,
-and the routing of unpinned requests to DP ranks.
+the rules every trace's requests pass, and the routing of unpinned requests to DP ranks.
+
+The rules are each written once, here, and worded once: one request's arrival time
+(``arrival_problem``) and token counts (``tokens_problem``); the requests of a trace
+together (``UniqueIds``, ``ArrivalOrder``); a pinned rank against the DP size
+(``pinned_rank_problem``). The readers of every trace format (``emu.traces``) apply them
+line by line, naming ``file:line``; ``emu.spec.check`` applies them to a RunSpec's
+trace, naming the request.
 
 The engine on every rank loads the same trace, routes every request with the same
 deterministic router and keeps only the requests routed to itself, so no rank needs to
@@ -33,7 +40,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,20 +210,62 @@ def json_objects(path: Path, raw: bytes) -> Iterator[tuple[int, dict | None, str
         yield lineno, obj, None
 
 
+def on_line(line: int) -> str:
+    """A file's line as the rules below name an earlier one."""
+    return f"line {line}"
+
+
 class ArrivalOrder:
-    """The rule of a format whose file is in arrival order: each time is no earlier than
-    the one before it (equal times are fine). ``check`` each time in file order."""
+    """The rule of a trace in arrival order: each time is no earlier than the one before
+    it (equal times are fine). ``check`` each time in order, with its position (a file's
+    line; a request's index), which ``place`` names when a later time breaks the rule."""
 
-    def __init__(self):
-        self._previous: tuple[float, int] | None = None  # (time, line)
+    def __init__(self, place: Callable[[int], str] = on_line):
+        self._previous: tuple[float, int] | None = None  # (time, position)
+        self._place = place
 
-    def check(self, time: float, line: int) -> str | None:
-        """The problem with ``time`` on ``line`` (without the ``file:line`` prefix)."""
-        previous, self._previous = self._previous, (time, line)
+    def check(self, time: float, position: int) -> str | None:
+        """The problem with ``time`` at ``position`` (without the place's own prefix)."""
+        previous, self._previous = self._previous, (time, position)
         if previous is not None and time < previous[0]:
             return (f"arrivals must be non-decreasing, got {time} after {previous[0]} on "
-                    f"line {previous[1]}")
+                    f"{self._place(previous[1])}")
         return None
+
+
+class UniqueIds:
+    """The rule that no two requests of a trace share an id. ``check`` each id in order,
+    with its position (a file's line; a request's index), which ``place`` names when the
+    id comes again."""
+
+    def __init__(self, place: Callable[[int], str] = on_line):
+        self._first: dict[str, int] = {}
+        self._place = place
+
+    def check(self, request_id: str, position: int) -> str | None:
+        """The problem with ``request_id`` at ``position`` (without the place's prefix)."""
+        first = self._first.setdefault(request_id, position)
+        if first != position:
+            return f"duplicate id {request_id!r} (first used on {self._place(first)})"
+        return None
+
+
+def pinned_rank_problem(rank: int, dp_size: int) -> str | None:
+    """Why a request pinned to ``rank`` cannot run with ``dp_size`` ranks, or None."""
+    if rank >= dp_size:
+        return f"expected an integer in 0..{dp_size - 1} for dp_size={dp_size}, got {rank}"
+    return None
+
+
+def arrival_problem(value) -> str | None:
+    """Why ``value`` is not a request's arrival time (a finite number of seconds in
+    0..MAX_ARRIVAL_S), or None."""
+    if not is_time(value):
+        return f"expected a finite number >= 0 (seconds), got {show(value)}"
+    if value > MAX_ARRIVAL_S:
+        return (f"expected at most {MAX_ARRIVAL_S:g} seconds, got {show(value)} (is the "
+                "trace in milliseconds?)")
+    return None
 
 
 def tokens_problem(value, shown: str | None = None) -> str | None:
@@ -258,9 +307,8 @@ def dyntra_rows(path: Path, raw: bytes, dp_size: int | None = None) -> Iterator[
     any (an empty trace, too many requests)."""
     if dp_size is not None:
         _check_dp_size(dp_size)
-    first_line_of: dict[str, int] = {}
+    ids = UniqueIds()
     count = 0  # request lines so far
-    any_problem = False
     order = ArrivalOrder()
     for lineno, obj, problem in json_objects(path, raw):
         where = f"{path}:{lineno}"
@@ -270,7 +318,6 @@ def dyntra_rows(path: Path, raw: bytes, dp_size: int | None = None) -> Iterator[
                                         "the limit for a trace",))
             return
         if obj is None:
-            any_problem = True
             yield Row(lineno, problems=(problem,))
             continue
         line_problems: list[str] = []
@@ -278,21 +325,16 @@ def dyntra_rows(path: Path, raw: bytes, dp_size: int | None = None) -> Iterator[
         problems = [f"{where}: {p}" for p in line_problems]
         rid = obj.get("request_id")
         if isinstance(rid, str) and rid.strip():
-            if rid in first_line_of:
-                problems.append(
-                    f"{where}: field 'request_id': duplicate id {rid!r} "
-                    f"(first used on line {first_line_of[rid]})"
-                )
-            else:
-                first_line_of[rid] = lineno
+            duplicate = ids.check(rid, lineno)
+            if duplicate is not None:
+                problems.append(f"{where}: field 'request_id': {duplicate}")
         arrival = obj.get("arrival_s")
-        if is_time(arrival) and arrival <= MAX_ARRIVAL_S:
+        if arrival_problem(arrival) is None:
             out_of_order = order.check(arrival, lineno)
             if out_of_order is not None:
                 problems.append(f"{where}: field 'arrival_s': {out_of_order}")
-        any_problem = any_problem or bool(problems)
         yield Row(lineno, None if problems else req, tuple(problems))
-    if not first_line_of and not any_problem:
+    if count == 0:
         yield Row(0, problems=(empty_trace_problem(path),))
 
 
@@ -313,16 +355,9 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
 
     arrival = obj.get("arrival_s")
     if "arrival_s" in obj:
-        if not is_time(arrival):
-            problems.append(
-                f"field 'arrival_s': expected a finite number >= 0 (seconds), got "
-                f"{show(arrival)}"
-            )
-        elif arrival > MAX_ARRIVAL_S:
-            problems.append(
-                f"field 'arrival_s': expected at most {MAX_ARRIVAL_S:g} seconds, got "
-                f"{show(arrival)} (is the trace in milliseconds?)"
-            )
+        problem = arrival_problem(arrival)
+        if problem is not None:
+            problems.append(f"field 'arrival_s': {problem}")
 
     for name in ("prompt_tokens", "output_tokens"):
         if name in obj:
@@ -334,11 +369,8 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
     if "rank" in obj:
         if not is_int(rank) or rank < 0:
             problems.append(f"field 'rank': expected an integer >= 0, got {show(rank)}")
-        elif dp_size is not None and rank >= dp_size:
-            problems.append(
-                f"field 'rank': expected an integer in 0..{dp_size - 1} for "
-                f"dp_size={dp_size}, got {rank}"
-            )
+        elif dp_size is not None and (beyond := pinned_rank_problem(rank, dp_size)):
+            problems.append(f"field 'rank': {beyond}")
 
     priority = obj.get("priority", 0)
     if not is_int(priority) or abs(priority) > MAX_PRIORITY:

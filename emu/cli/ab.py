@@ -125,9 +125,9 @@ def _seeds(args) -> list[int]:
 
 
 def _pairs(args, launch, sources, seeds, out_dir: Path, trees) -> list[list]:
-    """Every run of the A/B, checked before the first starts: per seed, [(spec, parsed
-    config)] of A and of B. Each seed of a recipe is a trace of its own; run B takes
-    --planner-b; with ``trees``, each run its own tree."""
+    """Every run of the A/B, checked before the first starts: per seed, the checked runs
+    (``emu.spec.CheckedRun``) of A and of B. Each seed of a recipe is a trace of its own;
+    run B takes --planner-b; with ``trees``, each run its own tree."""
     a_fields, b_fields = {}, {} if args.planner_b is None else {"planner": args.planner_b}
     b_flags = {} if args.planner_b is None else {"planner": "--planner-b"}
     if trees is not None:
@@ -141,11 +141,9 @@ def _pairs(args, launch, sources, seeds, out_dir: Path, trees) -> list[list]:
                                                    strict=True)]
         runs = [(pair[0], sources[0][1]), (pair[1], sources[1][1], b_flags)]
         try:
-            configs = check_specs(args, inputs, runs, local_ranks=launch.local_ranks)
+            pairs.append(check_specs(args, inputs, runs, local_ranks=launch.local_ranks))
         except UsageError as exc:
             problems += exc.problems
-            continue
-        pairs.append(list(zip(pair, configs, strict=True)))
     if problems:
         raise UsageError(*dict.fromkeys(problems))
     return pairs
@@ -160,7 +158,8 @@ def cmd_ab(args) -> int:
     out_dir = out_dir_path(args.out, "ab")
     pairs = _pairs(args, launch, sources, seeds, out_dir, trees)
     warn_ignored_keys("ab", ignored_keys(
-        [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
+        [(checked.config, source) for checked, (_, source) in zip(pairs[0], sources,
+                                                                  strict=True)]))
     about = [] if trees is None else tree_lines(trees)
     if args.seeds is not None:
         # Each run of the batch has a fresh process of its own (a local job, or one a
@@ -171,15 +170,15 @@ def cmd_ab(args) -> int:
     # Rank threads import their tree into the process that hosts them, which can hold
     # one tree: with two trees, each run gets a fresh process of its own.
     apart = trees is not None and args.transport == "thread"
-    measured = [run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
-                for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
+    measured = [run_one(args, checked, launch, f"{name.upper()} ({label})", apart=apart)
+                for checked, name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
     return _report(pairs[0], measured, labels, out_dir, about)
 
 
 def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     """Every run of ``ab --seeds`` as one batch on the executor (``emu.cli.batch``);
     returns [metrics of A, metrics of B] per seed."""
-    specs = [spec for pair in pairs for spec, _ in pair]
+    specs = [checked.spec for pair in pairs for checked in pair]
     names = [f"seed{seed}/{name} ({label})" for seed in seeds
              for name, label in zip(RUN_DIRS, labels, strict=True)]
     with batch_executor(args, specs) as executor:
@@ -199,7 +198,7 @@ def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
     from emu.no_effect import no_effect_notes
     from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
 
-    spec = pair[0][0]
+    spec = pair[0].spec
     metrics = [m.metrics for m in measured]
     runs = [m.run for m in measured]
     from emu.plots import write_ab_plots  # matplotlib: only once both runs are done

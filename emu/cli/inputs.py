@@ -5,10 +5,11 @@ Reading is this module's: the workload (a trace file, a bundled workload or a
 ``recipe:``, with the line of every request), the additional config (``JSON`` or
 ``@file``) and the cost profile (a name or a file); a problem while reading names the
 flag or ``file:line``. Judging is ``emu.spec``'s: ``build_spec`` makes the RunSpec from
-the flags and what was read, and ``check_specs`` puts it through ``emu.spec.check``
-with ``FlagNames``, which words every problem in the command line's terms
-(``--block-size 16``, ``trace.jsonl:3``, ``--fault kill:rank=2,step=5``), so a command
-and the pytest fixture are refused by the same rules. Every problem of every input is
+the flags and what was read, and ``check_specs`` puts it through ``emu.spec.check``,
+which hands back the checked run the command then runs, with ``FlagNames``, which words
+every problem in the command line's terms (``--block-size 16``, ``trace.jsonl:3``,
+``--fault kill:rank=2,step=5``), so a command and the pytest fixture are refused by the
+same rules. Every problem of every input is
 listed at once (``UsageError``), so a user fixes them in one go.
 """
 
@@ -24,12 +25,11 @@ from pathlib import Path
 from dyntra_lb.config import DyntraLBConfig, unknown_keys
 from emu.cli.errors import PROG, UsageError
 from emu.cli.flags import flag_of
-from emu.cluster.device import DeviceError, select_device
 from emu.faults import FaultPlan
 from emu.limits import MAX_SMALL_FILE_BYTES, FileTooLarge, read_limited
 from emu.rank.costs import CostProfileError, StepCostModel, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
-from emu.spec import RunSpec, check, knobs
+from emu.spec import CheckedRun, RunSpec, SpecError, check, knobs
 from emu.traces import LoadedTrace, ReadOptions, Replay, read_trace
 from emu.workload import TraceError, TraceRequest, resolve_workload, workload_label
 
@@ -242,21 +242,22 @@ class FlagNames:
         return f"RunSpec.{field}={value!r}" if flag is None else f"{flag} {value}"
 
 
-def spec_problems(args, inputs: Inputs, spec: RunSpec, source: str,
-                  flags: dict[str, str] | None = None) -> tuple[object, list]:
+def checked_spec(args, inputs: Inputs, spec: RunSpec, source: str,
+                 flags: dict[str, str] | None = None, *,
+                 local_ranks: int | None = None) -> CheckedRun:
     """``emu.spec.check`` of ``spec`` in the flags' words (``FlagNames``; ``source``
-    names its config, ``flags`` the fields another flag set): its parsed additional
-    config and its problems (``emu.spec.Problem``)."""
+    names its config, ``flags`` the fields another flag set): the checked run, or
+    ``emu.spec.SpecError`` with its problems (``emu.spec.Problem``)."""
     names = FlagNames(spec, inputs.workload, source, getattr(args, "cost_model", None),
                       flags or {})
-    return check(spec, names)
+    return check(spec, names, local_ranks=local_ranks)
 
 
 def check_specs(args, inputs: Inputs, runs: list[tuple], *, local_ranks: int,
-                problems: list[str] = ()) -> list:
+                problems: list[str] = ()) -> list[CheckedRun]:
     """Check each (spec, name of its config[, {field: flag} of fields another flag set])
-    with ``emu.spec.check`` and the device with this machine; returns each spec's
-    parsed additional config, or raises UsageError listing ``problems`` (found while
+    with ``emu.spec.check``, its device for ``local_ranks`` ranks on this machine;
+    returns each checked run, or raises UsageError listing ``problems`` (found while
     reading the configs: then the specs were built without theirs), what ``inputs``
     could not read and every spec's problems, each once. The problems of a field left
     at its default because its input could not be read are not the user's, and are
@@ -265,26 +266,16 @@ def check_specs(args, inputs: Inputs, runs: list[tuple], *, local_ranks: int,
     unread = {"trace", "faults"} if inputs.workload is None else set()
     if problems:
         unread |= {"additional_config", "faults"}
-    configs = []
+    checked = []
     for spec, source, *flags in runs:
-        config, spec_found = spec_problems(args, inputs, spec, source, *flags)
-        configs.append(config)
-        found += [str(p) for p in spec_found if p.field not in unread]
-    found += _device_problems(args.device, local_ranks)
+        try:
+            checked.append(checked_spec(args, inputs, spec, source, *flags,
+                                        local_ranks=local_ranks))
+        except SpecError as exc:
+            found += [str(p) for p in exc.problems if p.field not in unread]
     if found:
         raise UsageError(*dict.fromkeys(found))
-    return configs
-
-
-def _device_problems(device: str, local_ranks: int) -> list[str]:
-    """Whether ``local_ranks`` ranks can run on ``device`` here (NPU: torch_npu and
-    enough NPUs): this machine's, not the spec's, so it is checked here as well as by
-    the launcher."""
-    try:
-        select_device(device, local_ranks=local_ranks)
-    except DeviceError as exc:
-        return [f"--device {device}: {exc}"]
-    return []
+    return checked
 
 
 # ----------------------------------------------------------------------- reporting

@@ -44,12 +44,12 @@ def cmd_run(args) -> int:
     timeline = (check_timeline_path(args.timeline, "--timeline", out_dir) if args.timeline
                 else None)
     spec = build_spec(args, launch.dp, inputs, text, out_dir)
-    [config] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.local_ranks,
-                           problems=problems)
+    [checked] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.local_ranks,
+                            problems=problems)
     if launch.rank == 0:  # under torchrun: rank 0 warns and prepares the directory
-        warn_ignored_keys("run", ignored_keys([(config, source)]))
+        warn_ignored_keys("run", ignored_keys([(checked.config, source)]))
         prepare_out_dir(out_dir, args.overwrite)
-    measured = run_one(args, spec, config, launch, "run")
+    measured = run_one(args, checked, launch, "run")
     if measured is None:
         return 0
     # Imported only now: matplotlib costs a refused input or a failed run half a second.

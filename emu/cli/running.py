@@ -1,7 +1,7 @@
 """How a command takes part in a run (``Launch``: the DP size, torchrun or not) and one
-run of a RunSpec for a command: launched through ``emu.run.run``, watched with a
-progress bar, its failure turned into a message; under torchrun this process is one of
-the ranks.
+checked run for a command: launched through ``emu.run.run``, watched with a progress
+bar, its failure turned into a message; under torchrun this process is one of the
+ranks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import describe_config, local_ranks
 from emu.cli.progress import Progress, note
-from emu.cluster.device import DeviceError
+from emu.spec import CheckedRun
 
 if TYPE_CHECKING:
     from emu.metrics import Run
@@ -83,32 +83,28 @@ def torchrun_env() -> tuple[int, int] | None:
         raise UsageError("RANK and WORLD_SIZE must be integers (set by torchrun)") from None
 
 
-def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = False
+def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool = False
             ) -> Measured | None:
-    """Run ``spec`` (checked; ``config`` its parsed additional config) into its out_dir
-    with a progress bar; metrics.json is written there. Returns its metrics and the run
-    they were computed from (None on the ranks other than 0 under torchrun). ``apart``:
-    in a fresh process of its own (``emu.run_apart``; ab's runs of two vllm-ascend trees
-    on rank threads)."""
+    """Run ``checked`` into its out_dir with a progress bar; metrics.json is written
+    there. Returns its metrics and the run they were computed from (None on the ranks
+    other than 0 under torchrun). ``apart``: in a fresh process of its own
+    (``emu.run_apart``; ab's runs of two vllm-ascend trees on rank threads)."""
     from emu.cluster.supervision import ClusterError, Interrupted
 
+    spec = checked.spec
     out_dir = Path(spec.out_dir)
     if launch.rank == 0:
         note(args, f"{desc}: {spec.dp_size} ranks, workload {spec.workload} "
-                   f"({len(spec.trace)} requests), {describe_config(config)}, "
+                   f"({len(spec.trace)} requests), {describe_config(checked.config)}, "
                    f"seed {spec.seed}; writing {out_dir}")
     bar = launch.rank == 0 and not args.quiet and sys.stderr.isatty()
     start = time.monotonic()
     try:
         with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
-            measured, truncated = _run(spec, launch, apart)
-    except DeviceError as exc:
-        raise UsageError(f"--device {spec.device}: {exc}") from None
+            measured, truncated = _run(checked, launch, apart)
     except ClusterError as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
     except Interrupted as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
         ranks = ("every rank was stopped" if exc.details else
                  "no rank had started yet")
         reports = "every rank's report" if exc.details else "the report"
@@ -125,31 +121,28 @@ def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = Fals
     return measured
 
 
-def _run(spec, launch: Launch, apart: bool) -> tuple[Measured | None, bool]:
+def _run(checked: CheckedRun, launch: Launch, apart: bool) -> tuple[Measured | None, bool]:
     """Run the cluster (in a fresh process when ``apart``); returns its metrics and run
     (None on a rank other than 0 under torchrun) and whether a rank hit max_steps (as far
     as this process knows)."""
     if launch.torchrun is None:
-        if apart:
-            from emu.run_apart import run_apart as run
-        else:
-            from emu.run import run
+        from emu.run_apart import run_here_or_apart
 
-        result = run(spec)
+        result = run_here_or_apart(checked, apart=apart)
         return Measured(result.metrics, result.loaded), result.truncated
     # Under torchrun this process is one rank; rank 0 measures once every rank is done.
     from emu.metrics import load_run
     from emu.run import join_cluster, measure
 
     try:
-        summary = join_cluster(spec)
+        summary = join_cluster(checked)
     except Exception as exc:  # torchrun stops the other ranks and reports the failure
         rank = os.environ.get("RANK")
         raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
     if launch.rank != 0:
         return None, summary.truncated
-    loaded = load_run(spec.out_dir)
-    return Measured(measure(spec, summary.device, loaded), loaded), summary.truncated
+    loaded = load_run(checked.spec.out_dir)
+    return Measured(measure(checked, loaded), loaded), summary.truncated
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

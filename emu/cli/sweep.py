@@ -30,14 +30,15 @@ from emu.cli.flags import (
 from emu.cli.inputs import (
     build_spec,
     check_specs,
+    checked_spec,
     default_config,
     read_config_arg,
     read_inputs,
-    spec_problems,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.progress import note
 from emu.cli.running import resolve_launch
+from emu.spec import SpecError
 from emu.sweep import (
     GRID_KEYS,
     MAX_POINTS,
@@ -107,7 +108,8 @@ def _specs(args, launch, out_dir: Path):
                     if args.additional_config is not None else default_config())
     inputs = read_inputs(args, launch.dp)
     base = build_spec(args, launch.dp, inputs, text, out_dir, transport="thread")
-    [config] = check_specs(args, inputs, [(base, source)], local_ranks=launch.dp)
+    [checked] = check_specs(args, inputs, [(base, source)], local_ranks=launch.dp)
+    config = checked.config
     try:
         singles = [(f"--grid {key}={value}", with_lb(config.raw, enabled=True, **{key: value}))
                    for key, values in grid.items() for value in values]
@@ -117,9 +119,10 @@ def _specs(args, launch, out_dir: Path):
     checks = [*singles, *((p.source, p.config) for p in points)]
     for name, point_config in checks:
         spec = dataclasses.replace(base, additional_config=point_config)
-        _, problems = spec_problems(args, inputs, spec, name)
-        if problems:
-            raise UsageError(*(str(p) for p in problems))
+        try:
+            checked_spec(args, inputs, spec, name)
+        except SpecError as exc:
+            raise UsageError(*(str(p) for p in exc.problems)) from None
     return grid, config, base, points
 
 

@@ -4,10 +4,10 @@ implementation's own); never by a rank or the launcher itself.
 
 It imports what every rank would otherwise import during its own start-up: torch and
 torch.distributed, the rank side of a launch (`emu.cluster.rank_process`) and the rank
-target (`emu.impl.run_rank`); and it loads the compiled planner from numba's disk cache
-(`dyntra_lb.planner.front.warm_up`: numba and its modules, which each rank of a DyntraLB
-run would load again). Each rank, a fork of the server,
-then has all of it in memory from its first instruction (`emu.cluster.rank_boot`).
+target (`emu.impl.Implementation.run_rank`); and it loads the compiled planner from
+numba's disk cache (`dyntra_lb.planner.front.warm_up`: numba and its modules, which each
+rank of a DyntraLB run would load again). Each rank, a fork of the server, then has all
+of it in memory from its first instruction (`emu.cluster.rank_boot`).
 Without a disk cache (the first run of a fresh install) the warm-up compiles the planner
 here, once.
 

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from emu.cluster.device import bind_rank_device, select_device
+from emu.cluster.device import bind_rank_device, check_kind
 from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rendezvous import (
     LOOPBACK_HOST,
@@ -164,11 +164,13 @@ def _env_int(name: str) -> int:
             from None
 
 
-def join_from_env(target, args, *, device: str = "auto",
+def join_from_env(target, args, *, device: str = "cpu",
                   out_dir: pathlib.Path | str | None = None,
                   collective_timeout_s: float = 60.0):
     """Run this process as one rank of a cluster started by torchrun; returns this rank's
-    `target(ctx, args)`. Failures propagate as exceptions and torchrun stops the others.
+    `target(ctx, args)`. ``device``: the kind the device group uses, "cpu" or "npu"
+    (`emu.cluster.device.select_device` chose it for this machine's LOCAL_WORLD_SIZE
+    ranks). Failures propagate as exceptions and torchrun stops the others.
     Where the rendezvous and gloo listen is torchrun's and the user's choice (MASTER_ADDR,
     GLOO_SOCKET_IFNAME), not pinned to loopback as under `launch`: rank 0 warns when a
     run on one machine is given a network MASTER_ADDR (emu.cluster.rendezvous)."""
@@ -177,14 +179,13 @@ def join_from_env(target, args, *, device: str = "auto",
         if name not in os.environ:
             raise RuntimeError(f"join_from_env needs the {name} environment variable")
     warn_if_master_addr_exposed(rank, world_size)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-    device_kind = select_device(device, local_ranks=local_world)
+    check_kind(device)
     if out_dir is not None:
         out_dir = pathlib.Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
     _limit_threads()
     torch_device, dp_group, device_group = _make_groups(
-        device_kind, local_rank, timedelta(seconds=collective_timeout_s),
+        device, local_rank, timedelta(seconds=collective_timeout_s),
         init_method="env://", rank=rank, world_size=world_size)
     ctx = RankContext(rank, world_size, local_rank, dp_group, device_group, torch_device,
                       out_dir)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.call_counts import RESOLVED_ONCE, count_calls
 from tests.exposure import network_interface
 
 pytestmark = pytest.mark.integration
@@ -100,14 +101,18 @@ def test_the_command_never_imports_torch_for_a_run_on_rank_processes(tiny_trace,
     assert json.loads((out / "metrics.json").read_text())["requests_finished"] == 10
 
 
-def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
-    """--additional-config @file takes a decode node's config as is."""
+def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit, monkeypatch):
+    """--additional-config @file takes a decode node's config as is; and the command
+    works out each input of its run once (tests/call_counts.py): the config is parsed
+    once, the device chosen once, the trace read once, from the check to metrics.json
+    (counted in the command's process, which launches rank processes)."""
     config = {"scheduler_config": {"dyntra_lb_config": {
         "enabled": True, "mode": "dynamic", "start_step": 0, "long_req_block_threshold": 5,
         "dynamic_max_step": 8}}}
     path = tmp_path / "decode.json"
     path.write_text(json.dumps(config))
     out = tmp_path / "dyn"
+    calls = count_calls(monkeypatch, RESOLVED_ONCE, tiny_trace)
 
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--additional-config",
                f"@{path}", "--out", out)
@@ -116,6 +121,8 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
     assert "DyntraLB dynamic mode from step 0, long requests > 5 blocks" in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["additional_config"] == config
+    assert {what: len(callers) for what, callers in calls.items()} == \
+        dict.fromkeys(RESOLVED_ONCE, 1), calls
 
 
 def test_run_reads_each_event_log_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):

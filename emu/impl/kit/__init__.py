@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from dyntra_lb.config import check_deployment
-from emu.impl import Implementation, planner_name
+from dyntra_lb.planner import registry as planners
+from emu.impl import Implementation
 from emu.rank.context import Preload
 
 
+@dataclass(frozen=True)
 class KitImplementation(Implementation):
-    def check(self, config, *, dp_size: int, async_scheduling: bool,
-              vllm_ascend: str | None) -> None:
+    """Ours: nothing to find before a run, the same for every run."""
+
+    own_planner = planners.REFERENCE
+
+    @classmethod
+    def resolve(cls, config, *, dp_size: int, async_scheduling: bool,
+                vllm_ascend: str | None) -> KitImplementation:
         """The startup checks of a decode node; the kit emulates vLLM's plain
         synchronous scheduler only."""
         if async_scheduling:
@@ -24,11 +32,12 @@ class KitImplementation(Implementation):
                 f"the kit runs vLLM's plain synchronous scheduler; the additional config "
                 f"selects the {variant!r} scheduler (scheduler_config."
                 "recompute_scheduler_enable runs with --impl vllm-ascend)")
+        return cls()
 
-    def preload(self, spec) -> Preload:
+    def preload(self) -> Preload:
         return Preload(("emu.impl.kit.engine",))
 
-    def build(self, ctx, spec, config):
+    def build(self, ctx, spec):
         """This rank's kit engine; its ``dyntra_lb`` log goes to ``rank<r>.log`` with a
         fixed prefix (no timestamps, so the file is as deterministic as the event log)."""
         from emu.impl.kit.engine import EngineCore
@@ -37,10 +46,10 @@ class KitImplementation(Implementation):
         handler.setFormatter(logging.Formatter(
             f"(EngineCore_DP{ctx.rank}) %(levelname)s %(message)s"))
         ctx.host.route_log("dyntra_lb", [handler])
-        return EngineCore(ctx, spec, config, planner_name(spec.planner, spec.impl))
+        return EngineCore(ctx, spec)
 
     def describe(self, spec) -> dict:
-        return {"impl": "kit", "planner": planner_name(spec.planner, spec.impl)}
+        return {"impl": "kit", "planner": spec.planner}
 
 
-IMPLEMENTATION = KitImplementation()
+IMPLEMENTATION = KitImplementation

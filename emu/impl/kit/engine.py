@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +40,13 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
+from dyntra_lb.planner import registry as planners
+from dyntra_lb.planner.registry import Planner
 from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.rank.context import RankContext
 from emu.rank.control_plane import PlannerCall
+from emu.rank.engine_spec import EngineSpec
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.remote_kv import RemoteKVConnector
@@ -70,14 +75,14 @@ class _Step:
 
 class EngineCore(RankHarness):
     """One kit rank's engine: scheduler, remote-KV connector and (when DyntraLB is
-    enabled) the coordinator running ``planner``, over the validated ``spec``
-    (``emu.spec.RunSpec``) and its parsed ``config``, on the rank harness (clock,
-    arrivals, recorder, faults, logs)."""
+    enabled) the coordinator running the run's planner, over the run's ``spec``
+    (``emu.rank.engine_spec.EngineSpec``), on the rank harness (clock, arrivals,
+    recorder, faults, logs)."""
 
-    def __init__(self, ctx: Any, spec: Any, config: Any, planner: str):
-        super().__init__(ctx, spec, planner)
+    def __init__(self, ctx: RankContext, spec: EngineSpec):
+        super().__init__(ctx, spec)
         faults = self.faults
-        lb_config = config.dyntra_lb
+        lb_config = spec.config.dyntra_lb
         latencies = (spec.kv_latency_fixed_s, spec.kv_latency_per_block_s)
         self.connector = (RemoteKVConnector(*latencies) if faults is None
                           else faults.make_connector(*latencies))
@@ -92,8 +97,7 @@ class EngineCore(RankHarness):
             policy=spec.scheduling_policy,
             spec_decode=DraftAcceptance.for_profile(spec.cost_model, spec.seed),
         )
-        self.coordinator = (self._make_coordinator(ctx, config, planner)
-                            if lb_config.enabled else None)
+        self.coordinator = self._make_coordinator(ctx) if lb_config.enabled else None
         self.strict = StrictChecker(self) if spec.strict else None
 
         # DPEngineCoreProc state.
@@ -105,19 +109,23 @@ class EngineCore(RankHarness):
         self._sync_tensor = torch.from_numpy(self._sync_array)
         self._balance: BalanceStep | None = None  # DyntraLB's part of this iteration
 
-    def _make_coordinator(self, ctx, config, planner: str) -> DyntraLBCoordinator:
-        spec, lb_config = self.spec, config.dyntra_lb
+    def _make_coordinator(self, ctx: RankContext) -> DyntraLBCoordinator:
+        spec = self.spec
+        config, lb_config = spec.config, spec.config.dyntra_lb
         if ctx.rank == 0 and lb_config.enable_diagnostics:
             logger.info(diagnostics.enable_line())
         if lb_config.enable_diagnostics:
             # vLLM does not log these; `dyntra-emu replay` of this log reads them here.
             logger.info(f"emulated engine: max_num_seqs={spec.max_num_seqs} "
                         f"block_size={spec.block_size}")
+        planner = planners.get(spec.planner)
+        if ctx.host.plan_memo is not None:  # rank threads: one planner run per snapshot
+            planner = _shared_plans(planner, ctx.host.plan_memo)
         # The DP group is gloo, so DyntraLB's buffers stay on the CPU (as in vLLM).
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=planner, plan_memo=ctx.host.plan_memo)
+            planner=planner)
 
     # ------------------------------------------------------------------ loop
 
@@ -314,3 +322,19 @@ class EngineCore(RankHarness):
             plan_generated=plan_generated.to_dict() if plan_generated is not None else None,
             kv_free_blocks=kv.pool.get_num_free_blocks(), kv_held_blocks=kv.num_held_blocks,
             paused_kv_blocks=paused_kv, collectives=collectives, control_plane=control_plane)
+
+
+def _shared_plans(planner: Planner, plan_memo: Callable[[Any, Callable[[], Any]], Any]
+                  ) -> Planner:
+    """``planner`` for a rank whose DP group's ranks share its address space (rank
+    threads; ``plan_memo`` from ``RankContext.host``): every rank plans the same gathered
+    snapshot, so the first rank to plan one runs the planner and the others take its
+    plans, keyed on everything they depend on (the planner is pure): the planner, its
+    arguments, every rank's block counts and split. The plans are only read afterwards
+    (each rank keeps its own row, rank 0 logs them), never changed."""
+    def plan(requests_by_rank, dp_size, **kwargs):
+        key = (planner, dp_size, *sorted(kwargs.items()),
+               *[(blocks.tobytes(), split) for blocks, split in requests_by_rank])
+        return plan_memo(key, lambda: planner(requests_by_rank, dp_size, **kwargs))
+
+    return plan

@@ -35,11 +35,11 @@ from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
 from emu.impl.kit.kv import BlockPool, KVCacheManager
 from emu.impl.kit.request import Request
 from emu.impl.kit.request_queue import (
-    SCHEDULING_POLICIES,
     FCFSRequestQueue,
     PriorityRequestQueue,
     create_request_queue,
 )
+from emu.rank.engine_spec import SCHEDULING_POLICIES
 from emu.rank.remote_kv import RemoteKVConnector
 
 __all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]

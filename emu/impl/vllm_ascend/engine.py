@@ -44,7 +44,9 @@ from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.impl.vllm_ascend.sampler import SAMPLED_TOKEN, EmulatedSampler
+from emu.rank.context import RankContext
 from emu.rank.control_plane import PlannerCall
+from emu.rank.engine_spec import EngineSpec
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.spec_decode import DraftAcceptance
@@ -255,12 +257,13 @@ def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
 
 class EmulatedRank(RankHarness):
     """One rank on the rank harness: builds the engine production runs (``engine_class``)
-    and runs vLLM's busy loop; ``planner`` is "vllm-ascend" (production's
+    and runs vLLM's busy loop; ``spec.planner`` is "vllm-ascend" (production's
     ``_balance_load``) or one of ``dyntra_lb.planner.registry`` in its place."""
 
-    def __init__(self, ctx, spec, *, vllm_config, core_module, dyntra_lb_enabled: bool,
-                 planner: str):
-        super().__init__(ctx, spec, planner)
+    def __init__(self, ctx: RankContext, spec: EngineSpec, *, vllm_config, core_module,
+                 dyntra_lb_enabled: bool):
+        super().__init__(ctx, spec)
+        planner = spec.planner
         self.our_planner = None if planner == "vllm-ascend" else planners.get(planner)
         # Plans shared by rank threads (None in a rank process, or with an impure planner).
         self.plan_memo = (ctx.host.plan_memo if dyntra_lb_enabled
