@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -325,10 +326,26 @@ def delete_study(storage_url: str) -> None:
 
 
 def _storage(url: str):
+    """The study's storage. A SQLite file that does not exist yet is made whole beside
+    its path and moved into place, so a watcher that opens the path as soon as it
+    appears never meets a half-made schema (its own schema creation would then collide
+    with ours on Optuna's version row)."""
     import optuna
 
+    if not url.startswith("sqlite"):
+        return optuna.storages.RDBStorage(url)
     # SQLite: wait for a watcher's read instead of failing with "database is locked".
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    kwargs = {"connect_args": {"timeout": 60}}
+    path = Path(url.removeprefix("sqlite:///"))
+    if url.startswith("sqlite:///") and path.name and not path.exists():
+        fresh = path.with_name(f".{path.name}.{os.getpid()}.new")
+        optuna.storages.RDBStorage(f"sqlite:///{fresh}", engine_kwargs=kwargs).engine.dispose()
+        try:
+            os.link(fresh, path)  # fails if another process put its file there first
+        except FileExistsError:
+            pass
+        finally:
+            fresh.unlink()
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 

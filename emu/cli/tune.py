@@ -32,9 +32,9 @@ from emu.cli.inputs import (
     Inputs,
     build_spec,
     check_specs,
+    checked_spec,
     read_config_arg,
     read_inputs,
-    spec_problems,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.progress import note
@@ -42,7 +42,7 @@ from emu.cli.running import resolve_launch
 from emu.knobs import Int
 from emu.recipes import is_recipe, seed_summary, seed_table
 from emu.run import recorded_config
-from emu.spec import RunSpec
+from emu.spec import RunSpec, SpecError
 from emu.sweep import with_lb
 from emu.tune import (
     BUBBLE_BLOCKS,
@@ -115,13 +115,14 @@ def cmd_tune(args) -> int:
     text, source = (read_config_arg(args.additional_config)
                     if args.additional_config is not None
                     else (json.dumps(BASE_CONFIG), "the default config (DyntraLB on)"))
-    bases, inputs, base_config = _base_specs(args, launch, text, source, seeds + ab_seeds,
-                                             out_dir)
+    bases, inputs, base_checked = _base_specs(args, launch, text, source, seeds + ab_seeds,
+                                              out_dir)
+    base_config = base_checked.config.raw
     lb = base_config["scheduler_config"]["dyntra_lb_config"]
     space = Space.for_traces(knobs, [bases[s].trace for s in seeds], bases[seeds[0]].block_size,
                              lb.get("mode", "dynamic"))
     _check_space(args, inputs, bases[seeds[0]], base_config, source, space)
-    engine = {k: v for k, v in recorded_config(bases[seeds[0]], "cpu").items()
+    engine = {k: v for k, v in recorded_config(base_checked).items()
               if k not in ("additional_config", "workload", "device")}
     fingerprint = Fingerprint.of(workload=args.workload, traces={s: bases[s].trace for s in seeds},
                                  engine=engine, base_config=base_config,
@@ -185,27 +186,29 @@ def _seeds(args) -> tuple[list[int], list[int]]:
 
 
 def _base_specs(args, launch, text: str, source: str, seeds: list[int], out_dir: Path):
-    """Each seed's RunSpec with the base config, checked; the first seed's inputs; and the
-    base config parsed. Every problem of every seed is listed at once."""
-    bases, problems, config, first = {}, [], None, None
+    """Each seed's RunSpec with the base config, checked; the first seed's inputs and
+    checked run; and the base config parsed. Every problem of every seed is listed at
+    once."""
+    bases, problems, first, first_checked = {}, [], None, None
     for seed in seeds:
         inputs = read_inputs(args, launch.dp, seed=seed)
         first = first or inputs
         spec = build_spec(args, launch.dp, inputs, text, out_dir, seed=seed,
                           transport=args.transport)
         try:
-            [config] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.dp)
+            [checked] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.dp)
         except UsageError as exc:
             problems += exc.problems
             continue
         bases[seed] = spec
+        first_checked = first_checked or checked
     if problems:
         raise UsageError(*dict.fromkeys(problems))
     try:
-        with_lb(config.raw)
+        with_lb(first_checked.config.raw)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return bases, first, config.raw
+    return bases, first, first_checked
 
 
 def _check_space(args, inputs: Inputs, base: RunSpec, base_config: dict, source: str,
@@ -220,12 +223,12 @@ def _check_space(args, inputs: Inputs, base: RunSpec, base_config: dict, source:
         for value in ends[knob]:
             spec = dataclasses.replace(
                 base, additional_config=with_lb(base_config, enabled=True, **{knob: value}))
-            _, problems = spec_problems(args, inputs, spec,
-                                        f"{source} with {knob}={json.dumps(value)}")
-            if problems:
+            try:
+                checked_spec(args, inputs, spec, f"{source} with {knob}={json.dumps(value)}")
+            except SpecError as exc:
                 raise UsageError(f"--knobs {knob}: the search range reaches {knob}="
                                  f"{json.dumps(value)}, which {source} does not allow: "
-                                 f"{problems[0].message}")
+                                 f"{exc.problems[0].message}") from None
 
 
 def _check_storage(args, url: str, fingerprint: Fingerprint, out_dir: Path) -> bool:

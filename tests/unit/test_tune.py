@@ -268,3 +268,31 @@ def test_the_base_config_is_the_first_trial(tmp_path):
     assert trial_rows(study, ALL)[0]["values"] == {
         "mode": "dynamic", "start_step": 250, "bubble_threshold": 0.25,
         "long_req_block_threshold": 40, "dynamic_max_step": 256}
+
+
+def test_a_new_sqlite_storage_appears_with_its_schema_whole(tmp_path, monkeypatch):
+    """A watcher may open the study's file the moment it appears: the file must never be
+    one whose schema the command is still making (the watcher would make it too, and one
+    of the two would fail on Optuna's version row)."""
+    import sqlite3
+
+    import optuna
+
+    path = tmp_path / "study.db"
+    opened_at_path = []
+
+    class Watched(optuna.storages.RDBStorage):
+        def __init__(self, url, *args, **kwargs):
+            if url == f"sqlite:///{path}":
+                tables = ({row[0] for row in sqlite3.connect(path).execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'")}
+                          if path.exists() else set())
+                opened_at_path.append("alembic_version" in tables)
+            super().__init__(url, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Watched)
+    storage = f"sqlite:///{path}"
+    assert not find_study(storage, _fingerprint())
+    open_study(storage, _fingerprint(), ALL, seed=0)
+    assert opened_at_path and all(opened_at_path), opened_at_path
+    assert [p.name for p in tmp_path.iterdir()] == ["study.db"]  # no scratch file left
