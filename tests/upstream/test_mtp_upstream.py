@@ -2,7 +2,8 @@
 the vllm-ascend ranks run vLLM's own speculative decoding (``speculative_config``
 ``method="mtp"``, drafts from the emulated worker), and ``dyntra-emu diff`` of the kit
 against them is identical -- every step record, request record and diagnostics line -- at
-dp 2 and dp 4 on two bundled workloads."""
+dp 2 and dp 4 on two bundled workloads, in vLLM's default mode, async scheduling
+(synchronous MTP: ``test_diff_upstream.py``)."""
 
 from __future__ import annotations
 

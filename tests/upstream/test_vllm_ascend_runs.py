@@ -134,13 +134,16 @@ def test_replay_of_vllm_ascends_diagnostics_reproduces_every_plan(upstream_run, 
 
 
 @pytest.mark.parametrize("name,scheduler", [
-    ("static-async", "vllm_ascend.core.dyntra_lb_scheduler.AsyncDyntraLBScheduler"),
-    ("static-recompute", "vllm_ascend.core.recompute_scheduler.DyntraLBRecomputeScheduler"),
+    ("static", "vllm_ascend.core.dyntra_lb_scheduler.AsyncDyntraLBScheduler"),
+    ("static-sync", "vllm_ascend.core.dyntra_lb_scheduler.DyntraLBScheduler"),
+    ("static-recompute",
+     "vllm_ascend.core.recompute_scheduler.AsyncDyntraLBRecomputeScheduler"),
 ])
 def test_scheduler_variants_run_production_s_class_to_the_end(upstream_run, kit, name,
                                                               scheduler):
-    """Async scheduling and the recompute scheduler select the DyntraLB scheduler class
-    production selects, and the run completes with plans on every rank."""
+    """vLLM's default (async scheduling), synchronous scheduling and the recompute
+    scheduler (async by default) select the DyntraLB scheduler class production selects,
+    and the run completes with plans on every rank."""
     result = upstream_run(name, 2)
     assert scheduler in (result.out_dir / "rank0.vllm.log").read_text()
     records = [r for rank in range(2) for r in kit.requests(result, rank)]
