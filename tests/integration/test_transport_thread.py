@@ -49,8 +49,9 @@ CASES = {
     # scheduling unless a case says otherwise
     "static": ("default", STATIC, None, {}),
     "dynamic": ("longtail", DYNAMIC, None, {}),
-    "off-mtp": ("bimodal", None, None, {"cost_model": PROFILES["kv-token-mtp3"]}),
-    "slow": ("uniform", STATIC, ["slow:rank=1,extra_ms=7"], {}),
+    "off": ("bimodal", None, None, {}),
+    "slow-mtp": ("uniform", STATIC, ["slow:rank=1,extra_ms=7"],
+                 {"cost_model": PROFILES["kv-token-mtp3"]}),
     "kv_fail": ("default", STATIC, ["kv_fail:request={second}"], {}),
     "static-sync": ("default", STATIC, None, {"async_scheduling": False}),
 }
@@ -100,11 +101,11 @@ def test_thread_transport_is_byte_identical_to_processes(tmp_path, name, dp_size
     steps = [e for r in range(dp_size) for e in threads.events(r) if e["kind"] == "step"]
     if name == "dynamic":  # switched on by a long request, and off again
         assert any(s["lb_active"] for s in steps) and not all(s["lb_active"] for s in steps)
-    if name == "slow":
+    if name == "slow-mtp":
         assert min(s["own_cost_s"] for s in steps if s["rank"] == 1) >= 0.027
     if name == "kv_fail":  # the failed request's prompt is recomputed on its rank
         assert max(s["scheduled_tokens"] for s in steps) >= spec.trace[1].prompt_tokens
-    if name == "off-mtp":  # decoding requests verified drafts: more tokens than requests
+    if name == "slow-mtp":  # decoding requests verified drafts: more tokens than requests
         assert any(s["scheduled_tokens"] > s["num_running"] > 0 for s in steps)
 
 

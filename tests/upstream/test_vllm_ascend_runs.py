@@ -24,9 +24,10 @@ def _trace(name, dp):
     return upstream_spec(name, dp, "unused").trace
 
 
-def _blocks_at(request: dict, clock_s: float, block_size: int) -> int:
-    """The request's KV-block count at the start of the step at ``clock_s``."""
-    tokens = request["prompt_tokens"] + sum(t <= clock_s for t in request["token_times_s"])
+def _blocks_at(request: dict, known_s: float, block_size: int) -> int:
+    """The request's KV-block count when a step schedules: its prompt and the tokens of
+    the forwards that ended by ``known_s`` (their outputs processed by then)."""
+    tokens = request["prompt_tokens"] + sum(t <= known_s for t in request["token_times_s"])
     return -(-tokens // block_size)
 
 
@@ -67,18 +68,21 @@ def test_plan_of_step_k_is_what_the_scheduler_does_at_step_k_plus_1(upstream_run
     named in out_blk; a frozen plan admits nothing at k+1; without a plan nothing is
     paused."""
     result = upstream_run(name, dp)
+    async_scheduling = upstream_spec(name, dp, "-").async_scheduling  # vLLM's default
     pauses = admissions = plans = 0
     for rank in range(dp):
         records = {r["request_id"]: r for r in kit.requests(result, rank)}
         steps = kit.steps(result, rank)
         for prev, cur in zip(steps, steps[1:], strict=False):
+            # the outputs processed when cur scheduled: a step later under async scheduling
+            known_s = prev["clock_s"] if async_scheduling else cur["clock_s"]
             plan = prev["plan_generated"]
             if plan is None or prev["wave"] != cur["wave"]:
                 assert cur["paused"] == [], (rank, cur["iter"])
                 continue
             plans += 1
             paused = collections.Counter(
-                _blocks_at(records[rid], cur["clock_s"], kit.BLOCK_SIZE) for rid in cur["paused"])
+                _blocks_at(records[rid], known_s, kit.BLOCK_SIZE) for rid in cur["paused"])
             assert not paused - collections.Counter(plan["out_blk"]), (rank, cur["iter"])
             entered = cur["admitted"] + cur["resumed"]
             if plan["freeze"]:
