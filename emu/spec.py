@@ -121,9 +121,13 @@ class RunSpec:
         "how DyntraLB's planner is charged in virtual time: model (the cost profile's "
         "control_plane terms, deterministic) or measured (each planner call's measured "
         "wall time, the slowest rank's; not deterministic, a what-if)")
-    async_scheduling: bool = knob(
-        False, Switch(),
-        "vLLM's async scheduling (the Async* DyntraLB scheduler; --impl vllm-ascend only)")
+    async_scheduling: bool | None = knob(
+        None, Switch(both=True),
+        "vLLM's async scheduling: two steps in flight, each step's output processed after "
+        "the next step is scheduled (vLLM's AsyncScheduler; with DyntraLB vllm-ascend's "
+        "AsyncDyntraLBScheduler)",
+        shown_default="on, as vLLM resolves it for this node (emu.spec."
+                      "resolve_async_scheduling)")
     device: str = knob(
         "auto", Choice(DEVICE_CHOICES),
         "where the ranks' lockstep collective runs: cpu (gloo), npu (HCCL, needs "
@@ -159,6 +163,24 @@ class RunSpec:
         "process: one process per rank over gloo; thread: every rank a thread of this "
         "process, collectives in memory (CPU only; same event logs and metrics, many times "
         "faster with more ranks than cores)", section="run")
+
+    def __post_init__(self):
+        object.__setattr__(self, "async_scheduling",
+                           resolve_async_scheduling(self.async_scheduling))
+
+
+def resolve_async_scheduling(requested: bool | None) -> bool:
+    """Whether the emulated decode node runs vLLM's async scheduling: ``requested`` when
+    given, else what vLLM 0.27.1 resolves for it. ``VllmConfig.__post_init__``
+    (vllm/config/vllm.py:1095-1143) turns an unset ``async_scheduling`` on unless the
+    model is a pooling model, the speculative method is not EAGLE/MTP-like, the drafter
+    batch is not padded, the executor cannot, or it is ROCm with DeepEP DBO; the node
+    emulated here is a generative MoE with MTP drafts or none, on an executor that
+    supports it, on Ascend. vLLM's CPU platform would turn it off again
+    (vllm/platforms/cpu.py:143-144, "async scheduling is not required on CPU"), but the
+    node is an NPU node, whose platform (vllm_ascend/platform.py,
+    ``check_and_update_config``) keeps it. So: on."""
+    return True if requested is None else requested
 
 
 def knobs() -> list:

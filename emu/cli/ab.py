@@ -196,7 +196,13 @@ def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
     """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
     summary.md and the overlay plots; ``about`` lines (which tree is which) first."""
     from emu.no_effect import no_effect_notes
-    from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
+    from emu.report import (
+        ab_table,
+        ab_wall_table,
+        headroom_summary,
+        scheduling_line,
+        write_ab_summary_md,
+    )
 
     spec = pair[0].spec
     metrics = [m.metrics for m in measured]
@@ -209,6 +215,7 @@ def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
                         plots=plots, about=about)
     for line in about:
         print(line)
+    print(scheduling_line(metrics[0], metrics[1], labels))
     print(ab_table(metrics[0], metrics[1], labels))
     print()
     wall = ab_wall_table(metrics[0], metrics[1], labels)
@@ -236,6 +243,7 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
     from emu.no_effect import no_effect_notes
     from emu.plots import write_ab_plots  # matplotlib: only once every run is done
     from emu.report import (
+        scheduling_line,
         seed_metric_stats,
         seeds_ab_table,
         seeds_headroom,
@@ -253,6 +261,7 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
         seed_dir = out_dir / f"seed{seed}"
         plots += write_ab_plots(*(load_run(seed_dir / name) for name in RUN_DIRS), labels,
                                 seed_dir)
+    about = [*about, scheduling_line(*results[0], labels)]
     for line in about:
         print(line)
     print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")

@@ -162,11 +162,6 @@ def _sides(args) -> list[tuple[str, str, str | None]]:
     """(label, impl, tree) of runs A and B."""
     tree_a, tree_b = args.vllm_ascend_a, args.vllm_ascend_b
     if tree_a is None and tree_b is None:
-        if args.async_scheduling:
-            raise UsageError("--async-scheduling: run A is the kit, which emulates "
-                                 "synchronous scheduling only (what async changes: "
-                                 "docs/upstream-findings.md); compare two vllm-ascend "
-                                 "trees (--vllm-ascend-a/--vllm-ascend-b) instead")
         return [("kit", "kit", None), ("vllm-ascend", "vllm-ascend", args.vllm_ascend)]
     if tree_a is None or tree_b is None:
         missing = "--vllm-ascend-b" if tree_a is not None else "--vllm-ascend-a"

@@ -62,8 +62,11 @@ def add_spec_flags(parser: argparse.ArgumentParser, section: str, *,
         flag = flag_of(name)
         help_text = f"{knob.help} (default: {_shown(default, knob)})"
         if isinstance(knob.kind, Switch):
-            parser.add_argument(flag, dest=name, action="store_true", default=default,
-                                help=knob.help)
+            both = knob.kind.both
+            parser.add_argument(
+                flag, dest=name, default=default,
+                action=argparse.BooleanOptionalAction if both else "store_true",
+                help=f"{knob.help} (default: {_shown(default, knob)})" if both else knob.help)
             continue
         parser.add_argument(flag, dest=name, default=default, help=help_text,
                             **_value_options(knob.kind))

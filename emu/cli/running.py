@@ -96,6 +96,7 @@ def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool
     if launch.rank == 0:
         note(args, f"{desc}: {spec.dp_size} ranks, workload {spec.workload} "
                    f"({len(spec.trace)} requests), {describe_config(checked.config)}, "
+                   f"{'async' if spec.async_scheduling else 'synchronous'} scheduling, "
                    f"seed {spec.seed}; writing {out_dir}")
     bar = launch.rank == 0 and not args.quiet and sys.stderr.isatty()
     start = time.monotonic()

@@ -140,12 +140,13 @@ def cmd_sweep(args) -> int:
                          f"with the baseline that is {n + 1} runs. Pass --yes to run "
                          "them all")
     specs = [point_spec(base, p, out_dir) for p in points]
+    mode = "async" if base.async_scheduling else "synchronous"
     with batch_executor(args, specs) as executor:
         _check_out(out_dir, args.overwrite)
         for spec in specs:
             Path(spec.out_dir).mkdir(parents=True)
         note(args, f"sweep: {n} configs + baseline on workload {base.workload} "
-                   f"({len(base.trace)} requests), {base.dp_size} ranks, "
+                   f"({len(base.trace)} requests), {base.dp_size} ranks, {mode} scheduling, "
                    f"{describe_executor(args)}, thread transport; writing {out_dir}")
         start = time.monotonic()
         metrics = run_batch(args, executor, specs,
@@ -172,7 +173,8 @@ def cmd_sweep(args) -> int:
     best_json = json.dumps(best["additional_config"]) if best else None
     (out_dir / "sweep.json").write_text(json.dumps({
         "workload": base.workload, "dp_size": base.dp_size, "seed": base.seed,
-        "base_additional_config": base_config.raw, "grid": grid, "objective": objective,
+        "base_additional_config": base_config.raw, "async_scheduling": base.async_scheduling,
+        "grid": grid, "objective": objective,
         "best": best["name"] if best else None, "best_additional_config":
         best["additional_config"] if best else None, "pareto_front": front,
         "wall_s": wall, "rows": rows}, indent=1, sort_keys=True) + "\n")
@@ -182,10 +184,11 @@ def cmd_sweep(args) -> int:
                  f"No grid point meets the objective ({objective}).")
     (out_dir / "summary.md").write_text(
         f"# dyntra-emu sweep: {base.workload}, dp={base.dp_size}\n\n"
-        f"{n} configs and the baseline, seed {base.seed}, "
+        f"{n} configs and the baseline, seed {base.seed}, {mode} scheduling, "
         f"{wall:.1f} s wall-clock. Changes against the baseline in brackets; * marks the "
         f"Pareto front (throughput against TPOT p99).\n\n{table}\n\n{best_text}\n\n"
         "![Pareto](pareto.png)\n\n![KV blocks](kv_blocks.png)\n")
+    print(f"Scheduling: {mode} in every run")
     print(table)
     print()
     if best is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +33,15 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     assert proc.returncode == 0, proc.stderr
     # Not a terminal: no bar, but a start line and a finish line on stderr.
     assert "run: 2 ranks, workload" in proc.stderr
-    assert "(10 requests), DyntraLB static mode from step 0, seed 7" in proc.stderr
+    assert ("(10 requests), DyntraLB static mode from step 0, async scheduling, seed 7"
+            in proc.stderr)
     assert "finished in" in proc.stderr
     # The summary table on stdout.
     for row in ("DP bubble ratio", "requests finished", "10 / 10", "TPOT",
                 "steps with a plan applied"):
         assert row in proc.stdout, row
+    # vLLM's default for the node: async scheduling, said in the summary
+    assert re.search(r"scheduling\s+async", proc.stdout)
     assert f"Outputs in {out}/" in proc.stdout
 
     names = {p.name for p in out.iterdir()}
@@ -57,6 +61,7 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     assert metrics["config"]["max_num_seqs"] == 4
     assert metrics["config"]["workload"] == str(tiny_trace)
     assert metrics["plan_churn"]["active_steps"] > 0  # DyntraLB ran from step 0
+    assert metrics["config"]["async_scheduling"] is True
 
     summary = (out / "summary.md").read_text()
     assert "## Latency (ms)" in summary
@@ -65,10 +70,11 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
 
 
 def test_run_plain_dp_as_module_into_runs_dir(cli, tiny_trace, tmp_path, clikit):
-    """`python -m emu run --no-dyntra-lb --quiet` without --out: runs/<stamp>-run in the
-    working directory, nothing on stderr, no DyntraLB activity."""
+    """`python -m emu run --no-dyntra-lb --quiet --no-async-scheduling` without --out:
+    runs/<stamp>-run in the working directory, nothing on stderr, no DyntraLB activity,
+    synchronous scheduling."""
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--no-dyntra-lb", "--quiet",
-               module=True)
+               "--no-async-scheduling", module=True)
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
@@ -77,6 +83,8 @@ def test_run_plain_dp_as_module_into_runs_dir(cli, tiny_trace, tmp_path, clikit)
     assert f"Outputs in runs/{out.name}/" in proc.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["additional_config"] == {}
+    assert metrics["config"]["async_scheduling"] is False
+    assert re.search(r"scheduling\s+synchronous", proc.stdout)
     assert metrics["plan_churn"]["active_steps"] == 0
     assert metrics["requests_finished"] == 10
     assert metrics["seed"] == 0

@@ -131,8 +131,8 @@ def test_leaked_kv_blocks_are_named(tmp_path):
     assert re.fullmatch(
         rf"emu\.rank\.invariants\.InvariantError: strict invariant violated on rank 1 at iteration "
         rf"{last['iter']} \(wave 0, step_counter {last['step_counter']}\): KV blocks not "
-        r"conserved: the pool has \d+ in use, the requests in flight hold \d+; blocks held "
-        r"by requests no longer in flight: \['victim'\]",
+        r"conserved: the pool has \d+ in use, the requests in flight hold \d+ and \d+ wait "
+        r"for a step in flight; blocks held by requests no longer in flight: \['victim'\]",
         err.message)
 
 

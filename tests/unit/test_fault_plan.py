@@ -29,6 +29,7 @@ from emu.rank.costs import StepCostModel
 from emu.rank.fault_injection import FaultInjector, injector_for
 from emu.spec import RunSpec, SpecError, check
 from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
+from tests.kit_steps import forward
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10)]
 STATIC = {"scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static"}}}
@@ -257,7 +258,7 @@ def _run(scheduler, injector, steps, dt_us=20_000, start_iter=0):
         output = scheduler.schedule(now_us / 1e6)
         outputs.append(output)
         finished += [r.request_id for r in
-                     scheduler.update_from_output(output, (now_us + dt_us) / 1e6)]
+                     forward(scheduler, output, (now_us + dt_us) / 1e6)]
         kv = scheduler.kv_cache_manager
         assert kv.pool.num_used_blocks == kv.num_held_blocks
     return outputs, finished

@@ -14,6 +14,7 @@ from emu.impl.kit.scheduler import Scheduler
 from emu.rank.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
 from emu.rank.remote_kv import RemoteKVConnector
 from emu.rank.spec_decode import DraftAcceptance
+from tests.kit_steps import forward, use_drafts
 
 BS = 4
 MTP = StepCostModel(name="mtp", num_speculative_tokens=3, draft_acceptance_rate=0.6,
@@ -118,7 +119,9 @@ def make_scheduler(rate: float | None, k: int = 3, **kwargs):
                 num_gpu_blocks=200)
     args.update(kwargs)
     spec = DraftAcceptance(k, rate, seed=0) if rate is not None else None
-    return Scheduler(spec_decode=spec, **args)
+    scheduler = Scheduler(num_speculative_tokens=k if spec is not None else 0, **args)
+    use_drafts(scheduler, spec)
+    return scheduler
 
 
 def run_to_end(scheduler, requests, max_steps=500):
@@ -134,7 +137,7 @@ def run_to_end(scheduler, requests, max_steps=500):
         before = {r.request_id: r.num_output_tokens for r in requests}
         output = scheduler.schedule(now)
         now += 1.0
-        scheduler.update_from_output(output, now)
+        forward(scheduler, output, now)
         emitted_per_step.append({r.request_id: r.num_output_tokens - before[r.request_id]
                                  for r in requests
                                  if r.num_output_tokens > before[r.request_id]})
@@ -194,13 +197,13 @@ def test_drafts_are_cut_to_the_token_budget():
     for r in reqs:
         scheduler.add_request(r)
     out = scheduler.schedule(0.0)
-    scheduler.update_from_output(out, 1.0)  # both prefills (4 + 4 > 6: b gets 2)
+    forward(scheduler, out, 1.0)  # both prefills (4 + 4 > 6: b gets 2)
     for t in range(1, 6):
         out = scheduler.schedule(float(t))
         assert out.total_num_scheduled_tokens <= 6
         for rid, n in out.num_scheduled_tokens.items():
             assert out.scheduled_spec_decode_tokens.get(rid, 0) <= max(n - 1, 0)
-        scheduler.update_from_output(out, t + 1.0)
+        forward(scheduler, out, t + 1.0)
     assert all(r.num_tokens == r.prompt_tokens + r.num_output_tokens for r in reqs)
 
 
@@ -217,13 +220,13 @@ def test_preemption_drops_the_drafts():
         for rid in out.preempted_req_ids:
             victim = next(r for r in reqs if r.request_id == rid)
             assert victim.num_spec_tokens == 0 and victim.num_computed_tokens == 0
-        scheduler.update_from_output(out, t + 1.0)
+        forward(scheduler, out, t + 1.0)
     assert preempted
 
 
 def step(scheduler, t):
     output = scheduler.schedule(float(t))
-    scheduler.update_from_output(output, t + 1.0)
+    forward(scheduler, output, t + 1.0)
     return output
 
 

@@ -87,12 +87,12 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
                                                      "enable_balance_scheduling": True}}},
          "enable_balance_scheduling only supports PD-mixed mode"),
         ({"additional_config": {"scheduler_config": {"recompute_scheduler_enable": True}}},
-         re.escape("the kit runs vLLM's plain synchronous scheduler; the additional config "
-                   "selects the 'recompute' scheduler (scheduler_config."
-                   "recompute_scheduler_enable runs with --impl vllm-ascend)")),
-        ({"async_scheduling": True}, "the kit emulates synchronous scheduling only; "),
+         re.escape("the kit runs vLLM's own scheduler (synchronous or async); the "
+                   "additional config selects vllm-ascend's recompute scheduler "
+                   "(scheduler_config.recompute_scheduler_enable runs with --impl "
+                   "vllm-ascend)")),
         ({"impl": "vllm"}, r"RunSpec.impl: must be one of \['kit', 'vllm-ascend'\], got 'vllm'"),
-        ({"async_scheduling": 1}, "RunSpec.async_scheduling: must be a bool, got 1"),
+        ({"async_scheduling": 1}, "RunSpec.async_scheduling: must be a bool or None, got 1"),
     ],
 )
 def test_invalid_spec_is_rejected_before_launch(tmp_path, kwargs, message):

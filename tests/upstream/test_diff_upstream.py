@@ -1,5 +1,7 @@
 """``dyntra-emu diff`` on real runs: our DyntraLB (kit) against vllm-ascend's on the tier's
-static and dynamic runs (identical, diagnostics lines included), a contributor's change
+static and dynamic runs (vLLM's default, async scheduling) and on bundled prefixes with
+synchronous scheduling, with and without MTP (identical, diagnostics lines included), a
+contributor's change
 to vllm-ascend's planner named at the first step where the plans part, and the planner
 swap (``RunSpec.planner="reference"`` in vllm-ascend's engine) leaving the event logs
 byte-identical."""
@@ -54,10 +56,13 @@ BUNDLED = REPO / "fixtures" / "workloads"
 DOCUMENTED_DIVERGENCES: set[str] = set()
 
 
-@pytest.mark.parametrize("workload,mode", [("uniform", "static"), ("longtail", "dynamic")])
-def test_bundled_workloads_diff_identical(tmp_path, workload, mode):
-    """``dyntra-emu diff`` (kit against vllm-ascend) on the first 16 requests of a
-    bundled workload, outputs capped at 60 tokens, diagnostics on."""
+@pytest.mark.parametrize("workload,mode,cost_model", [("uniform", "static", "kv-token"),
+                                                     ("longtail", "dynamic", "kv-token-mtp3")])
+def test_bundled_workloads_diff_identical_with_synchronous_scheduling(tmp_path, workload, mode,
+                                                                      cost_model):
+    """``dyntra-emu diff`` (kit against vllm-ascend) with vLLM's synchronous scheduling on
+    the first 16 requests of a bundled workload, outputs capped at 60 tokens,
+    diagnostics on, without and with MTP (async: test_async_upstream.py)."""
     requests = [json.loads(line) for line in
                 (BUNDLED / f"{workload}.jsonl").read_text().splitlines()[:16]]
     trace = tmp_path / f"{workload}.jsonl"
@@ -68,13 +73,17 @@ def test_bundled_workloads_diff_identical(tmp_path, workload, mode):
     proc = _diff("--workload", trace, "--dp", 2, "--block-size", 16, "--max-num-seqs", 4,
                  "--num-gpu-blocks", 1024, "--device", "cpu", "--quiet", "--vllm-ascend",
                  TREE, "--additional-config", json.dumps({"scheduler_config": {
-                     "dyntra_lb_config": lb}}), "--out", tmp_path / "diff", "--json")
+                     "dyntra_lb_config": lb}}), "--out", tmp_path / "diff", "--json",
+                 "--cost-model", cost_model, "--no-async-scheduling", "--transport", "thread")
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert set(report["by_kind"]) <= DOCUMENTED_DIVERGENCES, json.dumps(report["first"],
                                                                         indent=1)
     assert report["counts"]["plans"] > 0 and report["counts"]["requests"] == 16
     assert report["counts"]["diagnostics_lines"] > 0
+    for side in ("a", "b"):
+        config = json.loads((tmp_path / "diff" / side / "metrics.json").read_text())["config"]
+        assert config["async_scheduling"] is False
 
 
 def mutated_tree(tmp_path: pathlib.Path) -> pathlib.Path:

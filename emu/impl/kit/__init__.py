@@ -20,17 +20,14 @@ class KitImplementation(Implementation):
     @classmethod
     def resolve(cls, config, *, dp_size: int, async_scheduling: bool,
                 vllm_ascend: str | None) -> KitImplementation:
-        """The startup checks of a decode node; the kit emulates vLLM's plain
-        synchronous scheduler only."""
-        if async_scheduling:
-            raise ValueError("the kit emulates synchronous scheduling only; async "
-                             "scheduling runs with --impl vllm-ascend (what it changes: "
-                             "docs/upstream-findings.md, 'Async scheduling')")
-        variant = check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size)
-        if variant != "plain":
+        """The startup checks of a decode node; the kit emulates vLLM's scheduler,
+        synchronous or async, not vllm-ascend's recompute scheduler."""
+        variant = check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size,
+                                   async_scheduling=async_scheduling)
+        if variant not in ("plain", "async"):
             raise ValueError(
-                f"the kit runs vLLM's plain synchronous scheduler; the additional config "
-                f"selects the {variant!r} scheduler (scheduler_config."
+                "the kit runs vLLM's own scheduler (synchronous or async); the additional "
+                "config selects vllm-ascend's recompute scheduler (scheduler_config."
                 "recompute_scheduler_enable runs with --impl vllm-ascend)")
         return cls()
 
@@ -49,7 +46,8 @@ class KitImplementation(Implementation):
         return EngineCore(ctx, spec)
 
     def describe(self, spec) -> dict:
-        return {"impl": "kit", "planner": spec.planner}
+        return {"impl": "kit", "async_scheduling": spec.async_scheduling,
+                "planner": spec.planner}
 
 
 IMPLEMENTATION = KitImplementation

@@ -333,8 +333,10 @@ class EmulatedRank(RankHarness):
     # ------------------------------------------------------------------ forward
 
     def forward(self, scheduler_output) -> ModelRunnerOutput:
-        """The executor's ``execute_model``: what the scheduler decided, priced."""
-        self._begin_step()
+        """The executor's ``execute_model``: what the scheduler decided, priced. A batch
+        without tokens starts no step: when the engine then runs a dummy batch, that
+        starts it (at the same clock); when the loop pass turns out idle (every engine
+        idle: vLLM's ``continue``), nothing of it belongs to the next recorded step."""
         now_s = self.clock_us / 1e6
         self._note_schedule(scheduler_output, now_s)
         if self.strict is not None:
@@ -342,6 +344,7 @@ class EmulatedRank(RankHarness):
         scheduler = self.scheduler
         total = scheduler_output.total_num_scheduled_tokens
         if total > 0:
+            self._begin_step()
             self._executed = True
             self._scheduled_tokens = total
             # Each running request's tokens as the worker has them (the scheduler's
