@@ -13,11 +13,16 @@ compared as far as every rank logged; the row says whether both failed the same 
         .venv-upstream/bin/python benchmarks/diff_matrix.py --out runs/diff-matrix
 
 ``--cost-model NAME`` runs every cell with that step-cost profile (e.g. ``kv-token-mtp3``:
-MTP with 3 draft tokens on both impls).
+MTP with 3 draft tokens on both impls). Both runs of a cell use vLLM's scheduling mode as
+the emulator resolves it (async, vLLM's default) unless ``--no-async-scheduling`` is
+given; ``--max-concurrency N`` runs them closed-loop; ``--transport thread`` runs the
+ranks as threads (the same event logs, faster); mode ``off`` (``--grid full``, or
+``--only off``) runs without DyntraLB.
 
 ``--grid full`` runs every combination of the four bundled workloads, static and
 dynamic mode, the default config and ``bubble_threshold`` 0.2, with and without KV
-pressure (32 cells per DP size); the default runs the 10 cells listed in ``CELLS``.
+pressure, and DyntraLB off with and without KV pressure (40 cells per DP size); the
+default runs the 10 cells listed in ``CELLS``.
 """
 
 from __future__ import annotations
@@ -46,8 +51,9 @@ CELLS = [  # (workload, mode, config, kv pressure)
 
 
 WORKLOADS = ("uniform", "longtail", "default", "bimodal")
-FULL = list(itertools.product(WORKLOADS, ("static", "dynamic"), ("default", "bt0.2"),
-                              (False, True)))
+FULL = [*itertools.product(WORKLOADS, ("static", "dynamic"), ("default", "bt0.2"),
+                           (False, True)),
+        *itertools.product(WORKLOADS, ("off",), ("default",), (False, True))]
 
 
 def small_trace(workload: str, n: int | None, max_output: int | None,
@@ -66,6 +72,8 @@ def small_trace(workload: str, n: int | None, max_output: int | None,
 
 
 def config(mode: str, variant: str) -> dict:
+    if mode == "off":
+        return {}
     lb = {"enabled": True, "mode": mode, "start_step": 0, "enable_diagnostics": True}
     if mode == "dynamic":
         lb["long_req_block_threshold"] = 40  # > 640 prompt tokens at block size 16
@@ -87,6 +95,12 @@ def main() -> int:
                         help="steps without a token after which a rank counts as stuck")
     parser.add_argument("--cost-model", default=None,
                         help="the step-cost profile of every run (default: kv-token)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=None, help="vLLM's async scheduling in both runs (default: "
+                                           "as the emulator resolves it, on)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="closed-loop clients in both runs (default: open loop)")
+    parser.add_argument("--transport", choices=("process", "thread"), default="process")
     parser.add_argument("--whole", action="store_true",
                         help="whole workloads, outputs uncapped (ignores --n, --max-output)")
     args = parser.parse_args()
@@ -109,6 +123,12 @@ def main() -> int:
                "--out", str(args.out / name)]
         if args.cost_model is not None:
             cmd += ["--cost-model", args.cost_model]
+        if args.async_scheduling is not None:
+            cmd.append("--async-scheduling" if args.async_scheduling
+                       else "--no-async-scheduling")
+        if args.max_concurrency is not None:
+            cmd += ["--max-concurrency", str(args.max_concurrency)]
+        cmd += ["--transport", args.transport]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         report_path = args.out / name / "diff.json"
         if proc.returncode not in (0, 1) or not report_path.exists():

@@ -43,8 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from emu.cluster.launcher import launch  # noqa: E402
-from emu.impl import make_engine  # noqa: E402
-from emu.spec import RunSpec, validate  # noqa: E402
+from emu.spec import RunSpec, check  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 
 MAX_NUM_SEQS = 16
@@ -98,11 +97,11 @@ def _collective_plan(event_log: pathlib.Path, ctx) -> list:
 
 
 def _rank_bench(ctx, args) -> dict:
-    spec, config, repeats = args
+    implementation, engine_spec, repeats = args
     out_dir = pathlib.Path(ctx.out_dir) / f"rank{ctx.rank}"
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = dataclasses.replace(ctx, out_dir=out_dir)
-    summary = make_engine(ctx, spec, config).run()
+    summary = implementation.make_engine(ctx, engine_spec).run()
     calls = _collective_plan(out_dir / f"rank{ctx.rank}.events.jsonl", ctx)
     emu_s, bare_s = [], []
     for pair in range(repeats):
@@ -110,7 +109,7 @@ def _rank_bench(ctx, args) -> dict:
         # load does not favour one side.
         for side in ("emu", "bare") if pair % 2 == 0 else ("bare", "emu"):
             if side == "emu":
-                engine = make_engine(ctx, spec, config)
+                engine = implementation.make_engine(ctx, engine_spec)
                 dist.barrier(group=ctx.dp_group)
                 emu_s.append(engine.run().loop_wall_s)
             else:
@@ -128,9 +127,10 @@ def run_case(dp_size: int, mode: str, steps: int, repeats: int) -> dict:
         spec = RunSpec(trace=bench_trace(dp_size, steps), dp_size=dp_size, out_dir=tmp,
                        additional_config=MODES[mode], max_num_seqs=MAX_NUM_SEQS,
                        block_size=BLOCK_SIZE, device="cpu")
-        config = validate(spec)
-        results = launch(_rank_bench, (spec, config, repeats), dp_size=dp_size,
-                         device="cpu", out_dir=tmp, collective_timeout_s=120.0)
+        checked = check(spec)
+        results = launch(_rank_bench, (checked.implementation, checked.engine_spec, repeats),
+                         dp_size=dp_size, device="cpu", out_dir=tmp,
+                         collective_timeout_s=120.0)
     steps_done = results[0]["steps"]
     assert all(r["steps"] == steps_done for r in results)
     # A segment lasts as long as its slowest rank.

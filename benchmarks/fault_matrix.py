@@ -32,9 +32,9 @@ fires within their first steps or virtual seconds).
 
 The vllm-ascend paths need vLLM (the `.venv-upstream` environment) and a vllm-ascend tree
 (`--vllm-ascend`, default `$DYNTRA_VLLM_ASCEND` or `../shared/upstream/vllm-ascend`).
-Prints a Markdown table (the one in benchmarks/RESULTS.md) and exits 1 if any case that
-ran is not green. Takes long: each case starts real ranks (each imports torch; a
-vllm-ascend rank imports vLLM too).
+Prints a Markdown table (benchmarks/RESULTS.md sums up the latest run; HISTORY.md has
+every row of an earlier one) and exits 1 if any case that ran is not green. Takes long:
+each case starts real ranks (each imports torch; a vllm-ascend rank imports vLLM too).
 """
 
 from __future__ import annotations
@@ -107,9 +107,10 @@ def cases(path: RunPath) -> list[Case]:
     "interrupted"), whichever comes first.
 
     The hang of `delay` must be found in seconds, not the default 60: 3 s for the kit.
-    A vllm-ascend rank imports vLLM after its groups are up (5-10 s of CPU each, more
-    when ranks share cores), so a peer's first collective can wait that long for it:
-    its paths get 30 s (and a longer delay), above that start-up skew."""
+    A vllm-ascend rank imports vLLM after its groups are up (seconds of CPU each, more
+    when ranks share cores: benchmarks/RESULTS.md, "Start-up and teardown costs"), so a
+    peer's first collective can wait that long for it: its paths get 30 s (and a longer
+    delay), above that start-up skew."""
     torchrun = path.transport == "torchrun"
     peer_failed = ("failed", "interrupted") if torchrun else ("failed",)
     timeout, delay = (30.0, 120) if path.impl == "vllm-ascend" else (3.0, 60)

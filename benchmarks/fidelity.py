@@ -11,14 +11,14 @@ Three published figures:
   ``long_req_block_threshold`` 40): +6.60 % output throughput;
 - that A/B's absolute output throughput, DyntraLB off and on: 3,194 and 3,405 tok/s.
 
-Each figure runs on every impl in ``--impls`` synchronously and, where the impl accepts
-``--async-scheduling`` (vllm-ascend's code does; the kit once its async mode exists),
-asynchronously, as the PR ran. Both runs route with ``--router vllm`` (vLLM's DP load
-balancer, the PR's front end) unless ``--router`` says otherwise.
+Each figure runs on every impl of ``--impls`` in every scheduling mode of ``--modes``
+(default: async, as the PR ran). The GPQA run routes as its published setup says
+(``--router vllm``, vLLM's DP load balancer); the A/B is ``benchmarks/pr12292.py``'s
+(round-robin routing), so its 10 seeds reproduce that benchmark's RESULTS.md figures.
 
-    .venv-upstream/bin/python benchmarks/fidelity.py --json fidelity.json
-    .venv-upstream/bin/python benchmarks/fidelity.py --seeds 0 1 2 --gpqa-seeds 0
-    .venv/bin/python benchmarks/fidelity.py --impls kit            # without vLLM
+    .venv-upstream/bin/python benchmarks/fidelity.py --json fidelity.json   # 10 seeds: slow
+    .venv-upstream/bin/python benchmarks/fidelity.py --seeds 0 --gpqa-seeds 0
+    .venv/bin/python benchmarks/fidelity.py --impls kit --modes sync async   # without vLLM
 
 Prints one table (published | each impl and mode); RESULTS.md keeps it.
 """
@@ -32,59 +32,36 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import pr12292  # noqa: E402
 from benchmarks.fidelity_sweep import (  # noqa: E402
     DEFAULT_TREE,
+    MODES,
     PUBLISHED_PAUSED,
     ROWS,
-    async_impls,
-    generate,
     run_cell,
 )
 from emu.rank.costs import load_profile  # noqa: E402
 from emu.recipes import mean_ci  # noqa: E402
-from emu.run import run  # noqa: E402
-from emu.spec import RunSpec  # noqa: E402
-from emu.workload import TraceRequest  # noqa: E402
 
 PUBLISHED_GAIN_PCT = 6.60
-PUBLISHED_THROUGHPUT = (3194.35, 3405.27)  # tok/s, DyntraLB off and on
+AB_PROFILE = "kv-token-mtp3"  # the PR's MTP with 3 draft tokens
 AB_REQUESTS = 1000
-AB_RATE = 400.0
-AB_FIELDS = {"max_concurrency": 128, "block_size": generate.PR12292_BLOCK_SIZE,
-             "max_num_seqs": 16, "cost_model": "kv-token-mtp3"}
-AB_CONFIG_B = {"scheduler_config": {"dyntra_lb_config": {
-    "enabled": True, "long_req_block_threshold": 40}}}
 
 
-def ab_pair(impl: str, async_scheduling: bool, router: str, seed: int, tree: str,
+def ab_pair(impl: str, mode: str, seed: int, tree: str,
             tmp: pathlib.Path) -> tuple[float, float]:
-    """Output throughput (tok/s) of the PR's A/B on one workload seed: A DyntraLB off,
-    B on."""
-    trace = [TraceRequest(r["request_id"], r["arrival_s"], r["prompt_tokens"],
-                          r["output_tokens"])
-             for r in generate.pr12292(AB_REQUESTS, AB_RATE, seed)]
-    fields = dict(AB_FIELDS, cost_model=load_profile(AB_FIELDS["cost_model"]))
-    out = []
-    for label, config in (("a", None), ("b", AB_CONFIG_B)):
-        spec = RunSpec(trace=trace, dp_size=8, out_dir=tmp / f"ab-{impl}-{async_scheduling}"
-                       f"-{seed}-{label}", additional_config=config, seed=seed, impl=impl,
-                       vllm_ascend=tree if impl == "vllm-ascend" else None, router=router,
-                       async_scheduling=async_scheduling, transport="thread", device="cpu",
-                       collective_timeout_s=1200.0, **fields)
-        out.append(run(spec).metrics["throughput_tok_s"])
-    return out[0], out[1]
-
-
-def columns(impl_names: list[str]) -> list[tuple[str, bool]]:
-    """(impl, async) of every column: each impl synchronously, then asynchronously where
-    it can."""
-    can_async = async_impls(impl_names)
-    return [(n, False) for n in impl_names] + [(n, True) for n in impl_names if n in can_async]
+    """Output throughput (tok/s) of the PR's A/B (``benchmarks/pr12292.py``) on one
+    workload seed: A DyntraLB off, B on."""
+    requests = pr12292.trace(AB_REQUESTS, pr12292.RATE, seed)
+    profile = load_profile(AB_PROFILE)
+    return tuple(pr12292.run_one(requests, config, profile, seed,
+                                 tmp / f"ab-{impl}-{mode}-{seed}-{label}", "thread", impl,
+                                 tree, MODES[mode])["throughput_tok_s"]
+                 for label, config in (("a", None), ("b", pr12292.CONFIG_B)))
 
 
 def main(argv=None) -> int:
@@ -96,27 +73,25 @@ def main(argv=None) -> int:
                              "10 runs)")
     parser.add_argument("--gpqa-seeds", type=int, nargs="+", default=[0, 1, 2],
                         help="workload seeds of the GPQA run (default: 0 1 2)")
-    parser.add_argument("--router", default="vllm",
-                        help="router of the A/B runs (default: vllm; the GPQA run uses its "
-                             "published setup's)")
+    parser.add_argument("--modes", nargs="+", default=["async"], choices=tuple(MODES),
+                        help="scheduling modes (default: async, as the PR ran)")
     parser.add_argument("--vllm-ascend", default=str(DEFAULT_TREE), metavar="PATH")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
-    cols = columns(args.impls)
+    cols = [(impl, mode) for mode in args.modes for impl in args.impls]
     base = next(r for r in ROWS if r.dimension == "base")
     results: dict = {"columns": cols, "paused": {}, "ab": {}}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
-        for impl, async_ in cols:
-            key = _key(impl, async_)
-            row = replace(base, spec={"async_scheduling": True}) if async_ else base
+        for impl, mode in cols:
+            key = _key(impl, mode)
             results["paused"][key] = [
-                run_cell(row, impl, s, args.vllm_ascend,
-                         pathlib.Path(tmp) / f"gpqa-{impl}-{async_}-{s}")["paused_pct"]
+                run_cell(base, impl, mode, s, args.vllm_ascend,
+                         pathlib.Path(tmp) / f"gpqa-{impl}-{mode}-{s}")["paused_pct"]
                 for s in args.gpqa_seeds]
             print(f"GPQA paused share, {key}: {results['paused'][key]}", flush=True)
-            results["ab"][key] = [ab_pair(impl, async_, args.router, s, args.vllm_ascend,
-                                          pathlib.Path(tmp)) for s in args.seeds]
+            results["ab"][key] = [ab_pair(impl, mode, s, args.vllm_ascend, pathlib.Path(tmp))
+                                  for s in args.seeds]
             print(f"A/B throughput, {key}: {results['ab'][key]}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=2) + "\n")
@@ -124,8 +99,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def _key(impl: str, async_: bool) -> str:
-    return f"{impl} ({'async' if async_ else 'sync'})"
+def _key(impl: str, mode: str) -> str:
+    return f"{impl} ({mode})"
 
 
 def table(results: dict, cols) -> str:
@@ -142,7 +117,8 @@ def table(results: dict, cols) -> str:
     lines.append(f"| throughput gain, A/B (MTP 3) | +{PUBLISHED_GAIN_PCT:.2f} % (10 runs) | "
                  + " | ".join(_mean_ci(gains[k], "%") for k in keys) + " |")
     for i, label in enumerate(("DyntraLB off", "DyntraLB on")):
-        lines.append(f"| output throughput, {label} | {PUBLISHED_THROUGHPUT[i]:,.0f} tok/s | "
+        published = pr12292.PR["throughput_tok_s"][i]
+        lines.append(f"| output throughput, {label} | {published:,.0f} tok/s | "
                      + " | ".join(_mean_ci([p[i] for p in results["ab"][k]], "tok/s", 0)
                                   for k in keys) + " |")
     lines.append("| seeds of the A/B | 10 runs | " + " | ".join(str(n_ab[k]) for k in keys)

@@ -6,13 +6,13 @@ static mode, batch size 128, async scheduling) 161 of 198 requests, 81 %, were p
 least once. The base of this sweep is ``recipe:pr12292-gpqa`` in its published setup
 (``RECIPE_SETUPS["pr12292-gpqa"]`` in fixtures/generate.py: 128 in flight, block size
 128, vLLM's default 256 sequences per rank, vLLM's DP load balancer, the Ascend
-Qwen3-30B-A3B cost profile, static mode from the default ``start_step`` 250), run by the
-kit, which schedules synchronously; each row changes one assumption. The sync/async rows
-run vllm-ascend's own code (``--impl vllm-ascend``, needs ``.venv-upstream``); once the
-kit accepts ``--async-scheduling`` they run on both impls (``--impls``).
+Qwen3-30B-A3B cost profile, static mode from the default ``start_step`` 250); each row
+changes one assumption. Every row runs in each scheduling mode of ``--modes`` (async, as
+published, and/or sync) on each impl of ``--impls`` (vllm-ascend's own code needs
+``.venv-upstream``).
 
     .venv-upstream/bin/python benchmarks/fidelity_sweep.py --json sweep.json
-    .venv/bin/python benchmarks/fidelity_sweep.py --only routing max_num_seqs --seeds 0 1
+    .venv/bin/python benchmarks/fidelity_sweep.py --only routing --modes sync --seeds 0 1
 
 Every row prints the paused share (mean over ``--seeds`` workload seeds, each seed's
 value in brackets), the pauses, and the longest time one request spent paused. Runs use
@@ -23,6 +23,7 @@ the digit with the same seeds and code.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pathlib
 import statistics
@@ -34,7 +35,6 @@ from dataclasses import dataclass, field
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from emu import impl as impls  # noqa: E402
 from emu.cluster.supervision import ClusterError  # noqa: E402
 from emu.rank.costs import load_profile  # noqa: E402
 from emu.recipes import generator  # noqa: E402
@@ -57,13 +57,12 @@ BASE_GPU_BLOCKS = 4096
 @dataclass(frozen=True)
 class Row:
     """One cell of the sweep: ``spec`` overrides the base RunSpec fields, ``trace`` the
-    recipe's arguments; ``impls`` the impls it runs on (None: the sweep's)."""
+    recipe's arguments."""
 
     dimension: str
     label: str
     spec: dict = field(default_factory=dict)
     trace: dict = field(default_factory=dict)
-    impls: tuple[str, ...] | None = None
 
 
 def _blocks(block_size: int) -> dict:
@@ -107,9 +106,8 @@ ROWS = [
     Row("cost_model", "planner-heuristic (per KV block)",
         spec={"cost_model": "planner-heuristic"}),
     Row("cost_model", "kv-token-mtp3 (MTP, 3 drafts)", spec={"cost_model": "kv-token-mtp3"}),
-    Row("scheduling", "sync, vllm-ascend", impls=("vllm-ascend",)),
-    Row("scheduling", "async", spec={"async_scheduling": True}, impls=("vllm-ascend",)),
 ]
+MODES = {"async": True, "sync": False}
 
 
 def base_fields() -> dict:
@@ -124,27 +122,12 @@ def trace(seed: int, **kwargs) -> list[TraceRequest]:
                          r["output_tokens"]) for r in generate.pr12292_gpqa(seed=seed, **kwargs)]
 
 
-def async_impls(impl_names: list[str]) -> list[str]:
-    """The impls among ``impl_names`` that accept async scheduling (the kit does once
-    its async mode exists; its check says so)."""
-    from dyntra_lb.config import load_additional_config
-
-    config = load_additional_config(SETUP["additional_config"])
-    out = []
-    for name in impl_names:
-        try:
-            impls.get(name).check(config, dp_size=DP, async_scheduling=True,
-                                  vllm_ascend=str(DEFAULT_TREE))
-        except ValueError:
-            continue
-        out.append(name)
-    return out
-
-
-def run_cell(row: Row, impl: str, seed: int, tree: str, out_dir: pathlib.Path) -> dict:
-    """One run of ``row`` on ``impl`` with workload seed ``seed``, its files in
-    ``out_dir``: its pause numbers."""
+def run_cell(row: Row, impl: str, mode: str, seed: int, tree: str,
+             out_dir: pathlib.Path) -> dict:
+    """One run of ``row`` on ``impl`` in scheduling ``mode`` with workload seed ``seed``,
+    its files in ``out_dir``: its pause numbers."""
     fields_ = base_fields()
+    fields_["async_scheduling"] = MODES[mode]
     spec_over = dict(row.spec)
     if isinstance(spec_over.get("cost_model"), str):
         spec_over["cost_model"] = load_profile(spec_over["cost_model"])
@@ -155,7 +138,7 @@ def run_cell(row: Row, impl: str, seed: int, tree: str, out_dir: pathlib.Path) -
     start = time.monotonic()
     m = run(spec).metrics
     p = m["pauses"]
-    return {"impl": impl, "seed": seed, "paused_pct": p["requests_paused_pct"],
+    return {"impl": impl, "mode": mode, "seed": seed, "paused_pct": p["requests_paused_pct"],
             "requests_paused": p["requests_paused"], "requests": m["requests_total"],
             "pauses": p["total"], "longest_paused_s": p["longest_paused_ms"] / 1e3,
             "virtual_time_s": m["virtual_time_s"], "wall_s": time.monotonic() - start}
@@ -166,37 +149,37 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="workload seeds of every row (default: 0)")
     parser.add_argument("--impls", nargs="+", default=["kit"], choices=("kit", "vllm-ascend"),
-                        help="the impls of the rows that do not name theirs (default: kit)")
-    parser.add_argument("--only", nargs="+", metavar="DIMENSION",
-                        help="only these dimensions (and the base): "
+                        help="the impls every row runs on (default: kit)")
+    parser.add_argument("--modes", nargs="+", default=["async"], choices=tuple(MODES),
+                        help="the scheduling modes every row runs in (default: async, as "
+                             "published)")
+    parser.add_argument("--only", nargs="+", metavar="DIMENSION[=VALUE]",
+                        help="only these dimensions, or the rows of a dimension whose value "
+                             "starts with VALUE: "
                              + ", ".join(dict.fromkeys(r.dimension for r in ROWS)))
     parser.add_argument("--vllm-ascend", default=str(DEFAULT_TREE), metavar="PATH",
                         help="vllm-ascend tree of the vllm-ascend rows")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
-    rows = [r for r in ROWS if args.only is None or r.dimension in ("base", *args.only)]
-    can_async = async_impls(["kit", "vllm-ascend"])
+    rows = [r for r in ROWS if args.only is None
+            or any(f"{r.dimension}={r.label}".startswith(o) if "=" in o else r.dimension == o
+                   for o in args.only)]
     results = []
     print(f"published: {PUBLISHED_PAUSED[0]} of {PUBLISHED_PAUSED[1]} requests paused "
           f"({100 * PUBLISHED_PAUSED[0] / PUBLISHED_PAUSED[1]:.1f} %)", flush=True)
     with tempfile.TemporaryDirectory(prefix="fidelity-sweep-") as tmp:
-        for row in rows:
-            names = list(row.impls or args.impls)
-            if row.spec.get("async_scheduling"):
-                names = [n for n in dict.fromkeys([*names, *args.impls]) if n in can_async]
-            for impl in names:
-                cells = []
-                for seed in args.seeds:
-                    out = pathlib.Path(tmp) / f"{row.dimension}-{ROWS.index(row)}-{impl}-{seed}"
-                    try:
-                        cells.append(run_cell(row, impl, seed, args.vllm_ascend, out))
-                    except ClusterError as exc:
-                        print(f"  {row.dimension} {row.label} {impl} seed {seed}: FAILED: "
-                              f"{str(exc).splitlines()[0][:200]}", flush=True)
-                if not cells:
-                    continue
+        for row, mode, impl in itertools.product(rows, args.modes, args.impls):
+            cells = []
+            for seed in args.seeds:
+                out = pathlib.Path(tmp) / f"{row.dimension}-{ROWS.index(row)}-{impl}-{mode}-{seed}"
+                try:
+                    cells.append(run_cell(row, impl, mode, seed, args.vllm_ascend, out))
+                except ClusterError as exc:
+                    print(f"  {row.dimension} {row.label} {impl} {mode} seed {seed}: FAILED: "
+                          f"{str(exc).splitlines()[0][:200]}", flush=True)
+            if cells:
                 results.append({"dimension": row.dimension, "label": row.label,
-                                "impl": impl, "cells": cells})
+                                "impl": impl, "mode": mode, "cells": cells})
                 print(_line(results[-1]), flush=True)
                 if args.json:
                     args.json.write_text(json.dumps({"seeds": args.seeds,
@@ -211,6 +194,7 @@ def _line(result: dict) -> str:
     pct = statistics.fmean(c["paused_pct"] for c in cells)
     each = ", ".join(f"{c['paused_pct']:.1f}" for c in cells)
     return (f"{result['dimension']:<15} {result['label']:<42} {result['impl']:<12} "
+            f"{result['mode']:<6} "
             f"{pct:5.1f} % [{each}]  pauses {statistics.fmean(c['pauses'] for c in cells):.0f}"
             f"  longest paused {max(c['longest_paused_s'] for c in cells):.1f} s  "
             f"wall {sum(c['wall_s'] for c in cells):.0f} s")
@@ -218,14 +202,14 @@ def _line(result: dict) -> str:
 
 def table(results: list[dict]) -> str:
     """The markdown table of docs/fidelity.md."""
-    lines = ["| assumption | value | impl | requests paused (mean over seeds) | each seed | "
-             "pauses | longest time one request paused |",
-             "|---|---|---|---:|---|---:|---:|"]
+    lines = ["| assumption | value | impl | scheduling | requests paused (mean over seeds) | "
+             "each seed | pauses | longest time one request paused |",
+             "|---|---|---|---|---:|---|---:|---:|"]
     for r in results:
         cells = r["cells"]
         pct = statistics.fmean(c["paused_pct"] for c in cells)
         lines.append(
-            f"| {r['dimension']} | {r['label']} | {r['impl']} | {pct:.1f} % | "
+            f"| {r['dimension']} | {r['label']} | {r['impl']} | {r['mode']} | {pct:.1f} % | "
             + ", ".join(f"{c['requests_paused']}/{c['requests']}" for c in cells)
             + f" | {statistics.fmean(c['pauses'] for c in cells):.0f} | "
             f"{max(c['longest_paused_s'] for c in cells):.1f} s |")

@@ -31,7 +31,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dyntra_lb import planners  # noqa: E402
+from dyntra_lb.planner import registry as planners  # noqa: E402
 from emu.report import ab_table  # noqa: E402
 from emu.run import run  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402

@@ -1,6 +1,6 @@
 """Planner speed: the literal oracle of docs/planner.md (tests/literal_planner.py, the production
-algorithm), the Python planner (dyntra_lb.planner.balance_load_python) and the compiled
-planner (dyntra_lb.planner.balance_load_native, numba) side by side in one process, on
+algorithm), the Python planner (dyntra_lb.planner.front.balance_load_python) and the compiled
+planner (dyntra_lb.planner.front.balance_load_native, numba) side by side in one process, on
 generated snapshots.
 
 Suites (payload-shaped: every rank's running list and waiting list both hold
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("literal_planner",
@@ -66,7 +66,7 @@ SUITES = [
 _FIRST_CALL = """
 import time
 t0 = time.perf_counter()
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 t1, cpu = time.perf_counter(), time.process_time()
 planner.warm_up()
 print(planner.IMPLEMENTATION, t1 - t0, time.perf_counter() - t1, time.process_time() - cpu)
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
         print(f"compiled planner: numba {numba.__version__}")
         for label, imported, first, cpu in first_call_costs():
             print(f"  first call, {label}: {first:.2f} s wall, {cpu:.2f} s CPU (import of "
-                  f"dyntra_lb.planner {imported:.2f} s)")
+                  f"dyntra_lb.planner.front {imported:.2f} s)")
         planner.warm_up()
     else:
         print("compiled planner: numba not installed, Python planner only")

@@ -2,7 +2,7 @@
 README's `.venv` and `.venv-upstream` (whose vLLM pins another numba), used in turn.
 
 Each measurement is one fresh interpreter loading the planner as a rank does
-(`dyntra_lb.planner.warm_up()`: from numba's disk cache, or compiled when the cache has
+(`dyntra_lb.planner.front.warm_up()`: from numba's disk cache, or compiled when the cache has
 nothing for it), timed from outside (wall) and by the child (CPU). Side by side in the
 same run: this checkout's `dyntra_lb`, and the baseline's (`--baseline`, by default the
 last commit before each environment kept its own cache files), unpacked from git into a
@@ -33,11 +33,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "0b88949"  # one index per source file, numba's default
-LOAD = ("import resource, sys; sys.path.insert(0, sys.argv[1]); "
-        "from dyntra_lb import planner, planner_native; "
-        "assert planner_native.__file__.startswith(sys.argv[1]), planner_native.__file__; "
-        "planner.warm_up(); "
-        "r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)")
+# A tree from before dyntra_lb/planner/ became a package (the default baseline) has the
+# planner in dyntra_lb/planner.py and dyntra_lb/planner_native.py.
+LOAD = """
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+try:
+    from dyntra_lb.planner import compiled, front
+except ImportError:
+    from dyntra_lb import planner as front, planner_native as compiled
+assert compiled.__file__.startswith(sys.argv[1]), compiled.__file__
+front.warm_up()
+r = resource.getrusage(resource.RUSAGE_SELF)
+print(r.ru_utime + r.ru_stime)
+"""
 
 
 def unpack(rev: str, into: Path) -> Path:

@@ -38,7 +38,7 @@ import numpy as np
 from planner_bench import snapshot
 from sidebyside import REPO, TREE, end_line, machine_line
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 from emu.offline.logscan import read_log
 from emu.rank.control_plane import planner_work
 from emu.rank.costs import PROFILES
@@ -57,7 +57,7 @@ _LONG_PAIRS = 2_000_000
 def production_planner():
     from emu.impl.vllm_ascend.tree import import_tree, resolve
 
-    return import_tree(resolve(TREE)).DyntraLBDPEngineCoreProc._balance_load
+    return import_tree(resolve(TREE).root).DyntraLBDPEngineCoreProc._balance_load
 
 
 def partial(rng, dp: int, mns: int, skewed: bool):

@@ -4,7 +4,7 @@ wall logs of real runs, with the pure-Python planner and with the compiled one.
 Each pair is two ``dyntra-emu run`` clusters (one process per rank, gloo) on the same
 workload, config and seed, one per planner; the order alternates between pairs. The
 Python side runs with numba hidden: a directory on ``PYTHONPATH`` whose ``numba``
-package fails to import, which is how ``dyntra_lb.planner`` falls back to the Python
+package fails to import, which is how ``dyntra_lb.planner.front`` falls back to the Python
 planner on a machine without numba (``IMPLEMENTATION == "python"``; the script prints
 what each side reports). The event logs of both runs of a pair must be byte-identical
 (same plans; the script exits 1 otherwise). Per run: p50 / p99 of ``planner_s`` over
@@ -39,7 +39,7 @@ def side_env(side: str, shim: pathlib.Path) -> dict:
 
 
 def implementation(env: dict) -> str:
-    code = "from dyntra_lb import planner; print(planner.IMPLEMENTATION)"
+    code = "from dyntra_lb.planner.front import IMPLEMENTATION; print(IMPLEMENTATION)"
     return subprocess.run([sys.executable, "-c", code], env=env, check=True,
                           capture_output=True, text=True).stdout.strip()
 
@@ -68,7 +68,7 @@ def main() -> int:
         (shim / "numba" / "__init__.py").write_text(_NO_NUMBA)
         envs = {s: side_env(s, shim) for s in SIDES}
         for side in SIDES:
-            print(f"{side}: dyntra_lb.planner.IMPLEMENTATION = {implementation(envs[side])}")
+            print(f"{side}: dyntra_lb.planner.front.IMPLEMENTATION = {implementation(envs[side])}")
         count = 0
         for runs in pairs(SIDES, args.repeats, lambda pair, s: one_run(
                 args, envs[s], pathlib.Path(tmp) / f"{pair}-{s}")):

@@ -35,7 +35,7 @@ import numpy as np
 from planner_bench import snapshot
 from sidebyside import TREE, end_line, machine_line
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 from emu.rank.control_plane import planner_work
 from emu.rank.costs import PROFILES
 
@@ -49,7 +49,7 @@ _LONG_S = 1.0
 def production_planner():
     from emu.impl.vllm_ascend.tree import import_tree, resolve
 
-    return import_tree(resolve(TREE)).DyntraLBDPEngineCoreProc._balance_load
+    return import_tree(resolve(TREE).root).DyntraLBDPEngineCoreProc._balance_load
 
 
 def step_ms(snap, mns: int) -> float:

@@ -1,5 +1,5 @@
 """The planner inside vllm-ascend's engine: vllm-ascend's ``_balance_load`` against ours
-(``dyntra_lb.planner.balance_load``, ``RunSpec.planner="reference"``), per planning step.
+(``dyntra_lb.planner.front.balance_load``, ``RunSpec.planner="reference"``), per planning step.
 
 Each pair is two ``--impl vllm-ascend`` cluster runs on the same trace, config and seed,
 one per planner (the order alternates between pairs); their event logs must be

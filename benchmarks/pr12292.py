@@ -14,8 +14,9 @@ and seed; each (profile, seed) pair runs one after the other, on the thread tran
 
 MTP: the ``kv-token-mtp3`` profile runs the PR's 3 speculative tokens (each accepted
 with an assumed probability of 0.7 given the earlier ones, docs/cost-models.md); the
-other profiles emit one token per request per step. A difference from the PR that the
-emulator cannot close yet: synchronous scheduling (the PR used async scheduling).
+other profiles emit one token per request per step. Scheduling: vLLM's async
+scheduling, as the PR ran (vLLM's default for the node, on both impls);
+``--no-async-scheduling`` runs vLLM's synchronous scheduling instead.
 
     .venv/bin/python benchmarks/pr12292.py                          # 1,000 requests, seed 0
     .venv/bin/python benchmarks/pr12292.py --n 300 --seeds 0 1 --profiles kv-token
@@ -23,6 +24,8 @@ emulator cannot close yet: synchronous scheduling (the PR used async scheduling)
     .venv/bin/python benchmarks/pr12292.py --n 100 --check-transports   # thread == process
     .venv-upstream/bin/python benchmarks/pr12292.py --impl kit vllm-ascend \
         --profiles kv-token-mtp3 --seeds 0 1 2                    # on vllm-ascend's code too
+    .venv-upstream/bin/python benchmarks/pr12292.py --impl kit vllm-ascend \
+        --profiles kv-token-mtp3 --seeds 0 1 2 --async-scheduling   # the PR's mode, said
 
 ``--check-transports`` also runs the first seed's pairs on rank processes and checks
 that their event logs are byte-identical to the thread runs' and the numbers equal.
@@ -77,14 +80,15 @@ def trace(n: int, rate: float, seed: int) -> list[TraceRequest]:
 
 
 def run_one(requests, config, profile, seed, out_dir, transport: str, impl: str = "kit",
-            tree: str | None = None) -> dict:
+            tree: str | None = None, async_scheduling: bool | None = None) -> dict:
     """One emulated run on ``impl`` (vllm-ascend's from ``tree``); its metrics plus the
     wall time it took."""
     spec = RunSpec(trace=requests, dp_size=DP, out_dir=out_dir, additional_config=config,
                    max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, cost_model=profile,
                    seed=seed, device="cpu", collective_timeout_s=600.0,
                    max_concurrency=MAX_CONCURRENCY, transport=transport, impl=impl,
-                   vllm_ascend=tree if impl == "vllm-ascend" else None)
+                   vllm_ascend=tree if impl == "vllm-ascend" else None,
+                   async_scheduling=async_scheduling)
     start = time.monotonic()
     result = run(spec)
     wall_s = time.monotonic() - start
@@ -126,6 +130,10 @@ def main(argv=None) -> int:
     parser.add_argument("--vllm-ascend", default=_default_tree(), metavar="PATH",
                         help="the vllm-ascend tree of --impl vllm-ascend (default: "
                              "$DYNTRA_VLLM_ASCEND, else ../shared/upstream/vllm-ascend)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="vLLM's async scheduling (default: on, vLLM's default for the "
+                             "node, as the PR ran)")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
     try:
@@ -136,7 +144,8 @@ def main(argv=None) -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}; dp={DP}, block size {BLOCK_SIZE}, "
           f"max_num_seqs {MAX_NUM_SEQS}, n={args.n}, {args.rate:g} req/s, max concurrency "
-          f"{MAX_CONCURRENCY}, transport {args.transport}, impl {' '.join(args.impl)}",
+          f"{MAX_CONCURRENCY}, transport {args.transport}, impl {' '.join(args.impl)}, "
+          f"{'synchronous' if args.async_scheduling is False else 'async'} scheduling",
           flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="pr12292-") as tmp:
@@ -148,7 +157,8 @@ def main(argv=None) -> int:
                     out = pathlib.Path(tmp) / f"{seed}-{profiles[name].name}-{impl}-{label}"
                     try:
                         pair[label] = run_one(requests, config, profiles[name], seed, out,
-                                              args.transport, impl, args.vllm_ascend)
+                                              args.transport, impl, args.vllm_ascend,
+                                              args.async_scheduling)
                     except ClusterError as exc:  # e.g. the watchdog on an overloaded host
                         print(f"  seed {seed} {name} {impl} {label}: FAILED: "
                               f"{str(exc).splitlines()[0][:300]}", flush=True)
@@ -217,7 +227,8 @@ def check_transports(requests, profile, seed, pair, tmp, args) -> None:
     other = "process" if args.transport == "thread" else "thread"
     for label, config in (("A", None), ("B", CONFIG_B)):
         again = run_one(requests, config, profile, seed,
-                        tmp / f"{seed}-{profile.name}-{label}-{other}", other)
+                        tmp / f"{seed}-{profile.name}-{label}-{other}", other,
+                        async_scheduling=args.async_scheduling)
         same_logs = all(pathlib.Path(a).read_bytes() == pathlib.Path(b).read_bytes()
                         for a, b in zip(pair[label]["event_logs"], again["event_logs"],
                                         strict=True))

@@ -43,23 +43,23 @@ def one(args: dict) -> dict:
     """One run in this process: ``{"wall_s", "steps", "maxrss_mb", "runner_cpu_s"}``;
     ``runner_cpu_s`` (thread transport only): the CPU time of the runner thread, in which
     every rank thread runs (``emu.cluster.rank_scheduler``), i.e. the ranks' own work."""
-    import emu.run
     from emu.cli.inputs import DEFAULT_ADDITIONAL_CONFIG
+    from emu.impl import Implementation
     from emu.run import run_cluster
     from emu.spec import RunSpec
     from emu.workload import load_trace
 
     cpu: list[float] = []
-    body = emu.run.run_rank
+    body = Implementation.run_rank
 
-    def timed(ctx, rank_args):
+    def timed(self, ctx, engine):
         try:
-            return body(ctx, rank_args)
+            return body(self, ctx, engine)
         finally:
             cpu.append(time.thread_time())  # the runner's CPU time when this rank ends
 
     if args["transport"] == "thread":  # rank processes need a picklable target
-        emu.run.run_rank = timed
+        Implementation.run_rank = timed
 
     trace = load_trace(args["workload"])
     spec = RunSpec(trace=trace, dp_size=args["dp"], out_dir=args["out"],

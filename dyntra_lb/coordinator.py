@@ -30,10 +30,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dyntra_lb import diagnostics, planners
+from dyntra_lb import diagnostics
 from dyntra_lb.config import AdditionalConfig, diagnostics_enabled
 from dyntra_lb.payload import block_slots, pack, payload_len, unpack
-from dyntra_lb.planner import Plan, warm_up
+from dyntra_lb.planner.front import Plan, balance_load, warm_up
+from dyntra_lb.planner.registry import Planner
 from dyntra_lb.sites import ALLGATHER_SITE, FLAG_SITE
 
 logger = logging.getLogger("dyntra_lb")
@@ -88,9 +89,9 @@ class DyntraLBCoordinator:
     ``policy`` is the scheduler-side ``DyntraLBPolicy``. ``observe``, when given, wraps
     every collective: ``observe(site, op, tensor, fn)`` must call ``fn()`` and return
     its result (the emulator records the collective sequence through it). ``planner``
-    names the planner every rank runs on the gathered snapshot (``dyntra_lb.planners``;
-    "reference", production's, by default). ``plan_memo``, when given, is shared by
-    ranks in one address space (see ``_plan``).
+    is the planner every rank runs on the gathered snapshot, called as
+    ``dyntra_lb.planner.registry`` describes (default: ``balance_load``, "reference",
+    production's); an engine may hand in a wrapper of one.
     """
 
     def __init__(
@@ -104,11 +105,10 @@ class DyntraLBCoordinator:
         max_num_seqs: int,
         device: str | torch.device = "cpu",
         observe: Observe | None = None,
-        planner: str = planners.REFERENCE,
-        plan_memo: Callable[[Any, Callable[[], list[Plan]]], list[Plan]] | None = None,
+        planner: Planner = balance_load,
     ):
         cfg = config.dyntra_lb
-        self._balance_load = planners.get(planner)
+        self._balance_load = planner
         self.policy = policy
         self.dp_rank = dp_rank
         self.dp_size = dp_size
@@ -145,13 +145,6 @@ class DyntraLBCoordinator:
         self._on_device = device.type != "cpu"
 
         self._step = _NO_BALANCE
-
-        # Every rank plans the same gathered snapshot. Ranks that share one address
-        # space (the emulator's thread transport) may share a ``plan_memo``:
-        # ``plan_memo(key, compute)`` returns the plans of the first rank that planned
-        # ``key`` (calling ``compute`` only when none has), so one rank runs the planner
-        # per step instead of every rank. See ``_plan`` for the key.
-        self._plan_memo = plan_memo
 
         # The compiled planner compiles (or loads numba's disk cache) here, at rank
         # start-up, instead of inside the first planned decode step.
@@ -264,7 +257,9 @@ class DyntraLBCoordinator:
         requests_by_rank, has_new_long = unpack(self._recv_block, self._recv_slots)
 
         start = time.perf_counter()
-        plans = self._plan(requests_by_rank)
+        plans = self._balance_load(requests_by_rank, self.dp_size,
+                                   max_num_seqs=self.max_num_seqs,
+                                   threshold=self.bubble_threshold)
         planner_s = time.perf_counter() - start
         if self._log_rank0:
             logger.info(diagnostics.requests_table(requests_by_rank))
@@ -274,22 +269,6 @@ class DyntraLBCoordinator:
         self.policy.set_plan(plan)
         self._step = BalanceStep(plan, planner_s, self._step.collectives_s, requests_by_rank)
         return has_new_long
-
-    def _plan(self, requests_by_rank: list) -> list[Plan]:
-        """The planner on the gathered snapshot. With a ``plan_memo`` the key is
-        everything the planner's result depends on (it is a pure function): the planner,
-        its arguments and the gathered bytes; the plans are only read afterwards (each
-        rank keeps its own row, rank 0 logs them), never changed."""
-        def compute() -> list[Plan]:
-            return self._balance_load(requests_by_rank, self.dp_size,
-                                      max_num_seqs=self.max_num_seqs,
-                                      threshold=self.bubble_threshold)
-
-        if self._plan_memo is None:
-            return compute()
-        key = (self._balance_load, self.dp_size, self.max_num_seqs, self.bubble_threshold,
-               self._recv_block.tobytes())
-        return self._plan_memo(key, compute)
 
     # ------------------------------------------------------------------ collectives
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.diagnostics import pause_line
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 
 logger = logging.getLogger("dyntra_lb")
 

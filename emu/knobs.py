@@ -131,10 +131,16 @@ class Choice:
 
 @dataclass(frozen=True)
 class Switch:
-    """A bool; on the command line a flag without a value that turns it on."""
+    """A bool; on the command line a flag without a value that turns it on. ``both``:
+    the command line has ``--no-...`` too, and neither flag leaves the field None (the
+    field then resolves it, as its help says)."""
+
+    both: bool = False
 
     def problem(self, value) -> str | None:
-        return None if isinstance(value, bool) else f"must be a bool, got {value!r}"
+        if isinstance(value, bool) or (value is None and self.both):
+            return None
+        return f"must be a bool{' or None' if self.both else ''}, got {value!r}"
 
 
 @dataclass(frozen=True)

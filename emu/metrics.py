@@ -10,6 +10,8 @@ the `wall` section, which reports measured wall-clock seconds.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import re
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from emu.run_status import describe_unfinished, read_status
 
@@ -88,21 +91,11 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
     if ranks != list(range(len(ranks))):
         raise RunError(f"{out_dir}: event logs for ranks {ranks}; expected ranks "
                        f"0..{len(ranks) - 1} without gaps")
-    steps: list[list[dict]] = []
-    requests: list[dict] = []
-    for rank in ranks:
-        rank_steps = []
-        for where, rec in _read_jsonl(out_dir / f"rank{rank}.events.jsonl", partial):
-            kind = rec.get("kind")
-            if kind == "step":
-                rank_steps.append(rec)
-            elif kind == "request":
-                requests.append(rec)
-            else:
-                raise RunError(f"{where}: unknown record kind {kind!r}; expected 'step' "
-                               "or 'request'")
-        rank_steps.sort(key=lambda s: s["iter"])
-        steps.append(rank_steps)
+    # The records hold no cycles: the garbage collector rests while tens of thousands of
+    # them are made (a collection every few hundred new dicts would cost more than the
+    # parse), and looks at them once afterwards.
+    with _gc_paused():
+        steps, requests, wall = _read_logs(out_dir, ranks, partial)
     if partial:
         common = min(len(rank_steps) for rank_steps in steps)
         steps = [rank_steps[:common] for rank_steps in steps]
@@ -117,12 +110,41 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
                 f"{_first_difference(iters, iters0)}); lockstep ranks must log the same "
                 "iterations — did the run stop early?"
             )
+    return Run(dp_size=len(ranks), steps=steps, requests=requests, wall=wall, state=state)
+
+
+def _read_logs(out_dir: Path, ranks: list[int], partial: bool
+               ) -> tuple[list[list[dict]], list[dict], list[list[dict]] | None]:
+    """Every rank's step records (in iteration order), every request record, and the
+    wall records (None when the run wrote no wall log)."""
+    steps: list[list[dict]] = []
+    requests: list[dict] = []
+    for rank in ranks:
+        path = out_dir / f"rank{rank}.events.jsonl"
+        rank_steps = []
+        for lineno, rec in _read_jsonl(path, partial):
+            kind = rec.get("kind")
+            if kind == "step":
+                rank_steps.append(rec)
+            elif kind == "request":
+                requests.append(rec)
+            else:
+                raise RunError(f"{path}:{lineno}: unknown record kind {kind!r}; expected "
+                               "'step' or 'request'")
+        rank_steps.sort(key=lambda s: s["iter"])
+        steps.append(rank_steps)
     wall = None
     wall_paths = [out_dir / f"rank{rank}.wall.jsonl" for rank in ranks]
     if any(p.exists() for p in wall_paths):
         wall = [[rec for _, rec in _read_jsonl(p, partial)] if p.exists() else []
                 for p in wall_paths]
-    return Run(dp_size=len(ranks), steps=steps, requests=requests, wall=wall, state=state)
+    return steps, requests, wall
+
+
+def read_events(path) -> list[dict]:
+    """The records of one event log (steps and requests), in file order."""
+    with _gc_paused():
+        return [rec for _, rec in _read_jsonl(Path(path))]
 
 
 def _unfinished_requests(steps: list[list[dict]], requests: list[dict]) -> list[dict]:
@@ -442,22 +464,51 @@ def _wall(wall: list[list[dict]] | None) -> dict | None:
 
 
 def _read_jsonl(path: Path, partial: bool = False):
-    """The JSON objects of a JSON Lines file with their `file:line`; with `partial`, a
-    last line without its newline (cut off when the writer was stopped) is skipped."""
-    with open(path, encoding="utf-8", errors="replace" if partial else "strict") as f:
-        for lineno, line in enumerate(f, start=1):
-            if partial and not line.endswith("\n"):
-                return
-            if not line.strip():
+    """The JSON objects of a JSON Lines file with their line numbers; with `partial`, a
+    last line without its newline (cut off when the writer was stopped) is skipped.
+
+    A run's logs hold tens of thousands of records, so each line is parsed by orjson
+    (several times faster than json, and to the same objects); a line it refuses goes
+    through json, which accepts a little more (NaN, a lone surrogate) and words the
+    error."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    for lineno, line in enumerate(lines, start=1):
+        if partial and line[-1:] not in (b"\n", b"\r"):
+            return
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            rec = _parse_line(line, f"{path}:{lineno}", partial)
+            if rec is None:
                 continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RunError(f"{where}: invalid JSON: {exc.msg}") from None
-            if not isinstance(rec, dict):
-                raise RunError(f"{where}: expected a JSON object")
-            yield where, rec
+        if not isinstance(rec, dict):
+            raise RunError(f"{path}:{lineno}: expected a JSON object")
+        yield lineno, rec
+
+
+def _parse_line(line: bytes, where: str, partial: bool):
+    """One line orjson refused, read as json reads it: None for a blank line, else its
+    value, or RunError with json's message."""
+    text = line.decode("utf-8", errors="replace" if partial else "strict")
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{where}: invalid JSON: {exc.msg}") from None
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The garbage collector off for the block (as it was before, afterwards)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _first_difference(a: list, b: list) -> int:

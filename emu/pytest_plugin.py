@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from emu.knobs import is_int
+
+if TYPE_CHECKING:  # imported when a cluster runs (see above)
+    from emu.run import RunResult
+    from emu.spec import RunSpec
 
 DEFAULT_DP = 2
 
@@ -39,14 +43,15 @@ class ClusterRun:
     - ``metrics``: the metrics.json dictionary (docs/metrics.md) of the run, written
       into ``out_dir`` too; its ``config`` is what the CLI records for the same spec;
     - ``events``: the parsed event log of every rank, ``events[rank]`` in file order;
-    - ``out_dir``: where the run's files are (inside the test's ``tmp_path``).
+    - ``out_dir``: where the run's files are (inside the test's ``tmp_path``);
+    - ``spec``: the ``emu.spec.RunSpec`` that ran.
     """
 
-    result: Any
+    result: RunResult
     metrics: dict
     events: list[list[dict]]
     out_dir: pathlib.Path
-    spec: Any = field(repr=False, default=None)
+    spec: RunSpec | None = field(repr=False, default=None)
 
     def steps(self, rank: int) -> list[dict]:
         """Step records of ``rank``."""
@@ -58,11 +63,14 @@ class ClusterRun:
         return [e for r in ranks for e in self.events[r] if e["kind"] == "request"]
 
 
-def _trace_from(trace, workload) -> tuple[list, str | None]:
+def _trace_from(trace, workload, reading: dict) -> tuple[list, str | None]:
     """The TraceRequest list for ``trace`` (TraceRequests, dicts in the trace-file schema,
-    or a path) or ``workload`` (a file or a bundled workload name), and what
-    ``RunSpec.workload`` calls it (as the CLI does for ``--workload``; None for a list)."""
-    from emu.workload import TraceRequest, load_trace, resolve_workload, workload_label
+    or a path) or ``workload`` (a file in any trace format, or a bundled workload name,
+    read as ``reading`` says: ``emu.traces.read_trace``'s ``format``, ``replay`` and
+    ``options``), and what ``RunSpec.workload`` calls it (as the CLI does for
+    ``--workload``; None for a list)."""
+    from emu.traces import read_trace
+    from emu.workload import TraceRequest, resolve_workload, workload_label
 
     if (trace is None) == (workload is None):
         raise ValueError("dyntra_cluster: pass exactly one of trace=... or workload=...")
@@ -71,9 +79,10 @@ def _trace_from(trace, workload) -> tuple[list, str | None]:
             path = resolve_workload(str(workload))
         except ValueError as exc:
             raise ValueError(f"dyntra_cluster: workload {exc}") from None
-        return load_trace(path), workload_label(str(workload), path)
+        label = reading["replay"].label(workload_label(str(workload), path))
+        return read_trace(path, **reading).requests, label
     if isinstance(trace, (str, pathlib.Path)):
-        return load_trace(trace), str(trace)
+        return read_trace(trace).requests, str(trace)
     return [r if isinstance(r, TraceRequest) else TraceRequest(**r) for r in trace], None
 
 
@@ -87,13 +96,19 @@ class ClusterFactory:
 
     def __call__(self, trace=None, *, workload=None, additional_config=None,
                  dp_size: int | None = None, seed: int = 0, faults=None, strict: bool = True,
-                 transport: str = "process", **spec_fields) -> ClusterRun:
+                 transport: str = "process", workload_format: str | None = None,
+                 time_scale: float = 1.0, window: tuple[float, float] | None = None,
+                 limit: int | None = None, tokenizer: str | None = None,
+                 **spec_fields) -> ClusterRun:
         """Run one cluster to completion and return its ``ClusterRun``.
 
         ``trace``: TraceRequests, dicts with the trace-file fields (``request_id``,
         ``arrival_s``, ``prompt_tokens``, ``output_tokens``, optional ``rank``,
         ``priority``) or a trace file; or ``workload``: a file or bundled name
-        ("default", "uniform", "longtail", "bimodal"). ``additional_config``:
+        ("default", "uniform", "longtail", "bimodal"), the file in any format of
+        docs/workloads.md, detected or named by ``workload_format``, replayed as
+        ``time_scale``, ``window`` (START, END seconds) and ``limit`` say, as the CLI's
+        flags of the same names do (``tokenizer`` for a vllm-custom trace). ``additional_config``:
         vllm-ascend's additional config (None: DyntraLB off). ``dp_size`` overrides the
         ``dp`` marker. ``faults``: faults to inject (``emu.faults`` objects or
         ``--fault`` strings such as ``"kill:rank=1,step=50"``, or a ``FaultPlan``).
@@ -113,7 +128,12 @@ class ClusterFactory:
             spec_fields["faults"] = FaultPlan.of(faults)
         self._runs += 1
         out_dir = self._tmp_path / f"dyntra-cluster-{self._runs}"
-        requests, label = _trace_from(trace, workload)
+        from emu.traces import ReadOptions, Replay
+
+        reading = {"format": workload_format,
+                   "replay": Replay(time_scale=time_scale, window=window, limit=limit),
+                   "options": ReadOptions(tokenizer=tokenizer)}
+        requests, label = _trace_from(trace, workload, reading)
         spec = RunSpec(trace=requests, workload=label,
                        dp_size=self.dp_size if dp_size is None else dp_size,
                        out_dir=out_dir, additional_config=additional_config, seed=seed,

@@ -82,12 +82,10 @@ _SETUP_FLAGS = {"max_concurrency": "--max-concurrency", "block_size": "--block-s
                 "async_scheduling": "--async-scheduling"}
 
 
-def setup_hint(value: str, spec, async_supported: bool) -> str | None:
+def setup_hint(value: str, spec) -> str | None:
     """For ``--workload recipe:NAME`` of a recipe that rebuilds a published run
     (``RECIPE_SETUPS`` in fixtures/generate.py): one line naming the flags that run it as
-    published, when ``spec`` (a RunSpec) differs from that setup; None otherwise. When
-    ``spec.impl`` cannot schedule asynchronously (``async_supported`` False), the hint
-    says to run vllm-ascend's code for that."""
+    published, when ``spec`` (a RunSpec) differs from that setup; None otherwise."""
     if not is_recipe(value):
         return None
     name, _ = parse_recipe(value)
@@ -105,7 +103,7 @@ def setup_hint(value: str, spec, async_supported: bool) -> str | None:
             continue
         flag = _SETUP_FLAGS[field]
         if field == "async_scheduling":
-            flags.append(flag if async_supported else f"--impl vllm-ascend {flag}")
+            flags.append(flag)
         elif field == "additional_config":
             flags.append(f"{flag} '{json.dumps(published)}'")
         else:

@@ -107,7 +107,8 @@ def write_ab_summary_md(path, metrics_a: dict, metrics_b: dict, labels=("A", "B"
                         title: str = "dyntra-emu ab", plots=(), about=()) -> None:
     """summary.md of an A/B comparison: ``about`` (lines saying what A and B are, e.g.
     their trees), every metric with its deltas, both configs, and the overlay plots."""
-    lines = [f"# {title}", "", *_md_about(about), f"A = `{labels[0]}`, B = `{labels[1]}`", ""]
+    lines = [f"# {title}", "", *_md_about(about), f"A = `{labels[0]}`, B = `{labels[1]}`", "",
+             scheduling_line(metrics_a, metrics_b, labels), ""]
     lines += headroom_summary(metrics_a, metrics_b, labels)
     for label, m in zip(labels, (metrics_a, metrics_b), strict=True):
         lines += _md_notes([f"({label}) {n}" for n in no_effect_notes(m)])
@@ -225,6 +226,7 @@ def _headline_rows(m: dict) -> list[tuple]:
         *_headroom_rows(m),
         ("preemptions", str(m["preemptions"])),
         ("cost model", _cost_model_name(m)),
+        ("scheduling", scheduling_name(m)),
     ]
 
 
@@ -273,6 +275,21 @@ def _control_text(control: dict) -> str:
     if not control["deterministic"]:
         text += ", the planner at its measured wall time (not deterministic)"
     return text
+
+
+def scheduling_name(m: dict) -> str:
+    """Which of vLLM's scheduling modes the run ran, from the metrics' config: "async"
+    (two steps in flight) or "synchronous" ('-' when not recorded)."""
+    mode = (m.get("config") or {}).get("async_scheduling")
+    return "-" if mode is None else "async" if mode else "synchronous"
+
+
+def scheduling_line(a: dict, b: dict, labels=("A", "B")) -> str:
+    """The header line of an A/B saying which scheduling mode each run ran."""
+    mode_a, mode_b = scheduling_name(a), scheduling_name(b)
+    if mode_a == mode_b:
+        return f"Scheduling: {mode_a} in both runs"
+    return f"Scheduling: {mode_a} in {labels[0]}, {mode_b} in {labels[1]}"
 
 
 def _cost_model_name(m: dict) -> str:

@@ -1,19 +1,21 @@
-"""Run one emulated DP cluster: ``run(RunSpec(...)) -> RunResult``, measured and recorded.
+"""Run one emulated DP cluster: ``run(checked) -> RunResult``, measured and recorded.
 
 The one entry point the CLI, the sweep, the pytest plugin and the benchmarks use to run
 a spec: ``run`` runs the cluster (``run_cluster``, which tests that only need the ranks'
 files call directly), computes its metrics and writes them to ``metrics.json`` with the
 recorded config (``recorded_config``: everything that produced the run, read from the
-spec alone, so the same spec is recorded the same way whoever ran it). Under torchrun,
-each rank process calls ``join_cluster(spec)`` instead, and rank 0 then calls
+checked run alone, so the same spec is recorded the same way whoever ran it). Under
+torchrun, each rank process calls ``join_cluster`` instead, and rank 0 then calls
 ``measure``.
 
-The spec (``emu.spec``) is validated here, in the calling process, before any rank
+Each takes a checked run (``emu.spec.check``: the spec judged, and what it needs worked
+out once) or a ``RunSpec``, which it checks here, in the calling process, before any rank
 starts: a bad spec is one ``emu.spec.SpecError`` (a ValueError) listing every problem.
 Then the spec's transport (``emu.cluster.transport``: rank processes, or rank threads
-with ``transport="thread"``) runs ``dp_size`` ranks, each the implementation's engine
-over the whole trace (``emu.impl.run_rank``), and the result lists every rank's summary
-and the paths of the files it wrote into ``out_dir``:
+with ``transport="thread"``) runs ``dp_size`` ranks, each handed the run's engine spec
+(``emu.rank.engine_spec.EngineSpec``) and running the implementation's engine over the
+whole trace (``emu.impl.Implementation.run_rank``), and the result lists every rank's
+summary and the paths of the files it wrote into ``out_dir``:
 
 - ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
 - ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
@@ -27,30 +29,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import pathlib
 from dataclasses import dataclass
 
-from dyntra_lb.config import load_additional_config
-from emu import impl
+from emu.cluster.supervision import ClusterError, Interrupted
 from emu.cluster.transport import (
     ProcessTransport,
     ThreadTransport,
     TorchrunTransport,
     Transport,
 )
-from emu.impl import run_rank
-from emu.metrics import compute_metrics, load_run, write_metrics
+from emu.metrics import Run, compute_metrics, load_run, read_events, write_metrics
 from emu.rank.context import RankSummary
 from emu.run_status import write_status
-from emu.spec import RunSpec, validate
+from emu.spec import CheckedRun, RunSpec, as_checked, check
 
 
 @dataclass(frozen=True)
 class RunResult:
     """Summaries (by rank), the files each rank wrote and, from ``run``, the metrics
-    (metrics.json's dictionary; None from ``run_cluster``)."""
+    (metrics.json's dictionary) and the run as its event logs read (``loaded``: what
+    the metrics were computed from, for plots and timelines without reading the logs
+    again); both None from ``run_cluster``."""
 
     out_dir: pathlib.Path
     ranks: list[RankSummary]
@@ -58,48 +59,45 @@ class RunResult:
     wall_logs: list[pathlib.Path]
     logs: list[pathlib.Path]
     metrics: dict | None = None
+    loaded: Run | None = None
 
     @property
     def truncated(self) -> bool:
         return any(r.truncated for r in self.ranks)
 
-    @property
-    def device(self) -> str:
-        """Where the lockstep collective ran: "cpu" or "npu"."""
-        return self.ranks[0].device
-
     def events(self, rank: int) -> list[dict]:
         """Parsed records of ``rank``'s event log, in file order."""
-        with open(self.event_logs[rank]) as f:
-            return [json.loads(line) for line in f]
+        return read_events(self.event_logs[rank])
 
 
-def run(spec: RunSpec) -> RunResult:
-    """Run ``spec`` to completion, measure it and record what ran: ``run_cluster``, then
-    ``measure``; returns the result with its ``metrics``. Raises as ``run_cluster``
-    does (nothing is measured then)."""
-    result = run_cluster(spec)
-    return dataclasses.replace(result, metrics=measure(spec, result.device))
+def run(spec: RunSpec | CheckedRun) -> RunResult:
+    """Run ``spec`` (checked here if it is a RunSpec) to completion, measure it and record
+    what ran: ``run_cluster``, then ``measure``; returns the result with its ``metrics``
+    and the ``loaded`` run. Raises as ``run_cluster`` does (nothing is measured then)."""
+    checked = as_checked(spec)
+    result = run_cluster(checked)
+    loaded = load_run(result.out_dir)
+    return dataclasses.replace(result, metrics=measure(checked, loaded), loaded=loaded)
 
 
-def measure(spec: RunSpec, device: str) -> dict:
-    """The metrics of the finished run of ``spec`` in ``spec.out_dir``, written to its
-    ``metrics.json`` and returned; ``device`` is where the lockstep collective ran
-    ("cpu" or "npu", ``RunResult.device``). Called by ``run`` and, under torchrun, by
-    rank 0 once every rank has finished."""
-    metrics = compute_metrics(load_run(spec.out_dir), config=recorded_config(spec, device),
-                              seed=spec.seed)
+def measure(checked: CheckedRun, loaded: Run) -> dict:
+    """The metrics of the finished run of ``checked`` (``loaded`` from its ``out_dir``),
+    written to its ``metrics.json`` and returned. Called by ``run`` and, under torchrun,
+    by rank 0 once every rank has finished."""
+    spec = checked.spec
+    metrics = compute_metrics(loaded, config=recorded_config(checked), seed=spec.seed)
     write_metrics(metrics, pathlib.Path(spec.out_dir) / "metrics.json")
     return metrics
 
 
-def recorded_config(spec: RunSpec, device: str) -> dict:
-    """metrics.json's ``config``: what produced the run, from the spec alone (and the
-    device it ran on): the additional config as parsed, the workload's name, the engine
-    settings, the cost profile, and which DyntraLB ran (``emu.impl.Implementation.
-    describe``: the impl, its planner, for vllm-ascend its tree and vLLM's version)."""
+def recorded_config(checked: CheckedRun) -> dict:
+    """metrics.json's ``config``: what produced the run, from the checked run alone: the
+    additional config as parsed, the workload's name, the engine settings, the device it
+    ran on, the cost profile, and which DyntraLB ran (``CheckedRun.description``: the
+    impl, its planner, for vllm-ascend its tree and vLLM's version)."""
+    spec = checked.spec
     return {
-        "additional_config": load_additional_config(spec.additional_config).raw,
+        "additional_config": checked.config.raw,
         "workload": spec.workload,
         "dp_size": spec.dp_size,
         "max_num_seqs": spec.max_num_seqs,
@@ -109,28 +107,28 @@ def recorded_config(spec: RunSpec, device: str) -> dict:
         "router": spec.router,
         "scheduling_policy": spec.scheduling_policy,
         "max_concurrency": spec.max_concurrency,
-        "device": device,  # the one used ("cpu" / "npu"), never "auto"
+        "device": checked.device,  # the one used ("cpu" / "npu"), never "auto"
         "cost_model": spec.cost_model.to_dict(),
-        **impl.get(spec.impl).describe(spec),
+        **checked.description,
     }
 
 
-def run_cluster(spec: RunSpec) -> RunResult:
-    """Validate ``spec``, run the cluster to completion and return its result. Raises
-    ValueError before anything starts, ``emu.cluster.supervision.ClusterError`` when a
-    rank fails (every rank is stopped), ``emu.cluster.device.DeviceError`` for an
-    unusable device."""
-    config = validate(spec)
-    implementation = impl.get(spec.impl)
+def run_cluster(spec: RunSpec | CheckedRun) -> RunResult:
+    """Run ``spec`` (checked here if it is a RunSpec) to completion and return its result.
+    Raises ValueError before anything starts (``emu.spec.SpecError``: a bad spec, an
+    unusable device) and ``emu.cluster.supervision.ClusterError`` when a rank fails
+    (every rank is stopped)."""
+    checked = as_checked(spec)
+    spec, implementation = checked.spec, checked.implementation
     if spec.transport == "thread":
-        implementation.check_rank_threads(spec)
+        implementation.check_rank_threads()
         transport = ThreadTransport()
     else:
-        transport = ProcessTransport(spec.device, implementation.preload(spec))
+        transport = ProcessTransport(checked.device, implementation.preload())
     out_dir = pathlib.Path(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _status_recorded(out_dir, spec):
-        summaries = _run(transport, spec, config)
+        summaries = _run(transport, checked)
     ranks = range(spec.dp_size)
     return RunResult(
         out_dir=out_dir,
@@ -141,12 +139,13 @@ def run_cluster(spec: RunSpec) -> RunResult:
     )
 
 
-def join_cluster(spec: RunSpec) -> RankSummary:
+def join_cluster(spec: RunSpec | CheckedRun) -> RankSummary:
     """Run this process as one rank of ``spec``'s cluster, started by torchrun (or any
     launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); returns
-    this rank's summary. Validates first (ValueError before any group is made); rank 0
-    records ``run.json``."""
-    config = validate(spec)
+    this rank's summary. A RunSpec is checked first, for this machine's ranks
+    (ValueError before any group is made); rank 0 records ``run.json``."""
+    checked = spec if isinstance(spec, CheckedRun) else check(spec, local_ranks=_local_ranks())
+    spec = checked.spec
     if spec.transport != "process":
         raise ValueError(f"RunSpec.transport {spec.transport!r}: under torchrun every rank "
                          "is its own process; use transport 'process'")
@@ -154,18 +153,30 @@ def join_cluster(spec: RunSpec) -> RankSummary:
     if world is not None and world != str(spec.dp_size):
         raise ValueError(f"RunSpec.dp_size is {spec.dp_size} but this process is one of "
                          f"WORLD_SIZE={world} ranks")
-    transport = TorchrunTransport(spec.device)
+    transport = TorchrunTransport(checked.device)
     out_dir = pathlib.Path(spec.out_dir)
     if os.environ.get("RANK") != "0":
-        return _run(transport, spec, config)[0]
+        return _run(transport, checked)[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     with _status_recorded(out_dir, spec):
-        return _run(transport, spec, config)[0]
+        return _run(transport, checked)[0]
 
 
-def _run(transport: Transport, spec: RunSpec, config) -> list[RankSummary]:
-    return transport.run(run_rank, (spec, config), dp_size=spec.dp_size,
-                         out_dir=pathlib.Path(spec.out_dir),
+def _local_ranks() -> int:
+    """The ranks torchrun runs on this machine: LOCAL_WORLD_SIZE (torchrun sets it), else
+    as many as this rank's LOCAL_RANK implies."""
+    for name, more in (("LOCAL_WORLD_SIZE", 0), ("LOCAL_RANK", 1)):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value) + more
+    return 1
+
+
+def _run(transport: Transport, checked: CheckedRun) -> list[RankSummary]:
+    """Every rank runs the implementation's engine on the run's engine spec."""
+    spec = checked.spec
+    return transport.run(checked.implementation.run_rank, checked.engine_spec,
+                         dp_size=spec.dp_size, out_dir=pathlib.Path(spec.out_dir),
                          collective_timeout_s=spec.collective_timeout_s,
                          run_timeout_s=spec.run_timeout_s)
 
@@ -173,17 +184,28 @@ def _run(transport: Transport, spec: RunSpec, config) -> list[RankSummary]:
 @contextlib.contextmanager
 def _status_recorded(out_dir: pathlib.Path, spec: RunSpec):
     """run.json (emu.run_status) around a launch: "running" before any rank starts, then
-    "complete", "interrupted" (SIGINT / SIGTERM) or "failed" with the reason."""
+    "complete", "interrupted" (SIGINT / SIGTERM) or "failed" with the reason; a launch
+    that failed or was interrupted leaves every rank's report in error.txt."""
     write_status(out_dir, "running", dp_size=spec.dp_size, requests=len(spec.trace))
     try:
         yield
     except KeyboardInterrupt as exc:
+        _write_report(out_dir, exc)
         write_status(out_dir, "interrupted", dp_size=spec.dp_size, requests=len(spec.trace),
                      reason=str(exc).splitlines()[0] if str(exc) else "KeyboardInterrupt")
         raise
     except BaseException as exc:
+        _write_report(out_dir, exc)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         write_status(out_dir, "failed", dp_size=spec.dp_size, requests=len(spec.trace),
                      reason=reason)
         raise
     write_status(out_dir, "complete", dp_size=spec.dp_size, requests=len(spec.trace))
+
+
+def _write_report(out_dir: pathlib.Path, exc: BaseException) -> None:
+    """error.txt: the report of a launch that failed (``ClusterError``) or was interrupted
+    (``Interrupted``), which names the rank and holds every rank's last collectives and
+    stack."""
+    if isinstance(exc, (ClusterError, Interrupted)):
+        (out_dir / "error.txt").write_text(str(exc) + "\n")

@@ -1,4 +1,5 @@
-"""``run_apart(spec)``: ``emu.run.run(spec)`` in a process of its own.
+"""``run_apart(spec)``: ``emu.run.run(spec)`` in a process of its own; and
+``run_here_or_apart``, the one place that chooses between the two.
 
 Called by ``dyntra-emu ab --vllm-ascend-a A --vllm-ascend-b B`` for every run whose ranks
 are threads: rank threads import their vllm-ascend tree into the process that hosts them,
@@ -19,16 +20,18 @@ jobs (``emu.executors.local``) are too: tied to this process by the parent-death
 (a batch killed with SIGKILL leaves no run going on), its outcome sent back through a
 pipe. A job is a fork of the fork server its run's ranks come from, which has imported
 what the run needs and has run nothing (``emu.cluster.rank_start``: one server per
-implementation and tree), so it starts in milliseconds where a fresh interpreter spends
-2 s importing torch and the kit, 10 s with vLLM and a tree; nothing of one run reaches
-the next. The job's ranks are forks of the same server, not of a server of the job's
-own (``emu.cluster.rank_start.use_parent_server``). The job imports its own side (this
-module, the target's) as it starts, in milliseconds: what they need is loaded. A run
-that may touch an NPU gets a spawned interpreter instead, as its ranks would.
+implementation and tree), so it starts at once, where a fresh interpreter would import
+torch and the kit, or vLLM and a tree, all over again (benchmarks/RESULTS.md, "Start-up
+and teardown costs"); nothing of one run reaches the next. The job's ranks are forks of
+the same server, not of a server of the job's own
+(``emu.cluster.rank_start.use_parent_server``). The job imports its own side (this
+module, the target's) as it starts, at once: what they need is loaded. A run that may
+touch an NPU gets a spawned interpreter instead, as its ranks would.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import signal
@@ -37,10 +40,10 @@ import traceback
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 
-from emu import impl
 from emu.cluster.rank_start import rank_starter
+from emu.metrics import load_run
 from emu.run import RunResult, run
-from emu.spec import RunSpec
+from emu.spec import CheckedRun, RunSpec, as_checked
 
 # How long an interrupted run may take to stop its ranks and record itself.
 STOP_GRACE_S = 60.0
@@ -48,23 +51,25 @@ STOP_GRACE_S = 60.0
 RESEND_S = 0.5
 
 
-def start_job(target, spec: RunSpec, name: str):
-    """Start ``target(spec, conn)`` in a process of its own (see the module docstring)
-    that dies with this one; ``conn`` is the job's end of a pipe for its outcome.
-    Returns (the process, this end of the pipe)."""
+def start_job(target, spec: RunSpec | CheckedRun, name: str):
+    """Start ``target(checked, conn)`` in a process of its own (see the module docstring)
+    that dies with this one, ``checked`` being ``spec`` checked (here, if it is a
+    RunSpec: ``emu.spec.check`` raises before anything starts); ``conn`` is the job's
+    end of a pipe for its outcome. Returns (the process, this end of the pipe)."""
+    checked = as_checked(spec)
     resource_tracker.ensure_running()  # starting it unblocks SIGINT: before the block
     # A fork server started now blocks SIGINT for good (a Ctrl-C must not end it in the
     # middle of its imports); a job unblocks it (_job_main).
-    preload = impl.get(spec.impl).preload(spec)
+    preload = checked.implementation.preload()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        starter = rank_starter(_device_kind(spec), preload)
+        starter = rank_starter(_device_kind(checked.spec), preload)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     ours, theirs = starter.context.Pipe(duplex=False)
     job = starter.context.Process(
-        target=_job_main, args=(target, spec, theirs, starter.parent_pid, dict(os.environ),
-                                preload, starter.shared_server()),
+        target=_job_main, args=(target, checked, theirs, starter.parent_pid,
+                                dict(os.environ), preload, starter.shared_server()),
         name=name)
     with starter.starting():
         job.start()
@@ -104,7 +109,7 @@ def stop_jobs(jobs, grace_s: float) -> None:
         job.join()
 
 
-def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, str],
+def _job_main(target, checked: CheckedRun, conn, parent_pid: int, environ: dict[str, str],
               preload, server: dict | None) -> None:
     from emu.cluster.rank_boot import die_with_parent, forked_by_fork_server, leave_fork_server
     from emu.cluster.rank_start import use_parent_server
@@ -120,13 +125,22 @@ def _job_main(target, spec: RunSpec, conn, parent_pid: int, environ: dict[str, s
     if server is not None:  # the run's ranks are forks of the server this job came from
         use_parent_server(preload, server)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    target(spec, conn)
+    target(checked, conn)
 
 
-def run_apart(spec: RunSpec) -> RunResult:
+def run_here_or_apart(spec: RunSpec | CheckedRun, *, apart: bool) -> RunResult:
+    """``emu.run.run(spec)``: in this process, or in a process of its own when ``apart``
+    (``run_apart``). A command's run (``emu.cli.running``) and a batch's
+    (``emu.executors``) choose here."""
+    return run_apart(spec) if apart else run(spec)
+
+
+def run_apart(spec: RunSpec | CheckedRun) -> RunResult:
     """Run ``spec`` in a process of its own and return its result; raises what the run
-    raised there (``ClusterError``, ``Interrupted``, ``ValueError`` ...)."""
-    job, receive = start_job(_job, spec, f"dyntra-emu run {spec.out_dir}")
+    raised there (``ClusterError``, ``Interrupted`` ...), or here, before it starts, a
+    RunSpec's ``SpecError``."""
+    checked = as_checked(spec)
+    job, receive = start_job(_job, checked, f"dyntra-emu run {checked.spec.out_dir}")
     try:
         outcome = _receive(receive, job)
     except BaseException as exc:  # SIGINT / SIGTERM here: the run stops, then reports
@@ -140,7 +154,9 @@ def run_apart(spec: RunSpec) -> RunResult:
     job.join()
     if isinstance(outcome, BaseException):
         raise outcome
-    return outcome
+    # The run's records come back by reading its logs here, several times faster than
+    # unpickling them from the pipe.
+    return dataclasses.replace(outcome, loaded=load_run(outcome.out_dir))
 
 
 def _receive(receive, job):
@@ -154,10 +170,10 @@ def _receive(receive, job):
                                  f"with exit code {job.exitcode} before reporting", {}) from None
 
 
-def _job(spec: RunSpec, send) -> None:
+def _job(checked: CheckedRun, send) -> None:
     """The run's process: the run, and its result or exception sent back."""
     try:
-        outcome = run(spec)
+        outcome = dataclasses.replace(run(checked), loaded=None)  # run_apart reads it there
     except BaseException as exc:  # reported to the launching process, never printed here
         outcome = exc
     try:

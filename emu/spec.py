@@ -1,42 +1,55 @@
 """``RunSpec``, everything one emulated run depends on, and ``check``, every rule that
-refuses one.
+refuses one, which hands back the run resolved once: a ``CheckedRun``.
 
 Same spec, same event logs, byte for byte. The CLI, the pytest plugin, the sweep, the
-tests and the benchmarks build a RunSpec and hand it to ``emu.run.run`` (or
-``run_cluster``), which validates it in the calling process before any rank starts; the
-ranks receive it whole.
+tests and the benchmarks build a RunSpec; ``check`` judges it in the calling process,
+before any rank starts, and works out once what the run needs: the parsed additional
+config, the implementation (``emu.impl.Implementation``: for vllm-ascend its tree, git
+commit and, when the run is recorded, content hash), the device and the ranks' engine
+spec (``emu.rank.engine_spec.EngineSpec``). ``emu.run.run`` (or ``run_cluster``) takes
+the checked run, or a RunSpec it checks first; everything downstream (the transports,
+the ranks, metrics.json's ``config``) reads what the checked run holds.
 
 Most fields are engine knobs declared with ``emu.knobs.knob``: their kind checks them
 here and, with a help text, the CLI makes them a flag (``emu.cli.flags``). This module
 imports neither torch nor vLLM, so the CLI can build its parser from it quickly.
 
-``check(spec, names)`` returns every problem at once, each a ``Problem`` naming the
-field (and, for a request of the trace or a fault, its index). ``names`` words them:
-by default in RunSpec's own terms (``RunSpec.trace[3]``, ``block_size=16``); the CLI
-passes its own, which says ``file:line`` and ``--block-size 16`` instead, so a user of
-the command line and a caller in Python are refused by the same rules.
+``check(spec, names)`` raises ``SpecError`` with every problem at once, each a
+``Problem`` naming the field (and, for a request of the trace or a fault, its index).
+``names`` words them: by default in RunSpec's own terms (``RunSpec.trace[3]``,
+``block_size=16``); the CLI passes its own, which says ``file:line`` and ``--block-size
+16`` instead, so a user of the command line and a caller in Python are refused by the
+same rules.
 """
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Protocol
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import AdditionalConfig, check_deployment, load_additional_config
-from emu import impl
-from emu.cluster.device import DEVICE_CHOICES
+from emu import impl as impls
+from emu.cluster.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import FaultPlan, plan_problems
-from emu.impl import IMPLS, PLANNERS
-from emu.impl.kit.scheduler import SCHEDULING_POLICIES
-from emu.impl.vllm_ascend.tree import ENV_VAR as VLLM_ASCEND_ENV
+from emu.impl import IMPLS, PLANNERS, Implementation, planner_name
 from emu.knobs import Choice, Int, Knob, NonNegativeSeconds, Seconds, Switch, Text, knob
 from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.rank.control_costs import PLANNER_COSTS
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
-from emu.workload import ROUTERS, TraceRequest
+from emu.rank.engine_spec import SCHEDULING_POLICIES, EngineSpec
+from emu.workload import (
+    ROUTERS,
+    ArrivalOrder,
+    TraceRequest,
+    UniqueIds,
+    arrival_problem,
+    pinned_rank_problem,
+)
 
 # How the ranks of a run are hosted (see RunSpec.transport).
 TRANSPORTS = ("process", "thread")
@@ -96,13 +109,13 @@ class RunSpec:
         "needs vLLM, see README)")
     vllm_ascend: str | None = knob(
         None, Text("PATH"), "vllm-ascend source tree for --impl vllm-ascend",
-        shown_default=f"${VLLM_ASCEND_ENV}, else the installed vllm_ascend")
+        shown_default=impls.get("vllm-ascend").tree_default)
     planner: str | None = knob(
         None, Choice(PLANNERS, optional=True),
         "which planner the ranks run: reference (production's algorithm, "
-        "dyntra_lb/planner.py) or fill-protect (opt-in: the throughput drop never takes "
-        "a request the fill step admitted), from dyntra_lb/planners.py, with either impl "
-        "(in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
+        "dyntra_lb/planner/front.py) or fill-protect (opt-in: the throughput drop never "
+        "takes a request the fill step admitted), from dyntra_lb/planner/registry.py, with "
+        "either impl (in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
         "_balance_load, --impl vllm-ascend only)",
         shown_default="the impl's own: reference for kit, vllm-ascend for vllm-ascend")
     planner_cost: str = knob(
@@ -110,9 +123,13 @@ class RunSpec:
         "how DyntraLB's planner is charged in virtual time: model (the cost profile's "
         "control_plane terms, deterministic) or measured (each planner call's measured "
         "wall time, the slowest rank's; not deterministic, a what-if)")
-    async_scheduling: bool = knob(
-        False, Switch(),
-        "vLLM's async scheduling (the Async* DyntraLB scheduler; --impl vllm-ascend only)")
+    async_scheduling: bool | None = knob(
+        None, Switch(both=True),
+        "vLLM's async scheduling: two steps in flight, each step's output processed after "
+        "the next step is scheduled (vLLM's AsyncScheduler; with DyntraLB vllm-ascend's "
+        "AsyncDyntraLBScheduler)",
+        shown_default="on, as vLLM resolves it for this node (emu.spec."
+                      "resolve_async_scheduling)")
     device: str = knob(
         "auto", Choice(DEVICE_CHOICES),
         "where the ranks' lockstep collective runs: cpu (gloo), npu (HCCL, needs "
@@ -148,6 +165,24 @@ class RunSpec:
         "process: one process per rank over gloo; thread: every rank a thread of this "
         "process, collectives in memory (CPU only; same event logs and metrics, many times "
         "faster with more ranks than cores)", section="run")
+
+    def __post_init__(self):
+        object.__setattr__(self, "async_scheduling",
+                           resolve_async_scheduling(self.async_scheduling))
+
+
+def resolve_async_scheduling(requested: bool | None) -> bool:
+    """Whether the emulated decode node runs vLLM's async scheduling: ``requested`` when
+    given, else what vLLM 0.27.1 resolves for it. ``VllmConfig.__post_init__``
+    (vllm/config/vllm.py:1095-1143) turns an unset ``async_scheduling`` on unless the
+    model is a pooling model, the speculative method is not EAGLE/MTP-like, the drafter
+    batch is not padded, the executor cannot, or it is ROCm with DeepEP DBO; the node
+    emulated here is a generative MoE with MTP drafts or none, on an executor that
+    supports it, on Ascend. vLLM's CPU platform would turn it off again
+    (vllm/platforms/cpu.py:143-144, "async scheduling is not required on CPU"), but the
+    node is an NPU node, whose platform (vllm_ascend/platform.py,
+    ``check_and_update_config``) keeps it. So: on."""
+    return True if requested is None else requested
 
 
 def knobs() -> list:
@@ -219,37 +254,84 @@ class SpecNames:
         return f"{field}={value!r}"
 
 
-def check(spec: RunSpec, names: Names | None = None
-          ) -> tuple[AdditionalConfig | None, list[Problem]]:
-    """Every rule a spec must pass before a rank starts. Returns the parsed additional
-    config (None when it cannot be parsed) and every problem found (empty when the spec
-    can run), worded by ``names`` (default: ``SpecNames``).
+@dataclass(frozen=True)
+class CheckedRun:
+    """A RunSpec that passed every rule of ``check``, with what the check worked out for
+    it, once:
+
+    - ``config``: the additional config, parsed;
+    - ``implementation``: the DyntraLB implementation, resolved (``emu.impl``: for
+      vllm-ascend, its tree and the tree's git commit);
+    - ``device``: where the ranks' lockstep collective runs, "cpu" or "npu" (never
+      "auto");
+    - ``engine_spec``: what every rank reads (``emu.rank.engine_spec.EngineSpec``).
+    """
+
+    spec: RunSpec
+    config: AdditionalConfig
+    implementation: Implementation
+    device: str
+    engine_spec: EngineSpec
+
+    @cached_property
+    def description(self) -> dict:
+        """What metrics.json records of the implementation the run used
+        (``emu.impl.Implementation.describe``; for vllm-ascend the tree's content
+        hash, computed here, once)."""
+        return self.implementation.describe(self.engine_spec)
+
+
+def check(spec: RunSpec, names: Names | None = None, *,
+          local_ranks: int | None = None) -> CheckedRun:
+    """Every rule a spec must pass before a rank starts; returns the checked run, or
+    raises SpecError (a ValueError) listing every problem found, worded by ``names``
+    (default: ``SpecNames``). ``local_ranks``: how many of its ranks run on this machine,
+    which an NPU must have one each of (default: all of them; under torchrun, its
+    LOCAL_WORLD_SIZE).
 
     Rules that need a field in order (its type, the config parsed) are skipped while
     that field has a problem, so each problem is a reason of its own."""
     names = names or SpecNames(spec)
     problems = _kind_problems(spec)
     if problems:  # the rules below read these fields as their kinds say
-        return None, problems
+        raise SpecError(problems)
     if spec.out_dir is None:
         problems.append(Problem("out_dir", names.where("out_dir"),
                                 "must be a directory path, got None"))
-    config, config_problems = _config_problems(spec, names)
+    config, implementation, config_problems = _config_problems(spec, names)
     problems += config_problems
     problems += _trace_problems(spec, names)
     problems += _combination_problems(spec, names)
     if config is not None and _is_trace(spec.trace):
         problems += _fault_problems(spec, config, names)
-    return config, problems
-
-
-def validate(spec: RunSpec) -> AdditionalConfig:
-    """``check`` for a caller that runs the spec next: returns the parsed additional
-    config, or raises SpecError (a ValueError) listing every problem."""
-    config, problems = check(spec)
+    device, device_problems = _device(spec, names,
+                                      spec.dp_size if local_ranks is None else local_ranks)
+    problems += device_problems
     if problems:
         raise SpecError(problems)
-    return config
+    return CheckedRun(spec, config, implementation, device, _engine_spec(spec, config))
+
+
+def as_checked(run: RunSpec | CheckedRun) -> CheckedRun:
+    """``run`` when it is checked already, else ``check(run)``: for the entries that take
+    either (``emu.run.run``, ``emu.run_apart``)."""
+    return run if isinstance(run, CheckedRun) else check(run)
+
+
+def _engine_spec(spec: RunSpec, config: AdditionalConfig) -> EngineSpec:
+    """What the ranks of ``spec`` read: its engine fields, the parsed config and the
+    planner they run."""
+    return EngineSpec(
+        trace=spec.trace, router=spec.router, max_concurrency=spec.max_concurrency,
+        config=config, planner=planner_name(spec.planner, spec.impl),
+        planner_cost=spec.planner_cost, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens, block_size=spec.block_size,
+        num_gpu_blocks=spec.num_gpu_blocks, scheduling_policy=spec.scheduling_policy,
+        async_scheduling=spec.async_scheduling, cost_model=spec.cost_model,
+        kv_latency_fixed_s=spec.kv_latency_fixed_s,
+        kv_latency_per_block_s=spec.kv_latency_per_block_s, seed=spec.seed,
+        max_steps=spec.max_steps, stall_steps=spec.stall_steps, strict=spec.strict,
+        faults=spec.faults)
 
 
 def _kind_problems(spec: RunSpec) -> list[Problem]:
@@ -280,8 +362,9 @@ def _is_trace(trace) -> bool:
 
 
 def _trace_problems(spec: RunSpec, names: Names) -> list[Problem]:
-    """The trace as the engine needs it: TraceRequests with unique ids, in arrival
-    order, each fitting a rank's KV pool and pinned (if at all) to a rank that exists."""
+    """The trace as the engine needs it: TraceRequests that pass the rules of every trace
+    (``emu.workload``: arrival times, unique ids, arrival order, pinned ranks that
+    exist), each fitting a rank's KV pool."""
     trace = spec.trace
     where = names.where("trace")
     if isinstance(trace, (str, bytes)) or not isinstance(trace, Sequence):
@@ -290,25 +373,22 @@ def _trace_problems(spec: RunSpec, names: Names) -> list[Problem]:
     if not trace:
         return [Problem("trace", where, "is empty (expected at least one request)")]
     problems = []
-    seen: set[str] = set()
-    previous = 0.0
+    place = functools.partial(names.where, "trace")
+    ids, order = UniqueIds(place), ArrivalOrder(place)
     for i, request in enumerate(trace):
-        def problem(message: str, i=i) -> None:
-            problems.append(Problem("trace", names.where("trace", i), message, i))
+        def problem(message: str | None, field: str | None = None, i=i) -> None:
+            if message is not None:
+                text = message if field is None else f"field {field!r}: {message}"
+                problems.append(Problem("trace", place(i), text, i))
 
         if not isinstance(request, TraceRequest):
             problem(f"must be a TraceRequest, got {type(request).__name__}")
             continue
-        if request.request_id in seen:
-            problem(f"duplicate request_id {request.request_id!r}")
-        seen.add(request.request_id)
-        if request.arrival_s < previous:
-            problem(f"arrival_s must be non-decreasing, got {request.arrival_s} after "
-                    f"{previous}")
-        previous = request.arrival_s
-        if request.rank is not None and request.rank >= spec.dp_size:
-            problem(f"field 'rank': expected an integer in 0..{spec.dp_size - 1} for "
-                    f"dp_size={spec.dp_size}, got {request.rank}")
+        problem(ids.check(request.request_id, i), "request_id")
+        arrival = arrival_problem(request.arrival_s)
+        problem(arrival or order.check(request.arrival_s, i), "arrival_s")
+        if request.rank is not None:
+            problem(pinned_rank_problem(request.rank, spec.dp_size), "rank")
         needed = num_blocks(request.prompt_tokens + request.output_tokens, spec.block_size)
         if needed > spec.num_gpu_blocks:
             problem(f"request {request.request_id!r} needs {needed} KV blocks "
@@ -319,34 +399,34 @@ def _trace_problems(spec: RunSpec, names: Names) -> list[Problem]:
     return problems
 
 
-def _config_problems(spec: RunSpec, names: Names
-                     ) -> tuple[AdditionalConfig | None, list[Problem]]:
+def _config_problems(spec: RunSpec, names: Names) -> tuple[
+        AdditionalConfig | None, Implementation | None, list[Problem]]:
     """The additional config parsed, then the startup checks of a decode
-    (``kv_consumer``) node with ``dp_size`` ranks, then what the impl needs
-    (``emu.impl.Implementation.check``)."""
+    (``kv_consumer``) node with ``dp_size`` ranks, then the implementation resolved
+    (``emu.impl.Implementation.resolve``: what it needs); each None when it fails."""
     where = names.where("additional_config")
     try:
         config = load_additional_config(spec.additional_config)
     except ValueError as exc:
-        return None, [Problem("additional_config", where, str(exc))]
+        return None, None, [Problem("additional_config", where, str(exc))]
     try:
         check_deployment(config, kv_role="kv_consumer", data_parallel_size=spec.dp_size,
                          async_scheduling=spec.async_scheduling)
     except ValueError as exc:
         if config.dyntra_lb.enabled and spec.dp_size <= 1:
-            return config, [Problem(
+            return config, None, [Problem(
                 "dp_size", names.where("dp_size"),
                 f"{exc} DyntraLB is enabled by {names.setting('additional_config', config.raw)}"
                 f"; use {names.setting('dp_size', 2)} or more, or run plain DP "
                 f"({names.setting('additional_config', {})})")]
-        return config, [Problem("additional_config", where, str(exc))]
+        return config, None, [Problem("additional_config", where, str(exc))]
     try:
-        impl.get(spec.impl).check(config, dp_size=spec.dp_size,
-                                  async_scheduling=spec.async_scheduling,
-                                  vllm_ascend=spec.vllm_ascend)
+        implementation = impls.get(spec.impl).resolve(
+            config, dp_size=spec.dp_size, async_scheduling=spec.async_scheduling,
+            vllm_ascend=spec.vllm_ascend)
     except ValueError as exc:
-        return config, [Problem("impl", names.where("impl"), str(exc))]
-    return config, []
+        return config, None, [Problem("impl", names.where("impl"), str(exc))]
+    return config, implementation, []
 
 
 def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
@@ -356,7 +436,7 @@ def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
         problems.append(Problem(
             "planner", names.where("planner"),
             f"only with {names.setting('impl', 'vllm-ascend')} (the kit runs the planners "
-            "of dyntra_lb/planners.py: reference, fill-protect)"))
+            "of dyntra_lb/planner/registry.py: reference, fill-protect)"))
     if spec.transport == "thread" and spec.device == "npu":
         problems.append(Problem(
             "transport", names.where("transport"),
@@ -381,3 +461,16 @@ def _fault_problems(spec: RunSpec, config: AdditionalConfig, names: Names) -> li
             for i, message in plan_problems(spec.faults.faults, dp_size=spec.dp_size,
                                             trace=spec.trace,
                                             lb_mode=lb.mode if lb.enabled else None)]
+
+
+def _device(spec: RunSpec, names: Names, local_ranks: int) -> tuple[str, list[Problem]]:
+    """Where the lockstep collective of ``spec`` runs ("cpu" or "npu"): rank threads
+    share this process's CPU; rank processes take the NPU when ``spec.device`` asks for
+    it (or finds one, "auto") and this machine has one for each of its ``local_ranks``
+    (``emu.cluster.device.select_device``)."""
+    if spec.transport == "thread":
+        return "cpu", []
+    try:
+        return select_device(spec.device, local_ranks=local_ranks), []
+    except DeviceError as exc:
+        return "cpu", [Problem("device", names.where("device"), str(exc))]

@@ -1,5 +1,12 @@
 """Workload traces for the emulated cluster: the trace schema, loading with validation,
-and the routing of unpinned requests to DP ranks.
+the rules every trace's requests pass, and the routing of unpinned requests to DP ranks.
+
+The rules are each written once, here, and worded once: one request's arrival time
+(``arrival_problem``) and token counts (``tokens_problem``); the requests of a trace
+together (``UniqueIds``, ``ArrivalOrder``); a pinned rank against the DP size
+(``pinned_rank_problem``). The readers of every trace format (``emu.traces``) apply them
+line by line, naming ``file:line``; ``emu.spec.check`` applies them to a RunSpec's
+trace, naming the request.
 
 The engine on every rank loads the same trace, routes every request with the same
 deterministic router and keeps only the requests routed to itself, so no rank needs to
@@ -33,7 +40,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,13 +101,13 @@ def bundled_workloads() -> list[str]:
 
 def resolve_workload(value: str) -> Path:
     """A workload given as FILE or NAME -> its trace file. An existing path wins; a bare
-    name (no directory part, no .jsonl suffix) is a bundled workload. Raises ValueError
-    starting with the value, e.g. ``'longtale': no such file and not a bundled
+    name (no directory part, no suffix such as .jsonl or .csv) is a bundled workload.
+    Raises ValueError starting with the value, e.g. ``'longtale': no such file and not a bundled
     workload; ...`` (the CLI puts ``--workload`` in front)."""
     path = Path(value)
     if path.exists():
         return path
-    is_name = value and "/" not in value and os.sep not in value and path.suffix != ".jsonl"
+    is_name = value and "/" not in value and os.sep not in value and not path.suffix
     if not is_name:
         raise ValueError(f"{value}: no such file")
     bundled = WORKLOADS_DIR / f"{value}.jsonl"
@@ -142,75 +149,194 @@ def load_trace(path, dp_size: int | None = None) -> list[TraceRequest]:
     return requests
 
 
-def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[str]]:
-    if dp_size is not None:
-        _check_dp_size(dp_size)
+@dataclass(frozen=True)
+class Row:
+    """One line (or CSV row) of a trace file as a reader of its format understood it
+    (``emu.traces``): the request it holds, with ``arrival_s`` on the format's own
+    clock in seconds; or the problems that make it none, each naming ``file:line`` and
+    the field; or, for a well-formed row that is no request by the format's own rules
+    (a BurstGPT failed request), why it is ``skipped``."""
+
+    line: int
+    request: TraceRequest | None = None
+    problems: tuple[str, ...] = ()
+    skipped: str | None = None
+
+
+def read_trace_bytes(path: Path) -> tuple[bytes | None, list[str]]:
+    """The bytes of a trace file, at most MAX_TRACE_BYTES, or the problem reading it."""
     try:
-        raw = read_limited(path, MAX_TRACE_BYTES)
+        return read_limited(path, MAX_TRACE_BYTES), []
     except FileTooLarge as exc:
-        return [], [f"{path}: cannot read trace: {exc}"]
+        return None, [f"{path}: cannot read trace: {exc}"]
     except OSError as exc:
-        return [], [f"{path}: cannot read trace: {exc.strerror or exc}"]
-    requests: list[TraceRequest] = []
-    problems: list[str] = []
-    first_line_of: dict[str, int] = {}
-    count = 0  # request lines so far
-    prev_arrival: tuple[float, int] | None = None  # (arrival_s, line)
+        return None, [f"{path}: cannot read trace: {exc.strerror or exc}"]
+
+
+def is_blank(raw: bytes) -> bool:
+    """No request could be in ``raw``: it holds nothing but whitespace."""
+    return not raw.strip()
+
+
+def empty_trace_problem(path: Path) -> str:
+    return f"{path}: trace is empty (expected at least one request line)"
+
+
+def json_objects(path: Path, raw: bytes) -> Iterator[tuple[int, dict | None, str | None]]:
+    """Each non-blank line of a JSON Lines file: its line number and its object, or None
+    and the problem (``file:line: ...``) when the line is not a JSON object."""
     for lineno, raw_line in enumerate(raw.split(b"\n"), start=1):
         where = f"{path}:{lineno}"
         try:
             line = raw_line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            problems.append(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})")
+            yield lineno, None, f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
             continue
         if not line.strip():
             continue
-        count += 1
-        if count > MAX_TRACE_REQUESTS:
-            problems.append(f"{where}: more than {MAX_TRACE_REQUESTS:,} requests, the limit "
-                            "for a trace")
-            break
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            problems.append(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})")
+            yield lineno, None, f"{where}: invalid JSON: {exc.msg} (column {exc.colno})"
             continue
         except ValueError:  # an integer literal over Python's 4300-digit limit
-            problems.append(f"{where}: invalid JSON: a number has too many digits")
+            yield lineno, None, f"{where}: invalid JSON: a number has too many digits"
             continue
         except RecursionError:
-            problems.append(f"{where}: invalid JSON: nested too deeply")
+            yield lineno, None, f"{where}: invalid JSON: nested too deeply"
             continue
         if not isinstance(obj, dict):
-            problems.append(
-                f"{where}: expected a JSON object per line, got {_json_type(obj)}"
-            )
+            yield lineno, None, f"{where}: expected a JSON object per line, got {_json_type(obj)}"
+            continue
+        yield lineno, obj, None
+
+
+def on_line(line: int) -> str:
+    """A file's line as the rules below name an earlier one."""
+    return f"line {line}"
+
+
+class ArrivalOrder:
+    """The rule of a trace in arrival order: each time is no earlier than the one before
+    it (equal times are fine). ``check`` each time in order, with its position (a file's
+    line; a request's index), which ``place`` names when a later time breaks the rule."""
+
+    def __init__(self, place: Callable[[int], str] = on_line):
+        self._previous: tuple[float, int] | None = None  # (time, position)
+        self._place = place
+
+    def check(self, time: float, position: int) -> str | None:
+        """The problem with ``time`` at ``position`` (without the place's own prefix)."""
+        previous, self._previous = self._previous, (time, position)
+        if previous is not None and time < previous[0]:
+            return (f"arrivals must be non-decreasing, got {time} after {previous[0]} on "
+                    f"{self._place(previous[1])}")
+        return None
+
+
+class UniqueIds:
+    """The rule that no two requests of a trace share an id. ``check`` each id in order,
+    with its position (a file's line; a request's index), which ``place`` names when the
+    id comes again."""
+
+    def __init__(self, place: Callable[[int], str] = on_line):
+        self._first: dict[str, int] = {}
+        self._place = place
+
+    def check(self, request_id: str, position: int) -> str | None:
+        """The problem with ``request_id`` at ``position`` (without the place's prefix)."""
+        first = self._first.setdefault(request_id, position)
+        if first != position:
+            return f"duplicate id {request_id!r} (first used on {self._place(first)})"
+        return None
+
+
+def pinned_rank_problem(rank: int, dp_size: int) -> str | None:
+    """Why a request pinned to ``rank`` cannot run with ``dp_size`` ranks, or None."""
+    if rank >= dp_size:
+        return f"expected an integer in 0..{dp_size - 1} for dp_size={dp_size}, got {rank}"
+    return None
+
+
+def arrival_problem(value) -> str | None:
+    """Why ``value`` is not a request's arrival time (a finite number of seconds in
+    0..MAX_ARRIVAL_S), or None."""
+    if not is_time(value):
+        return f"expected a finite number >= 0 (seconds), got {show(value)}"
+    if value > MAX_ARRIVAL_S:
+        return (f"expected at most {MAX_ARRIVAL_S:g} seconds, got {show(value)} (is the "
+                "trace in milliseconds?)")
+    return None
+
+
+def tokens_problem(value, shown: str | None = None) -> str | None:
+    """Why ``value`` is not a token count of a request (an integer in 1..MAX_TOKENS), or
+    None. ``shown``: how the message shows the value (default: as JSON, with its type)."""
+    shown = show(value) if shown is None else shown
+    if not is_int(value) or value < 1:
+        return f"expected an integer >= 1, got {shown}"
+    if value > MAX_TOKENS:
+        return f"expected at most {MAX_TOKENS:,} tokens, got {shown}"
+    return None
+
+
+def is_time(value) -> bool:
+    """A number >= 0 that is finite as a float (ints too large for a float count as
+    finite: the MAX_ARRIVAL_S check rejects them)."""
+    if not is_number(value):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    return math.isfinite(value) and value >= 0
+
+
+def _parse(path: Path, dp_size: int | None) -> tuple[list[TraceRequest], list[str]]:
+    raw, problems = read_trace_bytes(path)
+    if raw is None:
+        return [], problems
+    requests: list[TraceRequest] = []
+    for row in dyntra_rows(path, raw, dp_size):
+        problems.extend(row.problems)
+        if row.request is not None:
+            requests.append(row.request)
+    return requests, problems
+
+
+def dyntra_rows(path: Path, raw: bytes, dp_size: int | None = None) -> Iterator[Row]:
+    """The requests of a trace in this module's format, line by line (the reader of the
+    format ``dyntra`` in ``emu.traces``); a last row holds the file's own problem, if
+    any (an empty trace, too many requests)."""
+    if dp_size is not None:
+        _check_dp_size(dp_size)
+    ids = UniqueIds()
+    count = 0  # request lines so far
+    order = ArrivalOrder()
+    for lineno, obj, problem in json_objects(path, raw):
+        where = f"{path}:{lineno}"
+        count += 1
+        if count > MAX_TRACE_REQUESTS:
+            yield Row(lineno, problems=(f"{where}: more than {MAX_TRACE_REQUESTS:,} requests, "
+                                        "the limit for a trace",))
+            return
+        if obj is None:
+            yield Row(lineno, problems=(problem,))
             continue
         line_problems: list[str] = []
         req = _check_object(obj, dp_size, line_problems)
-        problems.extend(f"{where}: {p}" for p in line_problems)
+        problems = [f"{where}: {p}" for p in line_problems]
         rid = obj.get("request_id")
         if isinstance(rid, str) and rid.strip():
-            if rid in first_line_of:
-                problems.append(
-                    f"{where}: field 'request_id': duplicate id {rid!r} "
-                    f"(first used on line {first_line_of[rid]})"
-                )
-            else:
-                first_line_of[rid] = lineno
+            duplicate = ids.check(rid, lineno)
+            if duplicate is not None:
+                problems.append(f"{where}: field 'request_id': {duplicate}")
         arrival = obj.get("arrival_s")
-        if _is_time(arrival) and arrival <= MAX_ARRIVAL_S:
-            if prev_arrival is not None and arrival < prev_arrival[0]:
-                problems.append(
-                    f"{where}: field 'arrival_s': arrivals must be non-decreasing, got "
-                    f"{arrival} after {prev_arrival[0]} on line {prev_arrival[1]}"
-                )
-            prev_arrival = (arrival, lineno)
-        if req is not None:
-            requests.append(req)
-    if not first_line_of and not problems:
-        problems.append(f"{path}: trace is empty (expected at least one request line)")
-    return requests, problems
+        if arrival_problem(arrival) is None:
+            out_of_order = order.check(arrival, lineno)
+            if out_of_order is not None:
+                problems.append(f"{where}: field 'arrival_s': {out_of_order}")
+        yield Row(lineno, None if problems else req, tuple(problems))
+    if count == 0:
+        yield Row(0, problems=(empty_trace_problem(path),))
 
 
 def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceRequest | None:
@@ -226,51 +352,37 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
 
     rid = obj.get("request_id")
     if "request_id" in obj and not (isinstance(rid, str) and rid.strip()):
-        problems.append(f"field 'request_id': expected a non-empty string, got {_show(rid)}")
+        problems.append(f"field 'request_id': expected a non-empty string, got {show(rid)}")
 
     arrival = obj.get("arrival_s")
     if "arrival_s" in obj:
-        if not _is_time(arrival):
-            problems.append(
-                f"field 'arrival_s': expected a finite number >= 0 (seconds), got "
-                f"{_show(arrival)}"
-            )
-        elif arrival > MAX_ARRIVAL_S:
-            problems.append(
-                f"field 'arrival_s': expected at most {MAX_ARRIVAL_S:g} seconds, got "
-                f"{_show(arrival)} (is the trace in milliseconds?)"
-            )
+        problem = arrival_problem(arrival)
+        if problem is not None:
+            problems.append(f"field 'arrival_s': {problem}")
 
     for name in ("prompt_tokens", "output_tokens"):
         if name in obj:
-            value = obj[name]
-            if not is_int(value) or value < 1:
-                problems.append(f"field {name!r}: expected an integer >= 1, got {_show(value)}")
-            elif value > MAX_TOKENS:
-                problems.append(
-                    f"field {name!r}: expected at most {MAX_TOKENS:,} tokens, got {_show(value)}"
-                )
+            problem = tokens_problem(obj[name])
+            if problem is not None:
+                problems.append(f"field {name!r}: {problem}")
 
     rank = obj.get("rank")
     if "rank" in obj:
         if not is_int(rank) or rank < 0:
-            problems.append(f"field 'rank': expected an integer >= 0, got {_show(rank)}")
-        elif dp_size is not None and rank >= dp_size:
-            problems.append(
-                f"field 'rank': expected an integer in 0..{dp_size - 1} for "
-                f"dp_size={dp_size}, got {rank}"
-            )
+            problems.append(f"field 'rank': expected an integer >= 0, got {show(rank)}")
+        elif dp_size is not None and (beyond := pinned_rank_problem(rank, dp_size)):
+            problems.append(f"field 'rank': {beyond}")
 
     priority = obj.get("priority", 0)
     if not is_int(priority) or abs(priority) > MAX_PRIORITY:
         problems.append(
             f"field 'priority': expected an integer in -{MAX_PRIORITY}..{MAX_PRIORITY}, "
-            f"got {_show(priority)}"
+            f"got {show(priority)}"
         )
 
     text = obj.get("prompt_text")
     if "prompt_text" in obj and not isinstance(text, str):
-        problems.append(f"field 'prompt_text': expected a string, got {_show(text)}")
+        problems.append(f"field 'prompt_text': expected a string, got {show(text)}")
 
     if problems:
         return None
@@ -283,16 +395,6 @@ def _check_object(obj: dict, dp_size: int | None, problems: list[str]) -> TraceR
         priority=priority,
         prompt_text=text,
     )
-
-
-def _is_time(value) -> bool:
-    """A number >= 0 that is finite as a float (ints too large for a float count as
-    finite: the MAX_ARRIVAL_S check rejects them)."""
-    if not is_number(value):
-        return False
-    if isinstance(value, int):
-        return value >= 0
-    return math.isfinite(value) and value >= 0
 
 
 def _json_type(value) -> str:
@@ -309,7 +411,8 @@ def _json_type(value) -> str:
     return "an object"
 
 
-def _show(value) -> str:
+def show(value) -> str:
+    """A JSON value as messages show it: at most 40 characters, with its type."""
     text = json.dumps(value)
     if len(text) > 40:
         text = text[:37] + "..."

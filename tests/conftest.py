@@ -4,8 +4,10 @@ compiled planner's cache, built once per session; soak tests first.
 ``ci`` (the default): derandomized, so every run (CI or local) tests the same examples
 and a failure reproduces by rerunning; no example database, so earlier runs cannot
 change what runs; 300 examples for the tests that do not set their own count (the
-planner and fuzz tests set theirs). ``explore``: a fresh random seed on every run and
-the example database in ``.hypothesis/``, for hunting new failures locally:
+planner and fuzz tests set theirs). Neither profile has a deadline or the too-slow
+health check: an example's wall time says how busy the machine is, not whether the code
+is right. ``explore``: a fresh random seed on every run and the example database in
+``.hypothesis/``, for hunting new failures locally:
 
     HYPOTHESIS_PROFILE=explore pytest -q tests/unit -n 2
 """
@@ -13,11 +15,13 @@ the example database in ``.hypothesis/``, for hunting new failures locally:
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", derandomize=True, database=None, max_examples=300,
-                          print_blob=True)
-settings.register_profile("explore", derandomize=False, print_blob=True)
+                          print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", derandomize=False, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -26,7 +30,7 @@ def pytest_configure(config):
     planner into its disk cache once, so that no rank of a test compiles it (tens of
     seconds) while its peers wait in a collective."""
     if not hasattr(config, "workerinput"):
-        from dyntra_lb import planner
+        from dyntra_lb.planner import front as planner
 
         planner.warm_up()
 
@@ -59,3 +63,13 @@ def ray_installed():
         if os.environ.get("DYNTRA_RAY_REQUIRED") == "1":
             pytest.fail("Ray is required here (DYNTRA_RAY_REQUIRED=1): pip install -e '.[ray]'")
         pytest.skip("Ray not installed: pip install -e '.[ray]'")
+
+
+@pytest.fixture
+def worker_tmp(monkeypatch):
+    """A Ray test's own TMPDIR, inherited by the Ray it starts and its workers, so that
+    what they leave there can be counted (tests/ray_tmpdir.py); removed after."""
+    from tests.ray_tmpdir import own_tmpdir
+
+    with own_tmpdir(monkeypatch) as path:
+        yield path

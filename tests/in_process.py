@@ -3,7 +3,7 @@
 Used where a test checks what a command does rather than what its process does: the
 command's fork servers (``emu.cluster.rank_start``), which import torch, vLLM and a
 vllm-ascend tree once, then serve every later command of the same pytest worker, where
-a fresh interpreter would import it all again (2-3 s for the kit, 6-10 s with vLLM).
+a fresh interpreter would import it all again.
 Exit status, signals and what a process leaves behind need the console script in a
 subprocess instead.
 """

@@ -1,6 +1,6 @@
 """TEST ORACLE: a literal, slow, line-by-line transcription of docs/planner.md.
 
-This is NOT the planner. ``dyntra_lb.planner.balance_load`` is the planner; this module
+This is NOT the planner. ``dyntra_lb.planner.front.balance_load`` is the planner; this module
 exists only so tests and ``benchmarks/planner_bench.py`` can check that planner's output
 against the algorithm exactly as vllm-ascend runs it: items are dicts compared by value,
 ``list.remove`` removes the first equal dict, cards are re-sorted with Python's stable

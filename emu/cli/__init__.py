@@ -29,3 +29,9 @@ flag or file:line and what was expected, exit code 2, and nothing is started; a 
 problems are all listed at once. Modules that import torch are imported only when a
 command needs them, so ``--help`` is quick.
 """
+
+from emu.bytecode import use_cache
+
+# Before any command module is imported: they, and everything they import, are compiled
+# once into the kit's bytecode cache instead of at every start (emu/bytecode.py).
+use_cache()

@@ -126,9 +126,9 @@ def _seeds(args) -> list[int]:
 
 
 def _pairs(args, launch, sources, seeds, out_dir: Path, trees) -> list[list]:
-    """Every run of the A/B, checked before the first starts: per seed, [(spec, parsed
-    config)] of A and of B. Each seed of a recipe is a trace of its own; run B takes
-    --planner-b; with ``trees``, each run its own tree."""
+    """Every run of the A/B, checked before the first starts: per seed, the checked runs
+    (``emu.spec.CheckedRun``) of A and of B. Each seed of a recipe is a trace of its own;
+    run B takes --planner-b; with ``trees``, each run its own tree."""
     a_fields, b_fields = {}, {} if args.planner_b is None else {"planner": args.planner_b}
     b_flags = {} if args.planner_b is None else {"planner": "--planner-b"}
     if trees is not None:
@@ -142,11 +142,9 @@ def _pairs(args, launch, sources, seeds, out_dir: Path, trees) -> list[list]:
                                                    strict=True)]
         runs = [(pair[0], sources[0][1]), (pair[1], sources[1][1], b_flags)]
         try:
-            configs = check_specs(args, inputs, runs, local_ranks=launch.local_ranks)
+            pairs.append(check_specs(args, inputs, runs, local_ranks=launch.local_ranks))
         except UsageError as exc:
             problems += exc.problems
-            continue
-        pairs.append(list(zip(pair, configs, strict=True)))
     if problems:
         raise UsageError(*dict.fromkeys(problems))
     return pairs
@@ -161,8 +159,9 @@ def cmd_ab(args) -> int:
     out_dir = out_dir_path(args.out, "ab")
     pairs = _pairs(args, launch, sources, seeds, out_dir, trees)
     warn_ignored_keys("ab", ignored_keys(
-        [(config, source) for (_, config), (_, source) in zip(pairs[0], sources, strict=True)]))
-    print_setup_hint(args.workload, *pairs[0][1])  # B: the side the published setup ran
+        [(checked.config, source) for checked, (_, source) in zip(pairs[0], sources,
+                                                                  strict=True)]))
+    print_setup_hint(args.workload, pairs[0][1].spec)  # B: the side the published setup ran
     about = [] if trees is None else tree_lines(trees)
     if args.seeds is not None:
         # Each run of the batch has a fresh process of its own (a local job, or one a
@@ -173,15 +172,15 @@ def cmd_ab(args) -> int:
     # Rank threads import their tree into the process that hosts them, which can hold
     # one tree: with two trees, each run gets a fresh process of its own.
     apart = trees is not None and args.transport == "thread"
-    metrics = [run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
-               for (spec, config), name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
-    return _report(pairs[0], metrics, labels, out_dir, about)
+    measured = [run_one(args, checked, launch, f"{name.upper()} ({label})", apart=apart)
+                for checked, name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
+    return _report(pairs[0], measured, labels, out_dir, about)
 
 
 def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     """Every run of ``ab --seeds`` as one batch on the executor (``emu.cli.batch``);
     returns [metrics of A, metrics of B] per seed."""
-    specs = [spec for pair in pairs for spec, _ in pair]
+    specs = [checked.spec for pair in pairs for checked in pair]
     names = [f"seed{seed}/{name} ({label})" for seed in seeds
              for name, label in zip(RUN_DIRS, labels, strict=True)]
     with batch_executor(args, specs) as executor:
@@ -195,15 +194,21 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
-def _report(pair, metrics, labels, out_dir: Path, about: list[str]) -> int:
+def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
     """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
     summary.md and the overlay plots; ``about`` lines (which tree is which) first."""
-    from emu.metrics import load_run
     from emu.no_effect import no_effect_notes
-    from emu.report import ab_table, ab_wall_table, headroom_summary, write_ab_summary_md
+    from emu.report import (
+        ab_table,
+        ab_wall_table,
+        headroom_summary,
+        scheduling_line,
+        write_ab_summary_md,
+    )
 
-    spec = pair[0][0]
-    runs = [load_run(out_dir / name) for name in RUN_DIRS]
+    spec = pair[0].spec
+    metrics = [m.metrics for m in measured]
+    runs = [m.run for m in measured]
     from emu.plots import write_ab_plots  # matplotlib: only once both runs are done
 
     plots = write_ab_plots(runs[0], runs[1], labels, out_dir)
@@ -212,6 +217,7 @@ def _report(pair, metrics, labels, out_dir: Path, about: list[str]) -> int:
                         plots=plots, about=about)
     for line in about:
         print(line)
+    print(scheduling_line(metrics[0], metrics[1], labels))
     print(ab_table(metrics[0], metrics[1], labels))
     print()
     wall = ab_wall_table(metrics[0], metrics[1], labels)
@@ -239,6 +245,7 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
     from emu.no_effect import no_effect_notes
     from emu.plots import write_ab_plots  # matplotlib: only once every run is done
     from emu.report import (
+        scheduling_line,
         seed_metric_stats,
         seeds_ab_table,
         seeds_headroom,
@@ -256,6 +263,7 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
         seed_dir = out_dir / f"seed{seed}"
         plots += write_ab_plots(*(load_run(seed_dir / name) for name in RUN_DIRS), labels,
                                 seed_dir)
+    about = [*about, scheduling_line(*results[0], labels)]
     for line in about:
         print(line)
     print(f"{labels[1]} vs {labels[0]} on {len(seeds)} seeds of {args.workload}:\n")

@@ -162,11 +162,6 @@ def _sides(args) -> list[tuple[str, str, str | None]]:
     """(label, impl, tree) of runs A and B."""
     tree_a, tree_b = args.vllm_ascend_a, args.vllm_ascend_b
     if tree_a is None and tree_b is None:
-        if args.async_scheduling:
-            raise UsageError("--async-scheduling: run A is the kit, which emulates "
-                                 "synchronous scheduling only (what async changes: "
-                                 "docs/upstream-findings.md); compare two vllm-ascend "
-                                 "trees (--vllm-ascend-a/--vllm-ascend-b) instead")
         return [("kit", "kit", None), ("vllm-ascend", "vllm-ascend", args.vllm_ascend)]
     if tree_a is None or tree_b is None:
         missing = "--vllm-ascend-b" if tree_a is not None else "--vllm-ascend-a"
@@ -195,14 +190,14 @@ def _diff_runs(args) -> int:
             label += f" ({args.planner} planner)"
         runs.append((label, build_spec(args, launch.dp, inputs, text, out / name, impl=impl,
                                        vllm_ascend=tree, planner=planner)))
-    configs = check_specs(args, inputs, [(spec, source) for _, spec in runs],
+    checked = check_specs(args, inputs, [(spec, source) for _, spec in runs],
                           local_ranks=launch.local_ranks, problems=problems)
     prepare_out_dir(out, args.overwrite, RUN_DIRS)
     # One process holds one tree on rank threads: two trees, each run in its own process.
     apart = args.vllm_ascend_a is not None and args.transport == "thread"
-    for (label, spec), config, name in zip(runs, configs, RUN_DIRS, strict=True):
+    for (label, _), run, name in zip(runs, checked, RUN_DIRS, strict=True):
         try:
-            run_one(args, spec, config, launch, f"{name.upper()} ({label})", apart=apart)
+            run_one(args, run, launch, f"{name.upper()} ({label})", apart=apart)
         except ClusterFailed as exc:
             # A failure is behaviour too: the other run is made and compared with it.
             print(f"dyntra-emu diff: run {name.upper()} ({label}) "

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from dyntra_lb import planners
+from dyntra_lb.planner import registry as planners
 from emu.cli.replay import add_planner_options, emit, positive_int
 from emu.knobs import is_int
 from emu.offline.explain import InputError, from_log, plan_text, render, trace

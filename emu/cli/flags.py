@@ -19,6 +19,8 @@ from emu.limits import MAX_DP_SIZE
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES
 from emu.sites import COLLECTIVE_SITES
 from emu.spec import knobs
+from emu.traces import FORMATS
+from emu.traces.replay import parse_time_scale, parse_window
 from emu.workload import bundled_workloads
 
 DEFAULT_DP = 4
@@ -60,8 +62,11 @@ def add_spec_flags(parser: argparse.ArgumentParser, section: str, *,
         flag = flag_of(name)
         help_text = f"{knob.help} (default: {_shown(default, knob)})"
         if isinstance(knob.kind, Switch):
-            parser.add_argument(flag, dest=name, action="store_true", default=default,
-                                help=knob.help)
+            both = knob.kind.both
+            parser.add_argument(
+                flag, dest=name, default=default,
+                action=argparse.BooleanOptionalAction if both else "store_true",
+                help=f"{knob.help} (default: {_shown(default, knob)})" if both else knob.help)
             continue
         parser.add_argument(flag, dest=name, default=default, help=help_text,
                             **_value_options(knob.kind))
@@ -84,12 +89,7 @@ def add_input_options(parser: argparse.ArgumentParser, *, single_config: bool,
                       impl: bool = True) -> None:
     """The flags that define a run; ``impl`` False leaves out --impl (diff picks the
     impl of each of its two runs itself)."""
-    parser.add_argument(
-        "--workload", metavar="FILE|NAME", default=DEFAULT_WORKLOAD,
-        help="trace file (JSON Lines, see fixtures/README.md), the name of a bundled "
-             f"workload: {', '.join(bundled_workloads()) or 'none installed'}, or a "
-             "generated one, recipe:NAME[,n=N][,rate=R] (fixtures/generate.py recipes, "
-             f"e.g. recipe:pr12292,n=200; seeded with --seed) (default: {DEFAULT_WORKLOAD})")
+    add_workload_options(parser)
     parser.add_argument("--dp", type=Int(1, MAX_DP_SIZE, "rank processes").parse, metavar="N",
                         help=f"number of DP ranks (default: {DEFAULT_DP}; "
                              "under torchrun: WORLD_SIZE)")
@@ -107,6 +107,46 @@ def add_input_options(parser: argparse.ArgumentParser, *, single_config: bool,
                              f"{', '.join(PROFILES)}) or a profile file, e.g. from "
                              f"`dyntra-emu fit-cost` (default: {DEFAULT_PROFILE}; "
                              "docs/cost-models.md)")
+
+
+def add_workload_options(parser: argparse.ArgumentParser) -> None:
+    """--workload and how its trace is read and replayed (docs/workloads.md)."""
+    parser.add_argument(
+        "--workload", metavar="FILE|NAME", default=DEFAULT_WORKLOAD,
+        help="trace file in any format --workload-format lists, detected by its content "
+             "(docs/workloads.md), the name of a bundled "
+             f"workload: {', '.join(bundled_workloads()) or 'none installed'}, or a "
+             "generated one, recipe:NAME[,n=N][,rate=R] (fixtures/generate.py recipes, "
+             f"e.g. recipe:pr12292,n=200; seeded with --seed) (default: {DEFAULT_WORKLOAD})")
+    formats = "; ".join(f"{f.name}: {f.about}" for f in FORMATS.values())
+    parser.add_argument(
+        "--workload-format", choices=list(FORMATS), metavar="NAME",
+        help=f"read the trace file as this format instead of detecting it ({formats})")
+    parser.add_argument(
+        "--window", type=_parsed(parse_window), metavar="START:END",
+        help="replay only the requests arriving from START to END seconds on the trace's "
+             "clock (either may be left out), starting the replay at START")
+    parser.add_argument("--limit", type=Int(1).parse, metavar="N",
+                        help="replay only the first N requests (of the window)")
+    parser.add_argument(
+        "--time-scale", type=_parsed(parse_time_scale), default=1.0, metavar="F",
+        help="multiply every arrival time by F: 0.5 replays twice as fast, 2 half as fast "
+             "(default: 1)")
+    parser.add_argument(
+        "--tokenizer", metavar="NAME|DIR",
+        help="the model's tokenizer (a Hugging Face name or directory, as given to vllm "
+             "bench serve) that counts the prompt tokens of a vllm-custom trace; needs "
+             "transformers")
+
+
+def _parsed(parse):
+    """An argparse type from a parser that raises ValueError with its message."""
+    def parse_flag(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse_flag
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +174,17 @@ def add_fault_option(parser: argparse.ArgumentParser) -> None:
              "[,timeout_s=T] | not_ready:request=ID,lookups=N | "
              f"delay:rank=R,site=SITE,step=S,seconds=X with SITE one of "
              f"{', '.join(COLLECTIVE_SITES)}")
+
+
+def positive_ms(text: str) -> float:
+    """argparse's type of a limit in milliseconds (sweep's and tune's --max-tpot-p99-ms)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
+    return value
 
 
 def _fault(text: str):

@@ -5,10 +5,11 @@ Reading is this module's: the workload (a trace file, a bundled workload or a
 ``recipe:``, with the line of every request), the additional config (``JSON`` or
 ``@file``) and the cost profile (a name or a file); a problem while reading names the
 flag or ``file:line``. Judging is ``emu.spec``'s: ``build_spec`` makes the RunSpec from
-the flags and what was read, and ``check_specs`` puts it through ``emu.spec.check``
-with ``FlagNames``, which words every problem in the command line's terms
-(``--block-size 16``, ``trace.jsonl:3``, ``--fault kill:rank=2,step=5``), so a command
-and the pytest fixture are refused by the same rules. Every problem of every input is
+the flags and what was read, and ``check_specs`` puts it through ``emu.spec.check``,
+which hands back the checked run the command then runs, with ``FlagNames``, which words
+every problem in the command line's terms (``--block-size 16``, ``trace.jsonl:3``,
+``--fault kill:rank=2,step=5``), so a command and the pytest fixture are refused by the
+same rules. Every problem of every input is
 listed at once (``UsageError``), so a user fixes them in one go.
 """
 
@@ -24,19 +25,13 @@ from pathlib import Path
 from dyntra_lb.config import DyntraLBConfig, unknown_keys
 from emu.cli.errors import PROG, UsageError
 from emu.cli.flags import flag_of
-from emu.cluster.device import DeviceError, select_device
 from emu.faults import FaultPlan
 from emu.limits import MAX_SMALL_FILE_BYTES, FileTooLarge, read_limited
 from emu.rank.costs import CostProfileError, StepCostModel, load_profile
 from emu.recipes import is_recipe, write_recipe_trace
-from emu.spec import RunSpec, check, knobs
-from emu.workload import (
-    TraceError,
-    TraceRequest,
-    load_trace,
-    resolve_workload,
-    workload_label,
-)
+from emu.spec import CheckedRun, RunSpec, SpecError, check, knobs
+from emu.traces import LoadedTrace, ReadOptions, Replay, read_trace
+from emu.workload import TraceError, TraceRequest, resolve_workload, workload_label
 
 # What `dyntra-emu run` with no --additional-config runs: DyntraLB static mode from step 0.
 DEFAULT_ADDITIONAL_CONFIG = {
@@ -82,15 +77,33 @@ def config_source(args) -> tuple[str | None, str, list[str]]:
 
 
 @dataclass(frozen=True)
+class TraceReading:
+    """How --workload's trace is read and replayed: --workload-format (None: detected),
+    --window, --limit and --time-scale, --tokenizer."""
+
+    format: str | None
+    replay: Replay
+    tokenizer: str | None
+
+    @classmethod
+    def of(cls, args) -> TraceReading:
+        return cls(args.workload_format,
+                   Replay(time_scale=args.time_scale, window=args.window, limit=args.limit),
+                   args.tokenizer)
+
+
+@dataclass(frozen=True)
 class Workload:
     """The trace --workload names, read: its requests, what RunSpec.workload calls it,
-    and where each request came from (``where``)."""
+    where each request came from (``where``), and what the reader left out or changed
+    (``notes``, shown to the user)."""
 
     value: str  # --workload as given
     trace: list[TraceRequest]
     label: str
     path: Path | None  # the trace file; None for a recipe (generated, then read)
     lines: list[int]  # the file line of each request
+    notes: tuple[str, ...] = ()
 
     def where(self, index: int | None) -> str:
         """A request (by index) as messages name it: ``file:line``."""
@@ -114,38 +127,50 @@ class Inputs:
 def read_inputs(args, dp: int, seed: int | None = None) -> Inputs:
     """Read --workload (checked line by line, pinned ranks against ``dp``; a recipe is
     generated with ``seed``, default --seed) and --cost-model."""
-    workload, problems = read_workload(args.workload, args.seed if seed is None else seed, dp)
+    workload, problems = read_workload(args.workload, args.seed if seed is None else seed, dp,
+                                       TraceReading.of(args))
+    if workload is not None and not getattr(args, "quiet", False):
+        for text in workload.notes:
+            print(f"note: {text}", file=sys.stderr, flush=True)
     cost_model, cost_problems = read_cost_model(getattr(args, "cost_model", None))
     return Inputs(workload, cost_model, problems + cost_problems)
 
 
-def read_workload(value: str, seed: int, dp: int) -> tuple[Workload | None, list[str]]:
-    """The trace of --workload FILE|NAME|recipe:..., or None and its problems."""
+def read_workload(value: str, seed: int, dp: int | None, reading: TraceReading
+                  ) -> tuple[Workload | None, list[str]]:
+    """The trace of --workload FILE|NAME|recipe:..., read as ``reading`` says (pinned
+    ranks checked against ``dp`` when given), or None and its problems."""
     if is_recipe(value):
+        if reading.format is not None:
+            return None, [f"--workload-format {reading.format}: --workload {value} is "
+                          "generated in our own format (dyntra)"]
         with tempfile.TemporaryDirectory(prefix="dyntra-emu-recipe-") as tmp:
             try:
                 path = write_recipe_trace(value, seed, Path(tmp) / "trace.jsonl")
             except ValueError as exc:
                 return None, [f"--workload {value}: {exc}"]
-            workload, problems = _read_trace(value, path, dp, f"{value} (seed {seed})")
+            workload, problems = _read_trace(value, path, dp, reading, f"{value} (seed {seed})")
         # The generated file is gone once read: its requests are named by index.
         return (None if workload is None else replace(workload, path=None)), problems
     try:
         path = resolve_workload(value)
     except ValueError as exc:
         return None, [f"--workload {exc}"]
-    return _read_trace(value, path, dp, workload_label(value, path))
+    return _read_trace(value, path, dp, reading, workload_label(value, path))
 
 
-def _read_trace(value: str, path: Path, dp: int, label: str
+def _read_trace(value: str, path: Path, dp: int | None, reading: TraceReading, label: str
                 ) -> tuple[Workload | None, list[str]]:
     try:
-        trace = load_trace(path, dp_size=dp)
+        loaded: LoadedTrace = read_trace(path, format=reading.format, replay=reading.replay,
+                                         options=ReadOptions(dp, reading.tokenizer))
     except TraceError as exc:  # every problem of every line
         return None, exc.problems
-    lines = path.read_bytes().split(b"\n")
-    numbers = [i for i, line in enumerate(lines, start=1) if line.strip()]
-    return Workload(value, trace, label, path, numbers), []
+    if reading.tokenizer is not None and loaded.format != "vllm-custom":
+        return None, [f"--tokenizer {reading.tokenizer}: only a vllm-custom trace needs "
+                      f"it; {path} was read as {loaded.format}"]
+    return Workload(value, loaded.requests, reading.replay.label(label), path, loaded.lines,
+                    tuple(loaded.notes)), []
 
 
 def read_cost_model(value: str | None) -> tuple[StepCostModel | None, list[str]]:
@@ -217,21 +242,22 @@ class FlagNames:
         return f"RunSpec.{field}={value!r}" if flag is None else f"{flag} {value}"
 
 
-def spec_problems(args, inputs: Inputs, spec: RunSpec, source: str,
-                  flags: dict[str, str] | None = None) -> tuple[object, list]:
+def checked_spec(args, inputs: Inputs, spec: RunSpec, source: str,
+                 flags: dict[str, str] | None = None, *,
+                 local_ranks: int | None = None) -> CheckedRun:
     """``emu.spec.check`` of ``spec`` in the flags' words (``FlagNames``; ``source``
-    names its config, ``flags`` the fields another flag set): its parsed additional
-    config and its problems (``emu.spec.Problem``)."""
+    names its config, ``flags`` the fields another flag set): the checked run, or
+    ``emu.spec.SpecError`` with its problems (``emu.spec.Problem``)."""
     names = FlagNames(spec, inputs.workload, source, getattr(args, "cost_model", None),
                       flags or {})
-    return check(spec, names)
+    return check(spec, names, local_ranks=local_ranks)
 
 
 def check_specs(args, inputs: Inputs, runs: list[tuple], *, local_ranks: int,
-                problems: list[str] = ()) -> list:
+                problems: list[str] = ()) -> list[CheckedRun]:
     """Check each (spec, name of its config[, {field: flag} of fields another flag set])
-    with ``emu.spec.check`` and the device with this machine; returns each spec's
-    parsed additional config, or raises UsageError listing ``problems`` (found while
+    with ``emu.spec.check``, its device for ``local_ranks`` ranks on this machine;
+    returns each checked run, or raises UsageError listing ``problems`` (found while
     reading the configs: then the specs were built without theirs), what ``inputs``
     could not read and every spec's problems, each once. The problems of a field left
     at its default because its input could not be read are not the user's, and are
@@ -240,26 +266,16 @@ def check_specs(args, inputs: Inputs, runs: list[tuple], *, local_ranks: int,
     unread = {"trace", "faults"} if inputs.workload is None else set()
     if problems:
         unread |= {"additional_config", "faults"}
-    configs = []
+    checked = []
     for spec, source, *flags in runs:
-        config, spec_found = spec_problems(args, inputs, spec, source, *flags)
-        configs.append(config)
-        found += [str(p) for p in spec_found if p.field not in unread]
-    found += _device_problems(args.device, local_ranks)
+        try:
+            checked.append(checked_spec(args, inputs, spec, source, *flags,
+                                        local_ranks=local_ranks))
+        except SpecError as exc:
+            found += [str(p) for p in exc.problems if p.field not in unread]
     if found:
         raise UsageError(*dict.fromkeys(found))
-    return configs
-
-
-def _device_problems(device: str, local_ranks: int) -> list[str]:
-    """Whether ``local_ranks`` ranks can run on ``device`` here (NPU: torch_npu and
-    enough NPUs): this machine's, not the spec's, so it is checked here as well as by
-    the launcher."""
-    try:
-        select_device(device, local_ranks=local_ranks)
-    except DeviceError as exc:
-        return [f"--device {device}: {exc}"]
-    return []
+    return checked
 
 
 # ----------------------------------------------------------------------- reporting

@@ -8,7 +8,20 @@ import difflib
 import signal
 import sys
 
-from emu.cli import ab, diff, explain, fit_cost, gate, replay, run, sweep, timeline, validate
+from emu.cli import (
+    ab,
+    diff,
+    explain,
+    fit_cost,
+    gate,
+    inspect,
+    replay,
+    run,
+    sweep,
+    timeline,
+    tune,
+    validate,
+)
 from emu.cli.errors import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -27,19 +40,23 @@ examples:
   dyntra-emu run --workload longtail --out runs/lt
   dyntra-emu ab --workload longtail              # DyntraLB off vs on, side by side
   dyntra-emu validate --additional-config @decode.json --dp 8
+  dyntra-emu inspect --workload trace.csv        # request block counts, thresholds marked
   dyntra-emu run --cost-model planner-heuristic  # another step-cost profile
   dyntra-emu fit-cost steps.csv --out node.json  # a profile from steps measured on a node
+  dyntra-emu tune --workload longtail --trials 20  # search DyntraLB's knobs (Optuna), resumable
   dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
   dyntra-emu gate runs/x --baseline runs/base    # regression gate for nightly jobs and CI
   dyntra-emu timeline runs/x                     # the run's timeline, for Perfetto
   dyntra-emu <command> --help                    # options of one command
 
-Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/).
+Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/). Trace
+formats --workload reads (Mooncake, Azure, BurstGPT, vllm bench custom): docs/workloads.md.
 Metrics are documented in docs/metrics.md.
 """
 
 # The subcommands, in the order --help lists them.
-COMMANDS = (run, ab, validate, fit_cost, replay, explain, sweep, diff, gate, timeline)
+COMMANDS = (run, ab, validate, inspect, fit_cost, replay, explain, sweep, tune, diff, gate,
+            timeline)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from dyntra_lb import planners
+from dyntra_lb.planner import registry as planners
 from emu.knobs import Int
 from emu.offline.logscan import read_log
 from emu.offline.replay import format_report, replay
@@ -34,7 +34,7 @@ def threshold_value(text: str) -> float:
 def add_planner_options(parser: argparse.ArgumentParser) -> None:
     """--planner, --threshold and --max-num-seqs (replay and explain)."""
     parser.add_argument("--planner", choices=planners.NAMES, default=planners.REFERENCE,
-                        help="which of our planners to run (dyntra_lb/planners.py; "
+                        help="which of our planners to run (dyntra_lb/planner/registry.py; "
                              "default: reference, production's algorithm)")
     parser.add_argument("--threshold", type=threshold_value, default=None,
                         help="bubble_threshold for the planner (default: the log's "

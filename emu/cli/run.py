@@ -45,21 +45,20 @@ def cmd_run(args) -> int:
     timeline = (check_timeline_path(args.timeline, "--timeline", out_dir) if args.timeline
                 else None)
     spec = build_spec(args, launch.dp, inputs, text, out_dir)
-    [config] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.local_ranks,
-                           problems=problems)
+    [checked] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.local_ranks,
+                            problems=problems)
     if launch.rank == 0:  # under torchrun: rank 0 warns and prepares the directory
-        warn_ignored_keys("run", ignored_keys([(config, source)]))
-        print_setup_hint(args.workload, spec, config)
+        warn_ignored_keys("run", ignored_keys([(checked.config, source)]))
+        print_setup_hint(args.workload, spec)
         prepare_out_dir(out_dir, args.overwrite)
-    metrics = run_one(args, spec, config, launch, "run")
-    if metrics is None:
+    measured = run_one(args, checked, launch, "run")
+    if measured is None:
         return 0
     # Imported only now: matplotlib costs a refused input or a failed run half a second.
-    from emu.metrics import load_run
     from emu.plots import write_plots
     from emu.report import summary_table, write_summary_md
 
-    run = load_run(out_dir)
+    metrics, run = measured
     plots = write_plots(run, out_dir)
     if timeline is not None:
         save_timeline(run, out_dir, timeline)

@@ -1,7 +1,7 @@
 """How a command takes part in a run (``Launch``: the DP size, torchrun or not) and one
-run of a RunSpec for a command: launched through ``emu.run.run``, watched with a
-progress bar, its failure turned into a message; under torchrun this process is one of
-the ranks.
+checked run for a command: launched through ``emu.run.run``, watched with a progress
+bar, its failure turned into a message; under torchrun this process is one of the
+ranks.
 """
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import describe_config, local_ranks
 from emu.cli.progress import Progress, note
-from emu.cluster.device import DeviceError
+from emu.spec import CheckedRun
+
+if TYPE_CHECKING:
+    from emu.metrics import Run
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,14 @@ class Launch:
     @property
     def local_ranks(self) -> int:
         return local_ranks(self.dp, self.torchrun is not None)
+
+
+class Measured(NamedTuple):
+    """A finished run as a command reports it: its metrics (metrics.json's dictionary)
+    and the run they were computed from (``emu.metrics.Run``, for plots)."""
+
+    metrics: dict
+    run: Run
 
 
 def resolve_launch(args) -> Launch:
@@ -71,31 +83,29 @@ def torchrun_env() -> tuple[int, int] | None:
         raise UsageError("RANK and WORLD_SIZE must be integers (set by torchrun)") from None
 
 
-def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = False
-            ) -> dict | None:
-    """Run ``spec`` (checked; ``config`` its parsed additional config) into its out_dir
-    with a progress bar; metrics.json is written there. Returns the metrics (None on the
-    ranks other than 0 under torchrun). ``apart``: in a fresh process of its own
+def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool = False
+            ) -> Measured | None:
+    """Run ``checked`` into its out_dir with a progress bar; metrics.json is written
+    there. Returns its metrics and the run they were computed from (None on the ranks
+    other than 0 under torchrun). ``apart``: in a fresh process of its own
     (``emu.run_apart``; ab's runs of two vllm-ascend trees on rank threads)."""
     from emu.cluster.supervision import ClusterError, Interrupted
 
+    spec = checked.spec
     out_dir = Path(spec.out_dir)
     if launch.rank == 0:
         note(args, f"{desc}: {spec.dp_size} ranks, workload {spec.workload} "
-                   f"({len(spec.trace)} requests), {describe_config(config)}, "
+                   f"({len(spec.trace)} requests), {describe_config(checked.config)}, "
+                   f"{'async' if spec.async_scheduling else 'synchronous'} scheduling, "
                    f"seed {spec.seed}; writing {out_dir}")
     bar = launch.rank == 0 and not args.quiet and sys.stderr.isatty()
     start = time.monotonic()
     try:
         with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
-            metrics, truncated = _run(spec, launch, apart)
-    except DeviceError as exc:
-        raise UsageError(f"--device {spec.device}: {exc}") from None
+            measured, truncated = _run(checked, launch, apart)
     except ClusterError as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None
     except Interrupted as exc:
-        (out_dir / "error.txt").write_text(str(exc) + "\n")
         ranks = ("every rank was stopped" if exc.details else
                  "no rank had started yet")
         reports = "every rank's report" if exc.details else "the report"
@@ -109,32 +119,31 @@ def run_one(args, spec, config, launch: Launch, desc: str, *, apart: bool = Fals
     if truncated:
         print(f"{PROG}: warning: the run hit max_steps and was cut short; metrics cover "
               "the steps run", file=sys.stderr)
-    return metrics
+    return measured
 
 
-def _run(spec, launch: Launch, apart: bool) -> tuple[dict | None, bool]:
-    """Run the cluster (in a fresh process when ``apart``); returns its metrics (None on
-    a rank other than 0 under torchrun) and whether a rank hit max_steps (as far as this
-    process knows)."""
+def _run(checked: CheckedRun, launch: Launch, apart: bool) -> tuple[Measured | None, bool]:
+    """Run the cluster (in a fresh process when ``apart``); returns its metrics and run
+    (None on a rank other than 0 under torchrun) and whether a rank hit max_steps (as far
+    as this process knows)."""
     if launch.torchrun is None:
-        if apart:
-            from emu.run_apart import run_apart as run
-        else:
-            from emu.run import run
+        from emu.run_apart import run_here_or_apart
 
-        result = run(spec)
-        return result.metrics, result.truncated
+        result = run_here_or_apart(checked, apart=apart)
+        return Measured(result.metrics, result.loaded), result.truncated
     # Under torchrun this process is one rank; rank 0 measures once every rank is done.
+    from emu.metrics import load_run
     from emu.run import join_cluster, measure
 
     try:
-        summary = join_cluster(spec)
+        summary = join_cluster(checked)
     except Exception as exc:  # torchrun stops the other ranks and reports the failure
         rank = os.environ.get("RANK")
         raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None
     if launch.rank != 0:
         return None, summary.truncated
-    return measure(spec, summary.device), summary.truncated
+    loaded = load_run(checked.spec.out_dir)
+    return Measured(measure(checked, loaded), loaded), summary.truncated
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:

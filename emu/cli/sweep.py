@@ -20,18 +20,25 @@ from emu.cli.batch import (
     run_batch,
 )
 from emu.cli.errors import UsageError
-from emu.cli.flags import Formatter, add_input_options, add_output_options, wrap
+from emu.cli.flags import (
+    Formatter,
+    add_input_options,
+    add_output_options,
+    positive_ms,
+    wrap,
+)
 from emu.cli.inputs import (
     build_spec,
     check_specs,
+    checked_spec,
     default_config,
     read_config_arg,
     read_inputs,
-    spec_problems,
 )
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.progress import note
 from emu.cli.running import resolve_launch
+from emu.spec import SpecError
 from emu.sweep import (
     GRID_KEYS,
     MAX_POINTS,
@@ -101,7 +108,8 @@ def _specs(args, launch, out_dir: Path):
                     if args.additional_config is not None else default_config())
     inputs = read_inputs(args, launch.dp)
     base = build_spec(args, launch.dp, inputs, text, out_dir, transport="thread")
-    [config] = check_specs(args, inputs, [(base, source)], local_ranks=launch.dp)
+    [checked] = check_specs(args, inputs, [(base, source)], local_ranks=launch.dp)
+    config = checked.config
     try:
         singles = [(f"--grid {key}={value}", with_lb(config.raw, enabled=True, **{key: value}))
                    for key, values in grid.items() for value in values]
@@ -111,9 +119,10 @@ def _specs(args, launch, out_dir: Path):
     checks = [*singles, *((p.source, p.config) for p in points)]
     for name, point_config in checks:
         spec = dataclasses.replace(base, additional_config=point_config)
-        _, problems = spec_problems(args, inputs, spec, name)
-        if problems:
-            raise UsageError(*(str(p) for p in problems))
+        try:
+            checked_spec(args, inputs, spec, name)
+        except SpecError as exc:
+            raise UsageError(*(str(p) for p in exc.problems)) from None
     return grid, config, base, points
 
 
@@ -131,12 +140,13 @@ def cmd_sweep(args) -> int:
                          f"with the baseline that is {n + 1} runs. Pass --yes to run "
                          "them all")
     specs = [point_spec(base, p, out_dir) for p in points]
+    mode = "async" if base.async_scheduling else "synchronous"
     with batch_executor(args, specs) as executor:
         _check_out(out_dir, args.overwrite)
         for spec in specs:
             Path(spec.out_dir).mkdir(parents=True)
         note(args, f"sweep: {n} configs + baseline on workload {base.workload} "
-                   f"({len(base.trace)} requests), {base.dp_size} ranks, "
+                   f"({len(base.trace)} requests), {base.dp_size} ranks, {mode} scheduling, "
                    f"{describe_executor(args)}, thread transport; writing {out_dir}")
         start = time.monotonic()
         metrics = run_batch(args, executor, specs,
@@ -163,7 +173,8 @@ def cmd_sweep(args) -> int:
     best_json = json.dumps(best["additional_config"]) if best else None
     (out_dir / "sweep.json").write_text(json.dumps({
         "workload": base.workload, "dp_size": base.dp_size, "seed": base.seed,
-        "base_additional_config": base_config.raw, "grid": grid, "objective": objective,
+        "base_additional_config": base_config.raw, "async_scheduling": base.async_scheduling,
+        "grid": grid, "objective": objective,
         "best": best["name"] if best else None, "best_additional_config":
         best["additional_config"] if best else None, "pareto_front": front,
         "wall_s": wall, "rows": rows}, indent=1, sort_keys=True) + "\n")
@@ -173,10 +184,11 @@ def cmd_sweep(args) -> int:
                  f"No grid point meets the objective ({objective}).")
     (out_dir / "summary.md").write_text(
         f"# dyntra-emu sweep: {base.workload}, dp={base.dp_size}\n\n"
-        f"{n} configs and the baseline, seed {base.seed}, "
+        f"{n} configs and the baseline, seed {base.seed}, {mode} scheduling, "
         f"{wall:.1f} s wall-clock. Changes against the baseline in brackets; * marks the "
         f"Pareto front (throughput against TPOT p99).\n\n{table}\n\n{best_text}\n\n"
         "![Pareto](pareto.png)\n\n![KV blocks](kv_blocks.png)\n")
+    print(f"Scheduling: {mode} in every run")
     print(table)
     print()
     if best is None:
@@ -187,16 +199,6 @@ def cmd_sweep(args) -> int:
     print(f"\nOutputs in {out_dir}/: summary.md, sweep.json, sweep.csv, pareto.png, "
           "kv_blocks.png, runs/<name>/ (metrics.json and event logs of each run)")
     return 0
-
-
-def _positive_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
-    return value
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -220,7 +222,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_executor_options(parser, "runs")
     parser.add_argument("--objective", choices=OBJECTIVES,
                         help="what the best config optimises (default: throughput)")
-    parser.add_argument("--max-tpot-p99-ms", type=_positive_ms, metavar="MS",
+    parser.add_argument("--max-tpot-p99-ms", type=positive_ms, metavar="MS",
                         help="best = highest throughput among configs with TPOT p99 <= MS")
     parser.add_argument("--yes", action="store_true",
                         help=f"run a grid of more than {MAX_POINTS} points")

@@ -35,11 +35,12 @@ def cmd_validate(args) -> int:
     spec = build_spec(args, launch.dp, inputs, text, Path("."))
     config = None
     try:
-        [config] = check_specs(args, inputs, [(spec, source)],
-                               local_ranks=launch.local_ranks, problems=problems)
+        [checked] = check_specs(args, inputs, [(spec, source)],
+                                local_ranks=launch.local_ranks, problems=problems)
     except UsageError as exc:
         problems = exc.problems
     else:
+        config = checked.config
         problems = ignored_keys([(config, source)])
     if problems:
         for problem in problems:

@@ -1,7 +1,8 @@
 """Where the emulated model collective runs: CPU (gloo) or Ascend NPU (HCCL via torch_npu).
 
-The launcher calls `select_device` in the parent, before any rank starts, so that a
-missing torch_npu or NPU runtime is one clear error instead of dp_size rank crashes.
+A run chooses its device once, in the launching process, before any rank starts
+(`select_device`, called by `emu.spec.check`), so that a missing torch_npu or NPU runtime
+is one clear error instead of dp_size rank crashes; the transports take the kind chosen.
 Each rank then calls `bind_rank_device` to pin itself to its device and learn the
 backend of its device group. The DP group is gloo on every device (as vLLM's DP group).
 
@@ -16,6 +17,8 @@ import logging
 from dataclasses import dataclass
 
 DEVICE_CHOICES = ("auto", "cpu", "npu")
+# What a choice resolves to (select_device), which the transports take.
+DEVICE_KINDS = ("cpu", "npu")
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,8 @@ def _import_torch_npu():
     the `torch.npu` runtime module. Unit tests replace this function.
 
     Without torch_npu installed this returns before importing torch, so that a CPU-only
-    machine's CLI answers (bad input, a CPU run's launcher) without torch's 1-2 s import.
+    machine's CLI answers (bad input, a CPU run's launcher) without waiting for torch's
+    import.
     """
     if importlib.util.find_spec("torch_npu") is None:
         raise ModuleNotFoundError("No module named 'torch_npu'", name="torch_npu")
@@ -104,6 +108,14 @@ def select_device(requested: str, *, local_ranks: int) -> str:
             "lower the DP size or pass device 'cpu'"
         )
     return "npu"
+
+
+def check_kind(kind: str) -> None:
+    """A transport's check of the device kind it is handed: one of ``DEVICE_KINDS``
+    (``select_device`` resolves "auto" before)."""
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"device must be one of {', '.join(DEVICE_KINDS)} (select_device "
+                         f"resolves 'auto'); got {kind!r}")
 
 
 def bind_rank_device(kind: str, local_rank: int) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from emu.cluster import rank_boot
-from emu.cluster.device import select_device
+from emu.cluster.device import check_kind
 from emu.cluster.launch_scope import LaunchFiles, StopSignals
 from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rank_start import rank_starter
@@ -48,17 +48,18 @@ _EXIT_GRACE_S = 30.0
 _NOTHING_MORE = Preload()  # ranks import only what every rank does
 
 
-def launch(target, args, *, dp_size: int, device: str = "auto",
+def launch(target, args, *, dp_size: int, device: str = "cpu",
            out_dir: pathlib.Path | str | None = None, collective_timeout_s: float = 60.0,
            run_timeout_s: float | None = None, preload: Preload = _NOTHING_MORE) -> list:
     """Run ``target(ctx, args)`` in dp_size new rank processes on this machine and return
-    their results ordered by rank. ``target`` must be a module-level function and
-    ``args`` picklable (a rank unpickles them, by name); ``preload`` is what the ranks'
-    fork server imports for them. Raises DeviceError (before any rank starts) when the
-    device cannot be used, ClusterError when any rank fails or the run, startup
-    included, lasts longer than ``run_timeout_s``, and Interrupted (a KeyboardInterrupt)
-    when this process gets SIGINT or SIGTERM meanwhile (called from the main thread;
-    every rank is stopped first).
+    their results ordered by rank. ``target`` must be picklable by reference (a
+    module-level function, or a method of a picklable object) and ``args`` picklable (a
+    rank unpickles them); ``device`` is the kind the run's device group uses, "cpu" or
+    "npu" (``emu.cluster.device.select_device`` chose it); ``preload`` is what the ranks'
+    fork server imports for them. Raises ClusterError when any rank fails or the run,
+    startup included, lasts longer than ``run_timeout_s``, and Interrupted (a
+    KeyboardInterrupt) when this process gets SIGINT or SIGTERM meanwhile (called from
+    the main thread; every rank is stopped first).
 
     Ranks leave through os._exit (after atexit handlers when the run succeeded), so a
     target must close its own files on the way out (``with`` / ``finally``).
@@ -69,7 +70,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
         raise ValueError(f"collective_timeout_s must be > 0; got {collective_timeout_s!r}")
     if run_timeout_s is not None and run_timeout_s <= 0:
         raise ValueError(f"run_timeout_s must be > 0 or None; got {run_timeout_s!r}")
-    device_kind = select_device(device, local_ranks=dp_size)
+    check_kind(device)
     try:
         payload = pickle.dumps((target, args))
     except Exception as exc:
@@ -80,7 +81,7 @@ def launch(target, args, *, dp_size: int, device: str = "auto",
 
     listener = store_listener()  # 127.0.0.1 only; see emu.cluster.rendezvous
     resource_tracker.ensure_running()  # see StopSignals.deferred and LaunchFiles
-    template = RankSpec(0, dp_size, listener.getsockname()[1], device_kind, out_dir,
+    template = RankSpec(0, dp_size, listener.getsockname()[1], device, out_dir,
                         collective_timeout_s, parent_pid=0, stack_path="", guard_path="",
                         environ=dict(os.environ))
     ranks = _RankProcesses(template, payload, preload, listener)

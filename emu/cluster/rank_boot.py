@@ -4,7 +4,7 @@
 of two ways (`emu.cluster.rank_start`): a CPU rank is a fork of the launcher's fork
 server, which has imported torch and the engine already (`emu.cluster.rank_preload`), so the
 rank starts in milliseconds; an NPU rank is spawned (a fresh interpreter, which then
-imports torch, 3-7 s). Spawn unpickles the target and its arguments before calling it,
+imports torch itself). Spawn unpickles the target and its arguments before calling it,
 so this module and `RankSpec` (`emu.cluster.rank_spec`) import only the standard
 library: either way a rank is tied to its parent (Linux PR_SET_PDEATHSIG) and deaf to
 Ctrl-C within a few milliseconds of existing, before it imports or runs anything else.

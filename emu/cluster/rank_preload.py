@@ -4,12 +4,15 @@ implementation's own); never by a rank or the launcher itself.
 
 It imports what every rank would otherwise import during its own start-up: torch and
 torch.distributed, the rank side of a launch (`emu.cluster.rank_process`) and the rank
-target (`emu.impl.run_rank`); and it loads the compiled
-planner from numba's disk cache (`dyntra_lb.planner.warm_up`, 1-2 s and some 75 modules
-that each rank of a DyntraLB run would load again). Each rank, a fork of the server,
-then has all of it in memory from its first instruction (`emu.cluster.rank_boot`).
+target (`emu.impl.Implementation.run_rank`); and it loads the compiled planner from
+numba's disk cache (`dyntra_lb.planner.front.warm_up`: numba and its modules, which each
+rank of a DyntraLB run would load again). Each rank, a fork of the server, then has all
+of it in memory from its first instruction (`emu.cluster.rank_boot`).
 Without a disk cache (the first run of a fresh install) the warm-up compiles the planner
 here, once.
+
+Before any of it, the server points itself at the kit's bytecode cache
+(`emu.bytecode.use_cache`), so that what it imports is compiled once, not at every run.
 
 It also makes the server ignore SIGTERM. A SIGTERM sent to the whole process group (as
 some job runners do) must reach the launcher, which stops every rank and reports where
@@ -25,9 +28,10 @@ A server outlives it by design (it exits once the launcher is gone,
 the launcher lives, the directory keeps a running server's socket (``emu.cluster.
 rank_start`` starts a server before it stops the one it evicts).
 
-Having removed its socket, the server leaves without interpreter finalization, which
-with torch loaded costs about 0.7 s of CPU (module teardown, C++ static destructors)
-for a process about to vanish, and an evicted server's launcher waits for it.
+Having removed its socket, the server leaves without interpreter finalization (module
+teardown, C++ static destructors), which with torch loaded is long for a process about
+to vanish (benchmarks/RESULTS.md, "Start-up and teardown costs"), and an evicted
+server's launcher waits for it.
 """
 
 import atexit
@@ -36,10 +40,16 @@ import signal
 import sys
 from multiprocessing import forkserver
 
-import emu.cluster.rank_boot  # noqa: F401  the rank's start target
-import emu.cluster.rank_process  # noqa: F401  torch, the rank's side of a launch
-import emu.impl  # noqa: F401  the rank target
-from dyntra_lb import planner
+from emu.bytecode import use_cache
+
+# The server may have been started with -B (PYTHONDONTWRITEBYTECODE in the command's
+# flags): it compiles what it imports below once, into the kit's cache, not at every run.
+use_cache()
+
+import emu.cluster.rank_boot  # noqa: E402,F401  the rank's start target
+import emu.cluster.rank_process  # noqa: E402,F401  torch, the rank's side of a launch
+import emu.impl  # noqa: E402,F401  the rank target
+from dyntra_lb.planner import front as planner  # noqa: E402
 
 _SERVER_PID = os.getpid()
 

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from emu.cluster.device import bind_rank_device, select_device
+from emu.cluster.device import bind_rank_device, check_kind
 from emu.cluster.rank_spec import RankSpec
 from emu.cluster.rendezvous import (
     LOOPBACK_HOST,
@@ -118,8 +118,9 @@ def rank_main(spec: RankSpec, payload: bytes, conn, store_listener: socket.socke
     except EOFError:  # the parent is gone; PDEATHSIG normally got here first
         _flush_and_exit(1)
     dist.destroy_process_group()
-    # atexit handlers (logging.shutdown among them) yes, interpreter finalization no: it
-    # costs about 1 s per rank with torch loaded, 25% of a dp=2 launch.
+    # atexit handlers (logging.shutdown among them) yes, interpreter finalization no:
+    # with torch loaded it is a large share of a short rank's CPU, spent on a process
+    # about to vanish (benchmarks/RESULTS.md, "Start-up and teardown costs").
     _keep_operators_registered()
     atexit._run_exitfuncs()
     _flush_and_exit(0)
@@ -129,8 +130,8 @@ def _keep_operators_registered() -> None:
     """Before the rank's atexit handlers run: drop torch's unregistering of its operator
     kernels from them. Each ``torch.library.Library`` (torch's own, vLLM's) unregisters its
     kernels in a weakref finalizer that runs at exit, rewriting dispatch tables the rank
-    inherited from its fork server: a copy-on-write page fault per page, two fifths of
-    a tiny launch's page faults and a fifth of its CPU. The rank then leaves through
+    inherited from its fork server: a copy-on-write page fault per page (most of a
+    tiny launch's faults: benchmarks/RESULTS.md, "Launch CPU"). The rank then leaves through
     ``os._exit``, so nothing could see the tables again. weakref keeps the live
     finalizers in a private registry (no public accessor); a Python without it, or a
     torch without ``_del_library``, leaves the finalizers as they are."""
@@ -163,11 +164,13 @@ def _env_int(name: str) -> int:
             from None
 
 
-def join_from_env(target, args, *, device: str = "auto",
+def join_from_env(target, args, *, device: str = "cpu",
                   out_dir: pathlib.Path | str | None = None,
                   collective_timeout_s: float = 60.0):
     """Run this process as one rank of a cluster started by torchrun; returns this rank's
-    `target(ctx, args)`. Failures propagate as exceptions and torchrun stops the others.
+    `target(ctx, args)`. ``device``: the kind the device group uses, "cpu" or "npu"
+    (`emu.cluster.device.select_device` chose it for this machine's LOCAL_WORLD_SIZE
+    ranks). Failures propagate as exceptions and torchrun stops the others.
     Where the rendezvous and gloo listen is torchrun's and the user's choice (MASTER_ADDR,
     GLOO_SOCKET_IFNAME), not pinned to loopback as under `launch`: rank 0 warns when a
     run on one machine is given a network MASTER_ADDR (emu.cluster.rendezvous)."""
@@ -176,14 +179,13 @@ def join_from_env(target, args, *, device: str = "auto",
         if name not in os.environ:
             raise RuntimeError(f"join_from_env needs the {name} environment variable")
     warn_if_master_addr_exposed(rank, world_size)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-    device_kind = select_device(device, local_ranks=local_world)
+    check_kind(device)
     if out_dir is not None:
         out_dir = pathlib.Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
     _limit_threads()
     torch_device, dp_group, device_group = _make_groups(
-        device_kind, local_rank, timedelta(seconds=collective_timeout_s),
+        device, local_rank, timedelta(seconds=collective_timeout_s),
         init_method="env://", rank=rank, world_size=world_size)
     ctx = RankContext(rank, world_size, local_rank, dp_group, device_group, torch_device,
                       out_dir)
@@ -204,10 +206,10 @@ def _end_group_threads() -> None:
     threads (a socket loop per group, worker loops), lives until its last reference
     goes, and the target's objects hold references in reference cycles (the engine and
     its collective recorder point at each other), which only the cyclic garbage
-    collector frees. Left alone, those threads were still running when the process
-    exited (the collector had not run since) and went on handling the peers' sockets
-    through interpreter finalization and C++ static destruction; now and then, on a
-    loaded machine, that ended the process with SIGABRT after a successful run. A
-    collection here destroys the groups, which joins their threads, while the process
-    is healthy. (Rank processes of ``launch`` leave through ``os._exit`` instead.)"""
+    collector frees. Left alone, those threads can still be running when the process
+    exits (if the collector has not run since) and go on handling the peers' sockets
+    through interpreter finalization and C++ static destruction, which can end the
+    process with SIGABRT (``std::terminate``) after a successful run. A collection here
+    destroys the groups, which joins their threads, while the process is healthy. (Rank
+    processes of ``launch`` leave through ``os._exit`` instead.)"""
     gc.collect()

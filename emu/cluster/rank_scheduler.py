@@ -5,8 +5,8 @@ collective.
 Why not one OS thread per rank: under the GIL only one rank runs at a time anyway, and
 a rank that waits in a collective would hand the interpreter to the next through the
 operating system (a lock released, a thread woken, the GIL taken over), several times
-per rank and step; at dp 8 that was about 40 % of a run (benchmarks/RESULTS.md). A
-greenlet switch hands it over inside the interpreter, in a microsecond.
+per rank and step, a large share of a run once ranks are many (benchmarks/RESULTS.md,
+"Transport"). A greenlet switch hands it over inside the interpreter.
 
 ``RankScheduler.run(bodies)`` is the runner: it starts one greenlet per rank and then
 resumes the ready ones, first in first out, until every body has returned. A rank in a

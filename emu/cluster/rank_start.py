@@ -2,9 +2,10 @@
 the rank needs (CPU), or spawned (NPU). A batch's job processes, each hosting one run
 (``emu.run_apart``), start the same way.
 
-A rank that imports torch, vLLM and a vllm-ascend tree itself spends 1 s (the kit) to
-6-10 s (vllm-ascend) of CPU before its first step, and with more ranks than cores they
-all import at once. So CPU ranks are forks of a multiprocessing fork server that has
+A rank that imports torch, vLLM and a vllm-ascend tree itself spends seconds of CPU
+before its first step, many more for vllm-ascend than for the kit (benchmarks/RESULTS.md,
+"Start-up and teardown costs"), and with more ranks than cores they all import at once.
+So CPU ranks are forks of a multiprocessing fork server that has
 imported it all once: ``emu.cluster.rank_preload`` (torch, the rank's side of a launch,
 the compiled planner) plus the implementation's ``Preload`` (``emu.impl``: the kit's
 engine; vLLM, vllm-ascend's tree and its engine). One server per ``Preload``, started by
@@ -12,7 +13,7 @@ the first launch that needs it and reused by every later one of this process (a 
 worker, a CLI command that runs twice); at most ``MAX_SERVERS`` are kept, the least
 recently used is stopped. A ``Preload`` with a ``base`` gets a server forked from the
 base's server (``_ForkedServer``): every vllm-ascend tree's server is a fork of one that
-imported vLLM (12 s of CPU here), and costs its tree's import (under 1 s). A server's
+imported vLLM, and costs only its tree's import, a small part of vLLM's. A server's
 environment is the launcher's at the time it started plus the preload's variables; a
 forked rank takes the launcher's environment as of its own launch
 (``emu.cluster.rank_boot``).
@@ -35,7 +36,7 @@ import threading
 from collections.abc import Iterator
 from multiprocessing import connection, forkserver, util
 
-from dyntra_lb import planner
+from dyntra_lb.planner import front as planner
 from emu.rank.context import Preload
 
 MAX_SERVERS = 3
@@ -114,7 +115,7 @@ def use_parent_server(preload: Preload, server: dict) -> None:
     """In a job forked by the fork server of ``preload`` (``emu.run_apart``): start the
     job's ranks from that server too (``server``: how to reach it, from
     ``RankStarter.shared_server``), rather than from a server of the job's own, which
-    would import everything again (2 s for the kit, 6-10 s with vLLM and a tree).
+    would import everything again (torch and the kit, or vLLM and a tree).
     The ranks' parent is then the server, which lives as long as the batch's process,
     not the job: a rank dies with its job all the same (``rank_boot.die_with_launcher``).
     """

@@ -102,9 +102,9 @@ class _ProcessState:
     """What thread runs change in this process while any of them is under way, each
     restored after the last one: one intra-op torch thread; the loggers the ranks route
     (``router``: each gets one ``_RankLogRouter`` as its only handler); and the objects
-    that existed before (torch's, numba's, the trace's; some 250,000) frozen out of the
-    garbage collector's full collections, which the ranks' allocations trigger about
-    once per run at 0.2 s each."""
+    that existed before (torch's, numba's, the trace's) frozen out of the garbage
+    collector's full collections, which the ranks' allocations trigger and which would
+    walk every one of them again."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

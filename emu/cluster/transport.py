@@ -10,12 +10,14 @@
 
 Process and thread ranks share one supervision policy (``emu.cluster.supervision``).
 Every transport runs ``target(ctx, args)`` in each of its ranks and returns the results
-it holds, by rank (under torchrun, this rank's only).
+it holds, by rank (under torchrun, this rank's only): for a run, the implementation's
+``run_rank`` on the run's engine spec (``emu.run``). The process and torchrun transports
+take the device kind the run chose (``emu.cluster.device.select_device``).
 
 Rank threads and torchrun's rank run in this process and import torch here, when they
 run; rank processes import it themselves. So a process that only launches rank
 processes (a ``dyntra-emu`` command, a batch's driver, a Ray worker) never pays for
-torch's import (2 s of CPU here), nor waits for it before its ranks start.
+torch's import, nor waits for it before its ranks start.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from emu.spec import RunSpec
+from emu.spec import CheckedRun, RunSpec
 
 
 class ExecutorError(ValueError):
@@ -90,24 +90,21 @@ class Executor(Protocol):
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         """Run every spec (checked, its out_dir made); see the module docstring."""
 
+    def slots(self, spec: RunSpec) -> int:
+        """Called once entered: how many runs like ``spec`` run at once here (``dyntra-emu
+        tune`` asks that many trials of its study at a time)."""
 
-def run_spec(spec: RunSpec, *, apart: bool = False) -> dict:
+
+def run_spec(spec: RunSpec | CheckedRun, *, apart: bool = False) -> dict:
     """In a job process or on a Ray worker: one run of the batch (``emu.run.run``, which
-    writes its metrics.json; in a fresh process of its own when ``apart``, see
-    ``emu.run_apart``); returns the metrics, or {"error": text} when the cluster failed
-    (its report written to error.txt in the run's out_dir)."""
-    from pathlib import Path
-
+    writes its metrics.json, and error.txt when a rank fails; in a fresh process of its
+    own when ``apart``, see ``emu.run_apart``); returns the metrics, or {"error": text}
+    when the cluster failed."""
     from emu.cluster.supervision import ClusterError
-
-    if apart:
-        from emu.run_apart import run_apart as run
-    else:
-        from emu.run import run
+    from emu.run_apart import run_here_or_apart
 
     try:
-        return run(spec).metrics
+        return run_here_or_apart(spec, apart=apart).metrics
     except ClusterError as exc:
-        (Path(spec.out_dir) / "error.txt").write_text(str(exc) + "\n")
         return {"error": f"rank {exc.rank} failed: {exc.message}" if exc.rank is not None
                 else exc.message}

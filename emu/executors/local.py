@@ -17,17 +17,18 @@ from multiprocessing.connection import wait
 
 from emu.executors.base import RunFailed, RunsInterrupted, SignalsSeen, run_spec
 from emu.run_apart import start_job, stop_jobs
-from emu.spec import RunSpec
+from emu.spec import CheckedRun, RunSpec
 
 # How long the jobs under way get to stop their runs' ranks and exit.
 STOP_GRACE_S = 90.0
 
 
-def _run_job(spec: RunSpec, conn) -> None:
-    """In a job process: the run of ``spec`` (``run_spec``), its outcome sent on
-    ``conn``; nothing is sent when the batch stopped the run (its run.json says so)."""
+def _run_job(checked: CheckedRun, conn) -> None:
+    """In a job process: the run (``run_spec``; ``emu.run_apart.start_job`` checked its
+    spec), its outcome sent on ``conn``; nothing is sent when the batch stopped the run
+    (its run.json says so)."""
     try:
-        outcome = run_spec(spec)
+        outcome = run_spec(checked)
     except KeyboardInterrupt:
         return
     conn.send(outcome)
@@ -48,6 +49,9 @@ class LocalExecutor:
 
     def __exit__(self, *exc) -> None:
         pass
+
+    def slots(self, spec: RunSpec) -> int:
+        return self.jobs
 
     def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
         queued = list(range(len(specs)))

@@ -36,6 +36,16 @@ STOP_GRACE_S = 90.0
 # How long the driver waits for a TCP connection to --ray-address before calling it
 # unreachable (ray.init itself retries for minutes).
 CONNECT_TIMEOUT_S = 5.0
+# The local Ray's settings. By default a Ray worker that exits kills its child
+# processes with SIGKILL, and its raylet then kills what is left of the worker's process
+# group. A worker's children here are its fork servers (emu.run_apart), which exit by
+# themselves once their worker is gone and remove their socket and its pymp-* directory
+# as they go (emu.cluster.rank_preload); killed first, they left that empty directory in
+# the worker's TMPDIR, one per worker. Their jobs and ranks die with their parents
+# anyway (the parent-death signal). A cluster at --ray-address has its own settings
+# (docs/executors.md).
+SYSTEM_CONFIG = {"kill_child_processes_on_worker_exit": False,
+                 "process_group_cleanup_enabled": False}
 
 
 def local_cpus() -> int:
@@ -90,7 +100,7 @@ class RayExecutor:
             if self.address is None:
                 ray.init(address="local", num_cpus=local_cpus(),
                          include_dashboard=False, logging_level=logging.WARNING,
-                         log_to_driver=False)
+                         log_to_driver=False, _system_config=SYSTEM_CONFIG)
             else:
                 ray.init(address=self.address, logging_level=logging.WARNING,
                          log_to_driver=False)
@@ -120,6 +130,11 @@ class RayExecutor:
         if self._ray is not None:
             self._ray.shutdown()  # stops a local Ray we started; else disconnects
             self._ray = None
+
+    def slots(self, spec: RunSpec) -> int:
+        need = cpus_needed(spec)
+        return max(1, sum(int(n.get("Resources", {}).get("CPU", 0)) // need
+                          for n in self._ray.nodes() if n.get("Alive")))
 
     # ----------------------------------------------------------------- the runs
 

@@ -4,7 +4,7 @@ For a contributor asking "why was this request paused?" about one snapshot: one 
 from a diagnostics log (``explain LOG --index N``, numbered as ``replay`` lists them) or
 typed in as JSON (``explain --snapshot '[[[5,3,9],2],[[4],1]]' --dp 2``). The planner
 runs once with an observer attached, and every line of the trace is one of the decision
-events ``dyntra_lb.planner.balance_load`` reports (its module docstring lists them): the
+events ``dyntra_lb.planner.front.balance_load`` reports (its module docstring lists them): the
 fill, each round's loads and bubble, the swap searched on the least and on the most
 loaded card with the distances compared, the throughput drop with the modelled
 throughputs, why the loop stopped, the cancellations, and the final plan. Nothing here
@@ -18,8 +18,8 @@ import copy
 import json
 from collections import Counter
 
-from dyntra_lb import planners
-from dyntra_lb.planner import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
+from dyntra_lb.planner import registry as planners
+from dyntra_lb.planner.front import THROUGHPUT_FIXED, THROUGHPUT_PER_BLOCK
 from emu.offline.logscan import read_log
 from emu.offline.replay import DEFAULT_THRESHOLD
 from emu.run_status import unfinished_note
@@ -27,7 +27,7 @@ from emu.run_status import unfinished_note
 
 def trace(requests_by_rank, dp_size: int, *, max_num_seqs=None, threshold=DEFAULT_THRESHOLD,
           planner: str = planners.REFERENCE):
-    """Run planner ``planner`` of ``dyntra_lb.planners`` (default: the reference,
+    """Run planner ``planner`` of ``dyntra_lb.planner.registry`` (default: the reference,
     production's) with an observer; returns ``(events, plans)`` with the plans as dicts."""
     events = []
     plans = planners.get(planner)(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,

@@ -4,7 +4,7 @@ Used offline, after a run with DyntraLB diagnostics on (static mode and
 ``enable_diagnostics``), on a log written by the emulator or by a vllm-ascend decode
 node. Rank 0 prints, for every all-gather, the gathered snapshot (docs/diagnostics.md, the
 ``requests_by_rank`` table) and the plan it made (the ``modifications`` table).
-This module rebuilds each snapshot, runs ``dyntra_lb.planner.balance_load`` on it with
+This module rebuilds each snapshot, runs ``dyntra_lb.planner.front.balance_load`` on it with
 the logged config, and reports which plans this checkout's planner reproduces exactly.
 
 The log is read by ``emu.offline.logscan``; the plots of ``--plot`` are
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dyntra_lb import planners
 from dyntra_lb.config import DyntraLBConfig
+from dyntra_lb.planner import registry as planners
 from emu.offline.logscan import LogScan, LogWarning, Snapshot
 
 DEFAULT_THRESHOLD = DyntraLBConfig.bubble_threshold
@@ -94,7 +94,7 @@ def snapshot_bounds(snapshots: Iterable[Snapshot]) -> int:
 
 def run_planner(requests_by_rank, *, threshold, max_num_seqs, observer=None,
                 planner: str = planners.REFERENCE) -> list[dict]:
-    """Planner ``planner`` of ``dyntra_lb.planners`` (default: the reference, production's)
+    """Planner ``planner`` of ``dyntra_lb.planner.registry`` (default: the reference, production's)
     on a rebuilt snapshot, one plan dict per rank."""
     plans = planners.get(planner)(requests_by_rank, len(requests_by_rank),
                                   max_num_seqs=max_num_seqs, threshold=threshold,
@@ -117,7 +117,7 @@ def _sources(name: str, values: list[tuple]) -> list[str]:
 
 def replay(scan: LogScan, *, threshold: float | None = None,
            max_num_seqs: int | None = None, planner: str = planners.REFERENCE) -> ReplayReport:
-    """Re-plan every usable snapshot with ``planner`` (``dyntra_lb.planners``; another
+    """Re-plan every usable snapshot with ``planner`` (``dyntra_lb.planner.registry``; another
     than the reference shows which logged plans it would change). ``threshold`` /
     ``max_num_seqs`` override what the log says; without either, the log's values are
     used, else the defaults below (and the guess is listed in ``assumptions``)."""

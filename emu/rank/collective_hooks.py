@@ -6,7 +6,7 @@ groups of its own:
 - the thread transport carries every collective of its in-memory groups
   (``emu.cluster.thread_collectives``): a call on one of them goes straight to the
   group's hub, since torch's wrappers check and dispatch at a cost larger than the
-  in-memory collective itself (about 6 µs a call);
+  in-memory collective itself;
 - a vllm-ascend rank records the collectives vLLM's and vllm-ascend's code issue on its
   DP group (``emu.impl.vllm_ascend.collectives``), for the event log and the watchdog.
 

@@ -15,7 +15,13 @@ import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # torch: the CLI imports this module and must not wait for torch
+    import torch
+    import torch.distributed as dist
+
+    from emu.rank.recorder import GuardSlot
 
 
 class StallError(RuntimeError):
@@ -30,8 +36,7 @@ class RankSummary:
     ``steps``: non-idle iterations (step records), ``dummy_steps`` among them;
     ``waves``: waves completed; ``clock_s``: virtual time at the end; ``num_plans``:
     DyntraLB plans generated; ``num_collectives``: every collective issued (all groups);
-    ``truncated``: stopped by ``max_steps``; ``loop_wall_s``: wall time of the loop;
-    ``device``: where the lockstep collective ran ("cpu" or "npu").
+    ``truncated``: stopped by ``max_steps``; ``loop_wall_s``: wall time of the loop.
     """
 
     rank: int
@@ -44,7 +49,21 @@ class RankSummary:
     num_collectives: int
     truncated: bool
     loop_wall_s: float
-    device: str
+
+
+class Host(Protocol):
+    """What the process a rank runs in offers it (see the module docstring)."""
+
+    # Shares the plans of one snapshot among ranks in one address space: ``plan_memo(key,
+    # compute)`` returns the result of the first rank's ``compute()`` for ``key``. None
+    # where no other rank shares it.
+    plan_memo: Callable[[Any, Callable[[], Any]], Any] | None
+
+    def route_log(self, logger_name: str, handlers: list[logging.Handler]) -> None:
+        """Records this rank logs on ``logger_name`` go to ``handlers``, nowhere else."""
+
+    def keep_per_rank(self, module: ModuleType, name: str) -> None:
+        """``module.name`` is set by the rank's engine for itself alone."""
 
 
 class ProcessHost:
@@ -80,12 +99,12 @@ class RankContext:
     rank: int  # DP rank
     dp_size: int
     local_rank: int
-    dp_group: Any  # gloo, CPU tensors: wave sync + DyntraLB collectives
-    device_group: Any  # gloo on CPU / HCCL on NPU: the lockstep collective
-    device: Any  # torch.device: cpu, or npu:<local_rank>
+    dp_group: dist.ProcessGroup  # gloo, CPU tensors: wave sync + DyntraLB collectives
+    device_group: dist.ProcessGroup  # gloo on CPU / HCCL on NPU: the lockstep collective
+    device: torch.device  # cpu, or npu:<local_rank>
     out_dir: pathlib.Path | None
-    guard: Any = None  # emu.rank.recorder.GuardSlot
-    host: Any = field(default_factory=ProcessHost)
+    guard: GuardSlot | None = None
+    host: Host = field(default_factory=ProcessHost)
 
 
 # A rank's target: what a transport runs in each rank with the rank's context.

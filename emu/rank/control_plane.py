@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dyntra_lb import planners
+from dyntra_lb.planner import registry as planners
 from emu.rank.control_costs import ControlCharge, ControlPlaneCost, PlannerWork
 from emu.sites import ALLGATHER_SITE, FLAG_SITE, PLANNER_COST_SITE
 
@@ -52,7 +52,7 @@ CHARGED_SITES = frozenset((FLAG_SITE, ALLGATHER_SITE))
 
 
 class _WorkCounter:
-    """An observer of ``dyntra_lb.planner`` (its "Observer events") that counts the
+    """An observer of ``dyntra_lb.planner.front`` (its "Observer events") that counts the
     planner's work on one snapshot: every round the reference algorithm
     (docs/planner.md, ``find_best_swap``) scans the least loaded rank's running x waiting
     pairs and then the most loaded rank's, unless the round starts balanced within
@@ -92,12 +92,11 @@ _last_count: list = [None, None]
 
 def planner_work(requests_by_rank, dp_size: int, *, max_num_seqs: int, threshold: float,
                  planner: str) -> PlannerWork:
-    """The work of ``planner`` (a ``dyntra_lb.planners`` name; production's
+    """The work of ``planner`` (a ``dyntra_lb.planner.registry`` name; production's
     ``_balance_load`` is the reference algorithm) on the gathered snapshot, as
     ``_WorkCounter`` counts it. A function of its arguments alone, so every rank and both
     impls (the kit's int32 rows, vllm-ascend's lists) get the same count."""
-    rows = tuple((np.asarray(blks, dtype=np.int64).tobytes(), int(split))
-                 for blks, split in requests_by_rank)
+    rows = tuple((_row_key(blks), int(split)) for blks, split in requests_by_rank)
     key = (planner, dp_size, max_num_seqs, float(threshold), rows)
     if _last_count[0] != key:
         counter = _WorkCounter(threshold)
@@ -105,6 +104,15 @@ def planner_work(requests_by_rank, dp_size: int, *, max_num_seqs: int, threshold
                               threshold=threshold, observer=counter)
         _last_count[:] = [key, PlannerWork(counter.requests, counter.pairs, counter.rounds)]
     return _last_count[1]
+
+
+def _row_key(blks) -> tuple:
+    """A rank's block counts as a key, made at the least cost for each impl's rows (every
+    rank makes it every planned step): the kit's int32 arrays as their bytes,
+    vllm-ascend's lists of ints as a tuple."""
+    if type(blks) is np.ndarray:
+        return blks.dtype.str, blks.tobytes()
+    return "list", tuple(blks)
 
 
 # ------------------------------------------------------------------------ the charge
@@ -121,7 +129,7 @@ class PlannerCall(NamedTuple):
 class ControlPlane:
     """One rank's pricing of DyntraLB's control plane (see the module docstring).
 
-    ``planner``: the planner whose work is modelled (a ``dyntra_lb.planners`` name;
+    ``planner``: the planner whose work is modelled (a ``dyntra_lb.planner.registry`` name;
     "vllm-ascend", production's ``_balance_load``, counts as the reference algorithm it
     is). ``measured``: charge the planner's measured wall time (``exchange`` is then
     the MAX all-reduce over the DP group that makes it the slowest rank's). ``overlap``:

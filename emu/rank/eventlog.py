@@ -27,6 +27,8 @@ _COLLECTIVE_KEYS = frozenset(("dtype", "op", "seq", "shape", "site"))
 # a run has a handful of descriptors (the bound only keeps odd callers in check).
 _COLLECTIVE_TEXT: dict[tuple, tuple[str, str]] = {}
 _MAX_COLLECTIVE_TEXTS = 1024
+# Token-time texts an event log keeps (one per step of the rank's run, up to this many).
+_MAX_FLOAT_TEXTS = 1 << 16
 
 
 def _ints(values: list) -> str:
@@ -164,6 +166,8 @@ class EventLog:
     def __init__(self, path: pathlib.Path | None, rank: int):
         self.rank = rank
         self._file = open(path, "w") if path is not None else None  # noqa: SIM115
+        # The text of each token time written so far (see _float_list).
+        self._float_texts: dict[float, str] = {}
 
     def step(self, step: StepRecord, finished: list[dict]) -> None:
         """One iteration's step record, then the records of the requests it finished.
@@ -185,9 +189,39 @@ class EventLog:
                 self._file.write(self._request_line(record) + "\n")
 
     def _request_line(self, record: dict) -> str:
+        """A request record's line: byte for byte ``_dumps(record)`` (with ``kind`` and
+        ``rank``). Its ``token_times_s``, the last key, holds a float per output token,
+        and a request's tokens share their times with the other requests of the rank's
+        steps: each time's text is made once (``_float_list``) and the rest of the record
+        goes through the encoder."""
         record["kind"] = "request"
         record["rank"] = self.rank
+        times = record.get("token_times_s")
+        if type(times) is list and max(record) == "token_times_s":
+            text = self._float_list(times)
+            if text is not None:
+                rest = dict(record)
+                del rest["token_times_s"]
+                return f'{_dumps(rest)[:-1]},"token_times_s":{text}}}'
         return _dumps(record)
+
+    def _float_list(self, values: list) -> str | None:
+        """``_dumps(values)`` for a list of floats, each distinct value's text made once
+        per rank (a few thousand distinct times against hundreds of thousands of tokens);
+        None when an item is not a float. Zeros are never kept (0.0 and -0.0 are equal
+        keys with two texts), nor is NaN found again (it equals nothing)."""
+        texts = self._float_texts
+        parts = []
+        for value in values:
+            if type(value) is not float:
+                return None
+            text = texts.get(value)
+            if text is None:
+                text = _dumps(value)
+                if value and len(texts) < _MAX_FLOAT_TEXTS:
+                    texts[value] = text
+            parts.append(text)
+        return "[" + ",".join(parts) + "]"
 
     def close(self) -> None:
         if self._file is not None:

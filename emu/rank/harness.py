@@ -22,6 +22,7 @@ from emu.rank.clock import LockstepClock
 from emu.rank.context import RankContext, RankSummary, StallError
 from emu.rank.control_costs import ControlCharge
 from emu.rank.control_plane import ControlPlane, PlannerCall, max_over_ranks
+from emu.rank.engine_spec import EngineSpec
 from emu.rank.eventlog import EventLog, StepRecord, WallLog
 from emu.rank.fault_injection import injector_for
 from emu.rank.intake import Arrivals
@@ -29,9 +30,9 @@ from emu.rank.recorder import CollectiveRecorder
 
 
 class RankHarness(ABC):
-    """The common parts of one rank (see the module docstring), over the validated
-    ``spec`` (``emu.spec.RunSpec``); ``planner`` names the planner the rank runs (the
-    control plane models its work).
+    """The common parts of one rank (see the module docstring), over the run's ``spec``
+    (``emu.rank.engine_spec.EngineSpec``; the control plane models the work of its
+    ``planner``).
 
     A subclass provides the loop (``_run_loop``), its ``step_counter`` and
     ``current_wave`` (read by the recorder at every collective), its queue lengths
@@ -44,13 +45,12 @@ class RankHarness(ABC):
     head-of-line request needs).
     """
 
-    def __init__(self, ctx: RankContext, spec: Any, planner: str):
+    def __init__(self, ctx: RankContext, spec: EngineSpec):
         self.ctx = ctx
         self.spec = spec
         self.dp_rank = ctx.rank
         self.dp_size = ctx.dp_size
         self.dp_group = ctx.dp_group
-        self.device = ctx.device.type
         self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
         # This rank's FaultInjector, or None (then no fault work at all).
         self.faults = faults = injector_for(spec.faults, ctx.rank)
@@ -63,7 +63,7 @@ class RankHarness(ABC):
                                       device=ctx.device, observe=self.recorder,
                                       carry_finished=spec.max_concurrency is not None or observes,
                                       carry_kv_usage=observes)
-        self.control_plane = self._control_plane(planner)
+        self.control_plane = self._control_plane(spec.planner)
         self.events: EventLog | None = None
         self.wall: WallLog | None = None
 
@@ -102,7 +102,7 @@ class RankHarness(ABC):
             waves=self.current_wave, clock_s=self.clock_us / 1e6,
             num_finished=self.num_finished, num_plans=self.num_plans,
             num_collectives=self.recorder.seq, truncated=self.truncated,
-            loop_wall_s=loop_wall_s, device=self.device)
+            loop_wall_s=loop_wall_s)
 
     # ------------------------------------------------------------------ each step
 

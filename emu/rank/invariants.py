@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 
 
 class InvariantError(AssertionError):

@@ -16,20 +16,40 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
+
 _MASK = (1 << 64) - 1
+# SplitMix64's constants: the increment, the two multipliers; and the position's.
+_GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_POSITION = 0xD1B54A32D192ED03
+# A request's decisions are computed this many positions at a time, at least.
+_CHUNK = 256
 
 
 def _mix64(x: int) -> int:
     """SplitMix64's finaliser: a well-spread 64-bit hash of a 64-bit integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    x = (x + _GAMMA) & _MASK
+    x = ((x ^ (x >> 30)) * _M1) & _MASK
+    x = ((x ^ (x >> 27)) * _M2) & _MASK
     return x ^ (x >> 31)
+
+
+def _mix64_array(x: np.ndarray) -> np.ndarray:
+    """``_mix64`` of every element of a uint64 array (numpy's uint64 arithmetic wraps
+    modulo 2**64, as ``_mix64`` masks)."""
+    x = x + np.uint64(_GAMMA)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(_M1)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(_M2)
+    return x ^ (x >> np.uint64(31))
 
 
 class DraftAcceptance:
     """The acceptance rule of one run; the scheduler asks it once per decoding request
-    per step (``num_accepted``) after the forward."""
+    per step (``num_accepted``) after the forward.
+
+    A request's decisions are computed a chunk of positions at a time with numpy (one
+    call for hundreds of positions instead of a Python hash per draft) and kept as bytes,
+    1 for an accepted draft, until the request finishes (``forget``)."""
 
     def __init__(self, num_speculative_tokens: int, acceptance_rate: float, seed: int):
         if num_speculative_tokens < 1:
@@ -39,7 +59,7 @@ class DraftAcceptance:
         # (2**64 is above every hash), rate 0 none.
         self._threshold = int(round(acceptance_rate * (1 << 64)))
         self._seed = seed
-        self._keys: dict[str, int] = {}
+        self._decisions: dict[str, bytes] = {}
 
     @classmethod
     def for_profile(cls, profile, seed: int) -> DraftAcceptance | None:
@@ -49,27 +69,36 @@ class DraftAcceptance:
             return None
         return cls(profile.num_speculative_tokens, profile.draft_acceptance_rate, seed)
 
-    def _key(self, request_id: str) -> int:
-        key = self._keys.get(request_id)
-        if key is None:
-            key = _mix64((self._seed << 32) ^ zlib.crc32(request_id.encode()))
-            self._keys[request_id] = key
-        return key
+    def _decided(self, request_id: str, stop: int) -> bytes:
+        """The request's decisions for positions 0 .. at least ``stop`` - 1."""
+        decided = self._decisions.get(request_id, b"")
+        if len(decided) >= stop:
+            return decided
+        key = _mix64((self._seed << 32) ^ zlib.crc32(request_id.encode()))
+        positions = np.arange(len(decided), max(stop, 2 * len(decided), _CHUNK),
+                              dtype=np.uint64)
+        hashes = _mix64_array(np.uint64(key) ^ (positions * np.uint64(_POSITION)))
+        if self._threshold > _MASK:
+            accepted = np.ones(len(positions), dtype=bool)
+        else:
+            accepted = hashes < np.uint64(self._threshold)
+        decided += accepted.tobytes()
+        self._decisions[request_id] = decided
+        return decided
 
     def accepted(self, request_id: str, position: int) -> bool:
         """Whether the draft token at output position ``position`` (0-based) of the
-        request is accepted, its earlier drafts having been accepted."""
-        return _mix64(self._key(request_id) ^ (position * 0xD1B54A32D192ED03 & _MASK)) \
-            < self._threshold
+        request is accepted, its earlier drafts having been accepted: the 64-bit hash
+        of (seed, request, position) below the rate's share of 2**64."""
+        return self._decided(request_id, position + 1)[position] == 1
 
     def num_accepted(self, request_id: str, first_position: int, num_drafts: int) -> int:
         """How many of ``num_drafts`` drafts, at output positions ``first_position``
         onwards, the target accepts: the length of the accepted prefix."""
-        n = 0
-        while n < num_drafts and self.accepted(request_id, first_position + n):
-            n += 1
-        return n
+        stop = first_position + num_drafts
+        rejected = self._decided(request_id, stop).find(0, first_position, stop)
+        return num_drafts if rejected < 0 else rejected - first_position
 
     def forget(self, request_id: str) -> None:
-        """The request finished: drop its cached key."""
-        self._keys.pop(request_id, None)
+        """The request finished: drop its decisions."""
+        self._decisions.pop(request_id, None)

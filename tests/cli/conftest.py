@@ -3,8 +3,8 @@ with tiny traces written there so cluster runs stay short (dp=2, block size 16).
 
 Two ways to run it. `cli(...)` calls the command's `main(argv)` in the test's own
 process: the same parser, checks, launcher and rank processes as the console script,
-without the 3-4 s a fresh interpreter and its fork server spend importing torch (most
-of a tiny run's cost). `cli(..., process=True)` runs the installed console script (or
+without a fresh interpreter and its fork server importing torch again (most of a tiny
+run's cost). `cli(..., process=True)` runs the installed console script (or
 `python -m emu`) in a subprocess, for what only a process shows: its exit status after
 the interpreter's own handling, signals, what it leaves behind."""
 
@@ -137,8 +137,9 @@ def ab_over_seeds(tmp_path_factory, worker_id) -> tuple[subprocess.CompletedProc
     """One `ab --seeds 2` over a generated workload on rank threads, DyntraLB off (A)
     against static mode from step 0 (B), and its out dir: what `ab` reports over seeds
     (test_cli_ab.py), the baseline `gate` reads (test_cli_gate.py) and what the same
-    command on Ray must give (test_cli_ray.py). Its four runs of the recipe's long
-    request (4,096 tokens) are among the tier's longest, so the tests share one."""
+    command on a two-node Ray must give (test_cli_ray_cluster.py). Its four runs of the
+    recipe's long request (4,096 tokens) are among the tier's longest, so the tests share
+    one."""
     proc, where = _once_per_session(
         tmp_path_factory, worker_id, "ab-over-seeds",
         lambda where: [*AB_OVER_SEEDS_AB, "--out", str(where / "seeds")])

@@ -90,12 +90,6 @@ def test_tree_flags_must_come_in_pairs(cli, clikit, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_async_scheduling_needs_two_trees(cli, clikit, tmp_path):
-    proc = cli("diff", "--async-scheduling", "--out", tmp_path / "out")
-    clikit.assert_user_error(proc, "--async-scheduling: run A is the kit")
-    assert not (tmp_path / "out").exists()
-
-
 def test_the_vllm_ascend_planner_needs_vllm_ascend_ranks(cli, clikit, tmp_path, tiny_trace):
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--planner", "vllm-ascend",
                "--out", tmp_path / "out")

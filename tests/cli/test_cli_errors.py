@@ -70,9 +70,9 @@ RUN_ERRORS = {
         ["--additional-config: enable_balance_scheduling only supports PD-mixed mode"]),
     "config-recompute": (["--additional-config", json.dumps({"scheduler_config": {
         "recompute_scheduler_enable": True}})],
-        ["--impl kit: the kit runs vLLM's plain synchronous scheduler; the additional config "
-         "selects the 'recompute' scheduler (scheduler_config.recompute_scheduler_enable runs "
-         "with --impl vllm-ascend)"]),
+        ["--impl kit: the kit runs vLLM's own scheduler (synchronous or async); the "
+         "additional config selects vllm-ascend's recompute scheduler (scheduler_config."
+         "recompute_scheduler_enable runs with --impl vllm-ascend)"]),
     "no-dyntra-lb-with-config": (["--no-dyntra-lb", "--additional-config", STATIC],
                                  ["not allowed with argument"]),
     "out-is-a-file": (["--out", "trace.jsonl"],

@@ -119,14 +119,6 @@ def test_a_config_the_startup_checks_reject(cli, tmp_path, tiny_trace, clikit):
     clikit.assert_user_error(proc, "enable_balance_scheduling only supports PD-mixed mode")
 
 
-def test_async_scheduling_needs_vllm_ascend(cli, tmp_path, tiny_trace, clikit):
-    out = tmp_path / "out"
-    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--out", out,
-               "--async-scheduling")
-    clikit.assert_user_error(proc, "--impl kit: the kit emulates synchronous scheduling only")
-    assert not out.exists()
-
-
 @pytest.mark.skipif(not SHARED_TREE.is_dir(), reason="no shared vllm-ascend tree beside the repo")
 def test_validate_names_the_shared_tree_problem_or_accepts_it(cli, tmp_path, tiny_trace):
     proc = cli("validate", "--workload", tiny_trace, "--dp", "2", "--block-size", "16",

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from emu.spec import RunSpec, validate
+from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
 
 
@@ -54,4 +54,4 @@ def spec(**fields) -> RunSpec:
 def test_a_bad_limit_from_python_names_the_field(value):
     with pytest.raises(ValueError, match=r"RunSpec.max_concurrency: must be an int >= 1, "
                                          r"or None, got"):
-        validate(spec(max_concurrency=value))
+        check(spec(max_concurrency=value))

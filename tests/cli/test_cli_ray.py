@@ -1,9 +1,12 @@
 """`--executor ray` through the real console script, on a local Ray that the command
-starts and shuts down: a 2 x 2 sweep and `ab --seeds 2` give what `--executor local`
-gives (rows, metrics, event logs, plots; wall-clock fields aside; the reference is the
-session's run of each, shared with test_cli_sweep.py and test_cli_ab.py, see
-tests/cli/conftest.py), SIGINT mid-sweep stops every run and leaves no process or
-scratch directory, and bad executor flags are one line with exit 2 and nothing written.
+starts and shuts down: a 2 x 2 sweep gives what `--executor local` gives (rows,
+metrics, event logs, plots; wall-clock fields aside; the reference is the session's run,
+shared with test_cli_sweep.py, see tests/cli/conftest.py), SIGINT mid-sweep stops every
+run and leaves no process or scratch directory, and bad executor flags are one line
+with exit 2 and nothing written. `ab --seeds` on Ray, against the session's local run
+too, is tests/cli/test_cli_ray_cluster.py's, on a cluster of two nodes.
+Every command that starts a Ray leaves nothing in its TMPDIR: no ``pymp-*`` directory
+of a worker's fork server (tests/ray_tmpdir.py).
 
 Ray is heavy on two cores (its GCS, raylet and agents start with every command), so
 these tests are few; `tests/integration/test_executors.py` has the failure path."""
@@ -26,6 +29,7 @@ import psutil
 import pytest
 
 from tests.held_logs import event_logs_held, holds_a_step
+from tests.ray_tmpdir import pymp_left
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +51,8 @@ def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
 
 
 @pytest.mark.timeout(900)  # the reference may be running on the other worker first
-def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_installed):
+def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_installed,
+                                   worker_tmp):
     """The sweep of sweep_2x2 (run in a test process, the reference) again on a local Ray:
     each run a task in a placement group of its ranks' CPUs."""
     local, reference = sweep_2x2
@@ -55,6 +60,7 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
     ray = cli("sweep", "--workload", reference.parent / "sweep.jsonl", *clikit.SWEEP_2X2,
               "--executor", "ray", "--out", "ray", timeout=600, process=True)
     assert ray.returncode == 0, ray.stderr
+    assert pymp_left(worker_tmp) == []
     assert "on Ray (a local Ray)" in ray.stderr
 
     sweeps = [json.loads((d / "sweep.json").read_text()) for d in (reference, tmp_path / "ray")]
@@ -67,30 +73,6 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
         assert (reference / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
     _same_runs(reference / "runs", tmp_path / "ray" / "runs",
                [r["name"] for r in sweeps[0]["rows"]])
-
-
-@pytest.mark.timeout(900)
-def test_ab_seeds_on_ray_equals_local(ab_over_seeds, cli, clikit, tmp_path, ray_installed):
-    """The A/B of ab_over_seeds (run in a test process, the reference) again on a local
-    Ray. On rank threads, one CPU per run: the recipe's long request (4,096 tokens) makes
-    each run thousands of steps, which would cost about a minute over the four runs on
-    rank processes.
-    Process-transport runs on Ray, each in a placement group of its ranks' CPUs, are the
-    sweep's above and tests/integration/test_executors.py's."""
-    local, reference = ab_over_seeds
-    assert local.returncode == 0, local.stderr
-    ray = cli(*clikit.AB_OVER_SEEDS_AB, "--executor", "ray", "--out", tmp_path / "ray",
-              timeout=900, process=True)
-    assert ray.returncode == 0, ray.stderr
-    assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(reference))
-    abs_ = [json.loads((d / "ab.json").read_text()) for d in (reference, tmp_path / "ray")]
-
-    def without_wall(ab):
-        return json.loads(json.dumps(ab), object_hook=lambda d: {k: v for k, v in d.items()
-                                                                 if k != "wall"})
-    assert without_wall(abs_[0]) == without_wall(abs_[1])
-    _same_runs(reference, tmp_path / "ray",
-               [f"seed{s}/{r}" for s in (3, 4) for r in ("a", "b")])
 
 
 def _open_events_log(processes) -> Path | None:
@@ -107,7 +89,8 @@ def _ignore_sigint() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed):
+def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_installed,
+                                                     worker_tmp):
     # Ten million output tokens per request: the runs would last hours.
     trace = clikit.write_trace(tmp_path / "endless.jsonl", [
         {"request_id": f"r{i}", "arrival_s": 0.01 * i, "prompt_tokens": 64 + 40 * i,
@@ -159,6 +142,7 @@ def test_sigint_stops_a_ray_sweep_and_leaves_nothing(clikit, tmp_path, ray_insta
     _, alive = psutil.wait_procs(seen, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
     assert not log.parent.parent.exists()  # the task's scratch directory
+    assert pymp_left(worker_tmp) == []
 
 
 def _free_port() -> int:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.call_counts import RESOLVED_ONCE, count_calls
 from tests.exposure import network_interface
 
 pytestmark = pytest.mark.integration
@@ -31,12 +33,15 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     assert proc.returncode == 0, proc.stderr
     # Not a terminal: no bar, but a start line and a finish line on stderr.
     assert "run: 2 ranks, workload" in proc.stderr
-    assert "(10 requests), DyntraLB static mode from step 0, seed 7" in proc.stderr
+    assert ("(10 requests), DyntraLB static mode from step 0, async scheduling, seed 7"
+            in proc.stderr)
     assert "finished in" in proc.stderr
     # The summary table on stdout.
     for row in ("DP bubble ratio", "requests finished", "10 / 10", "TPOT",
                 "steps with a plan applied"):
         assert row in proc.stdout, row
+    # vLLM's default for the node: async scheduling, said in the summary
+    assert re.search(r"scheduling\s+async", proc.stdout)
     assert f"Outputs in {out}/" in proc.stdout
 
     names = {p.name for p in out.iterdir()}
@@ -56,6 +61,7 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     assert metrics["config"]["max_num_seqs"] == 4
     assert metrics["config"]["workload"] == str(tiny_trace)
     assert metrics["plan_churn"]["active_steps"] > 0  # DyntraLB ran from step 0
+    assert metrics["config"]["async_scheduling"] is True
 
     summary = (out / "summary.md").read_text()
     assert "## Latency (ms)" in summary
@@ -64,10 +70,11 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
 
 
 def test_run_plain_dp_as_module_into_runs_dir(cli, tiny_trace, tmp_path, clikit):
-    """`python -m emu run --no-dyntra-lb --quiet` without --out: runs/<stamp>-run in the
-    working directory, nothing on stderr, no DyntraLB activity."""
+    """`python -m emu run --no-dyntra-lb --quiet --no-async-scheduling` without --out:
+    runs/<stamp>-run in the working directory, nothing on stderr, no DyntraLB activity,
+    synchronous scheduling."""
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--no-dyntra-lb", "--quiet",
-               module=True)
+               "--no-async-scheduling", module=True)
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
@@ -76,6 +83,8 @@ def test_run_plain_dp_as_module_into_runs_dir(cli, tiny_trace, tmp_path, clikit)
     assert f"Outputs in runs/{out.name}/" in proc.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["additional_config"] == {}
+    assert metrics["config"]["async_scheduling"] is False
+    assert re.search(r"scheduling\s+synchronous", proc.stdout)
     assert metrics["plan_churn"]["active_steps"] == 0
     assert metrics["requests_finished"] == 10
     assert metrics["seed"] == 0
@@ -85,7 +94,7 @@ def test_the_command_never_imports_torch_for_a_run_on_rank_processes(tiny_trace,
                                                                      clikit):
     """torch is imported by the ranks (rank 0 serves the rendezvous store), not by the
     command's own process: neither to parse its flags (``--help`` is quick) nor to run
-    the ranks, so none of its 2 s of import stand before the ranks start."""
+    the ranks, so its import never stands before the ranks start."""
     script = ("import sys\n"
               "from emu.cli.main import main\n"
               "with_the_cli = 'torch' in sys.modules\n"
@@ -100,14 +109,18 @@ def test_the_command_never_imports_torch_for_a_run_on_rank_processes(tiny_trace,
     assert json.loads((out / "metrics.json").read_text())["requests_finished"] == 10
 
 
-def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
-    """--additional-config @file takes a decode node's config as is."""
+def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit, monkeypatch):
+    """--additional-config @file takes a decode node's config as is; and the command
+    works out each input of its run once (tests/call_counts.py): the config is parsed
+    once, the device chosen once, the trace read once, from the check to metrics.json
+    (counted in the command's process, which launches rank processes)."""
     config = {"scheduler_config": {"dyntra_lb_config": {
         "enabled": True, "mode": "dynamic", "start_step": 0, "long_req_block_threshold": 5,
         "dynamic_max_step": 8}}}
     path = tmp_path / "decode.json"
     path.write_text(json.dumps(config))
     out = tmp_path / "dyn"
+    calls = count_calls(monkeypatch, RESOLVED_ONCE, tiny_trace)
 
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--additional-config",
                f"@{path}", "--out", out)
@@ -116,6 +129,33 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit):
     assert "DyntraLB dynamic mode from step 0, long requests > 5 blocks" in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["additional_config"] == config
+    assert {what: len(callers) for what, callers in calls.items()} == \
+        dict.fromkeys(RESOLVED_ONCE, 1), calls
+
+
+def test_run_reads_each_event_log_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):
+    """The metrics and the plots come from one reading of the logs: the run as read
+    for the metrics (``RunResult.loaded``) is the one the plots draw."""
+    import builtins
+    import io
+
+    reads: list[str] = []
+    real_open = io.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if str(file).endswith(".events.jsonl") and not set(mode) & set("wax+"):
+            reads.append(Path(file).name)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    out = tmp_path / "out"
+    proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--transport", "thread",
+               "--out", out)
+
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "load.png").exists() and (out / "metrics.json").exists()
+    assert sorted(reads) == ["rank0.events.jsonl", "rank1.events.jsonl"]
 
 
 @pytest.mark.parametrize("command", [None, "run", "ab", "validate"])

@@ -25,6 +25,8 @@ def test_sweep_2x2_end_to_end(sweep_2x2, cli, clikit, tmp_path, dyntra_cluster):
     assert list(rows) == ["baseline", "p01", "p02", "p03", "p04"]
     assert sweep["grid"] == {"bubble_threshold": [1, 5], "mode": ["static", "dynamic"],
                              "long_req_block_threshold": [30]}
+    assert sweep["async_scheduling"] is True  # vLLM's default, said in the output
+    assert "Scheduling: async in every run" in proc.stdout
     base = json.loads((out / "runs" / "baseline" / "metrics.json").read_text())
     assert base["config"]["additional_config"]["scheduler_config"]["dyntra_lb_config"][
         "enabled"] is False

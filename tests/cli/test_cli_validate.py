@@ -142,7 +142,7 @@ def test_the_command_line_and_a_python_caller_are_refused_by_the_same_rules(
     """The same RunSpec problems, each with its field (and the request or fault it is
     about), worded once with the flags and file:line and once in RunSpec's terms."""
     from emu.faults import FaultPlan
-    from emu.spec import RunSpec, SpecError, validate
+    from emu.spec import RunSpec, SpecError, check
     from emu.workload import load_trace
 
     trace = clikit.write_trace(tmp_path / "t.jsonl", [
@@ -152,15 +152,15 @@ def test_the_command_line_and_a_python_caller_are_refused_by_the_same_rules(
                "--num-gpu-blocks", "64", "--planner", "vllm-ascend", "--fault",
                "kill:rank=3,step=1", "--fault", "kv_fail:request=nope")
     with pytest.raises(SpecError) as info:
-        validate(RunSpec(trace=load_trace(trace), dp_size=2, out_dir=tmp_path, block_size=16,
-                         num_gpu_blocks=64, planner="vllm-ascend",
-                         additional_config=clikit.STATIC,
-                         faults=FaultPlan.of(["kill:rank=3,step=1", "kv_fail:request=nope"])))
+        check(RunSpec(trace=load_trace(trace), dp_size=2, out_dir=tmp_path, block_size=16,
+                      num_gpu_blocks=64, planner="vllm-ascend",
+                      additional_config=clikit.STATIC,
+                      faults=FaultPlan.of(["kill:rank=3,step=1", "kv_fail:request=nope"])))
 
     assert proc.returncode == 1
     assert [(p.field, p.index) for p in info.value.problems] == [
         ("trace", 1), ("planner", None), ("faults", 0), ("faults", 1)]
-    planner = ("only with {} (the kit runs the planners of dyntra_lb/planners.py: "
+    planner = ("only with {} (the kit runs the planners of dyntra_lb/planner/registry.py: "
                "reference, fill-protect)")
     big = ("request 'big' needs 256 KV blocks (4000 prompt + 96 output tokens, {}) but a "
            "rank has {}; it could never run")

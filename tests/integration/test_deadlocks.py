@@ -25,10 +25,9 @@ import pytest
 from emu.cluster.launcher import launch
 from emu.cluster.supervision import ClusterError
 from emu.cluster.threads import run_in_threads
-from emu.impl import make_engine
 from emu.impl.kit.engine import EngineCore
 from emu.run import run_cluster
-from emu.spec import RunSpec, validate
+from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
 
 pytestmark = pytest.mark.integration
@@ -85,8 +84,8 @@ PLACEMENTS = {"in_schedule": GatherInSchedule, "before_sync": GatherBeforeSync}
 
 def placed_target(ctx, args):
     """A rank whose engine runs DyntraLB's collectives at ``placement``."""
-    spec, config, placement = args
-    engine = make_engine(ctx, spec, config)
+    implementation, engine_spec, placement = args
+    engine = implementation.make_engine(ctx, engine_spec)
     engine.__class__ = PLACEMENTS[placement]  # same state, the placement's methods
     return engine.run()
 
@@ -101,13 +100,15 @@ def _run_placed(trace, out_dir, placement, transport="process"):
     """Run ``trace`` with DyntraLB's collectives at ``placement``, on rank processes
     (the launcher) or rank threads."""
     spec = _spec(trace, out_dir)
+    checked = check(spec)
+    args = (checked.implementation, checked.engine_spec, placement)
     if transport == "thread":
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-        return run_in_threads(placed_target, (spec, validate(spec), placement),
+        return run_in_threads(placed_target, args,
                               dp_size=spec.dp_size, out_dir=spec.out_dir,
                               collective_timeout_s=spec.collective_timeout_s,
                               run_timeout_s=spec.run_timeout_s)
-    return launch(placed_target, (spec, validate(spec), placement), dp_size=spec.dp_size,
+    return launch(placed_target, args, dp_size=spec.dp_size,
                   device="cpu", out_dir=spec.out_dir,
                   collective_timeout_s=spec.collective_timeout_s,
                   run_timeout_s=spec.run_timeout_s)

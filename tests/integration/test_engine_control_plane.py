@@ -6,7 +6,9 @@ clock moves on by it, and an A/B's throughput change shrinks by exactly that tim
 The trace arrives at once and remote KV loads take no time, so what the scheduler does
 cannot depend on the clock: the same spec with the control plane off schedules the same
 steps, and virtual time differs by the charges alone, which the tests add up by hand
-from the collectives each step record lists."""
+from the collectives each step record lists. The runs are synchronous, where the whole
+control plane is charged; under vLLM's async scheduling only what outlasts the forward
+in flight is (the last test, with a control plane slower than the steps)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ TRACE = [TraceRequest(f"r{i}", 0.0, (48, 300, 1500, 120, 700)[i % 5], 4 + (i * 7
 
 
 def _spec(out_dir, profile, config=DYNAMIC, **kw) -> RunSpec:
+    kw.setdefault("async_scheduling", False)
     return RunSpec(trace=TRACE, dp_size=DP, out_dir=out_dir, additional_config=config,
                    max_num_seqs=4, block_size=16, cost_model=profile, kv_latency_fixed_s=0.0,
                    kv_latency_per_block_s=0.0, device="cpu", transport="thread", **kw)
@@ -156,3 +159,28 @@ def test_measured_planner_cost_is_the_slowest_ranks_wall_time(tmp_path):
     control = metrics["control_plane"]
     assert control["planner_cost"] == "measured" and control["deterministic"] is False
     assert "measured wall time (not deterministic)" in summary_table(metrics)
+
+
+def test_async_scheduling_charges_what_outlasts_the_forward_in_flight(tmp_path):
+    """A control plane slower than the steps (collectives of 10 ms against 5 ms steps):
+    under async scheduling each step is charged its terms minus its own step time (the
+    forward it overlaps), never less than 0, and the clock moves on by that."""
+    slow = dataclasses.replace(TERMS, collective_fixed_s=10e-3)
+    run_cluster(_spec(tmp_path, dataclasses.replace(PROFILE, control_plane=slow),
+                      async_scheduling=True))
+    charged_steps = 0
+    for rank in range(DP):
+        steps = _steps(tmp_path, rank)
+        for step, following in zip(steps, steps[1:], strict=False):
+            lb = sum(c["site"] in (FLAG_SITE, ALLGATHER_SITE) for c in step["collectives"])
+            planned = any(c["site"] == ALLGATHER_SITE for c in step["collectives"])
+            terms_us = 10_010 * lb + (PLANNER_US if planned else 0)
+            expected_us = max(0, terms_us - round(step["step_time_s"] * 1e6))
+            charged_steps += expected_us > 0
+            charge = step["control_plane"]
+            assert round((charge["collectives_s"] + charge["planner_s"]) * 1e6) == terms_us
+            assert round(charge["charged_s"] * 1e6) == expected_us
+            if following["wave"] == step["wave"]:
+                assert following["clock_s"] == pytest.approx(
+                    step["clock_s"] + step["step_time_s"] + expected_us / 1e6, abs=1e-9)
+    assert charged_steps > 10

@@ -20,6 +20,7 @@ def test_static_mode_pauses_admits_and_conserves(shared_run, kit, dp_size):
     assert not result.truncated
 
     finished, admitted, resumed, paused = Counter(), Counter(), Counter(), Counter()
+    finished_paused = Counter()  # async scheduling: a pause ended by the late last token
     admitted_under_plan = 0
     for rank in range(dp_size):
         records = kit.steps(result, rank)
@@ -33,6 +34,7 @@ def test_static_mode_pauses_admits_and_conserves(shared_run, kit, dp_size):
             admitted.update(record["admitted"])
             resumed.update(record["resumed"])
             paused.update(record["paused"])
+            finished_paused.update(set(record["paused"]) & set(record["finished"]))
             if record["plan_applied"] is not None:
                 admitted_under_plan += len(record["admitted"]) + len(record["resumed"])
             # Conservation: every block is either free or held by exactly one request.
@@ -44,19 +46,27 @@ def test_static_mode_pauses_admits_and_conserves(shared_run, kit, dp_size):
     assert sum(paused.values()) > 0 and admitted_under_plan > 0
     assert finished == Counter(trace.keys())  # every request exactly once, nothing else
     assert admitted == Counter(trace.keys())  # each admitted (as new) exactly once
-    assert resumed == paused  # every pause ended by a resume
+    assert resumed + finished_paused == paused  # every pause ended by a resume (or finish)
 
 
 def _check_paused_requests_keep_kv(records, reqs, rank, block_size):
     """From its pause to its resume a request holds the same number of KV blocks, at
-    least enough for its prompt and generated tokens, and its pause is recorded."""
+    least enough for its prompt and generated tokens, and its pause is recorded. Under
+    async scheduling a pause can also end with the request's finish: the output of its
+    last step, in flight when it was paused, was its last token."""
     open_pauses: dict[str, tuple[dict, int]] = {}
     for record in records:
         for rid in record["resumed"]:
             if rid in open_pauses:
                 start, _ = open_pauses.pop(rid)
                 assert [start["clock_s"], record["clock_s"]] in reqs[rid]["pauses"]
+        for rid in record["finished"]:
+            if open_pauses.pop(rid, None) is not None:
+                assert reqs[rid]["pauses"][-1][1] is None  # never resumed
         for rid in record["paused"]:
+            if rid in record["finished"]:
+                assert reqs[rid]["pauses"][-1] == [record["clock_s"], None]
+                continue
             req = reqs[rid]
             held = record["paused_kv_blocks"][rid]
             generated = sum(1 for t in req["token_times_s"] if t <= record["clock_s"])

@@ -34,6 +34,7 @@ from emu.faults import FaultPlan
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
 from tests.held_logs import event_logs_held, holds_a_step
+from tests.ray_tmpdir import pymp_left
 
 pytestmark = pytest.mark.integration
 
@@ -148,6 +149,7 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     if executor == "ray":
         request.getfixturevalue("ray_installed")
         monkeypatch.setattr("emu.executors.ray_cluster.local_cpus", lambda: 2)
+        worker_tmp = request.getfixturevalue("worker_tmp")
     before = set(psutil.Process().children(recursive=True))
     killed, endless, queued = tmp_path / "killed", tmp_path / "endless", tmp_path / "queued"
     specs = [spec(endless, dp_size=2, transport="thread"),
@@ -184,6 +186,8 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
         # The process-transport run held its rank's CPU in a placement group on one node.
         assert [(g["strategy"], list(g["bundles"].values())) for g in
                 descendants.groups.values()] == [("STRICT_PACK", [{"CPU": 1.0}])]
+        # Each worker's fork server removed its socket's directory as it exited.
+        assert pymp_left(worker_tmp) == []
 
 
 # A batch in a process of its own, run to be killed: one endless run on rank threads.

@@ -102,6 +102,8 @@ def test_killed_rank_is_named_and_every_rank_is_stopped(tmp_path, no_leftover_pr
     assert "killed by signal SIGKILL before reporting" in err.details[rank]
     for other in set(range(dp_size)) - {rank}:
         assert other in err.details  # each stopped rank reports where it was
+    # the run's directory keeps the report, whoever launched it (emu.run)
+    assert (tmp_path / "error.txt").read_text() == f"{err}\n"
 
 
 def test_killed_rank_through_the_cli_exits_nonzero_and_leaves_no_process(tmp_path):

@@ -15,9 +15,8 @@ import pytest
 
 from emu.cluster.launcher import launch
 from emu.cluster.supervision import ClusterError
-from emu.impl import make_engine
 from emu.run import run_cluster
-from emu.spec import RunSpec, validate
+from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
 from tests.integration.conftest import static_trace
 
@@ -137,8 +136,8 @@ BREAKS = {"pause_frees_kv": _pause_frees_kv, "resume_recomputes": _resume_recomp
 
 
 def broken_target(ctx, args):
-    spec, config, kind = args
-    engine = make_engine(ctx, spec, config)
+    implementation, engine_spec, kind = args
+    engine = implementation.make_engine(ctx, engine_spec)
     if ctx.rank == BROKEN_RANK:
         BREAKS[kind](engine)
     return engine.run()
@@ -146,8 +145,10 @@ def broken_target(ctx, args):
 
 def _run_broken(tmp_path, kind: str) -> ClusterError:
     spec = promise_spec(tmp_path)
+    checked = check(spec)
     with pytest.raises(ClusterError) as info:
-        launch(broken_target, (spec, validate(spec), kind), dp_size=spec.dp_size,
+        launch(broken_target, (checked.implementation, checked.engine_spec, kind),
+               dp_size=spec.dp_size,
                device="cpu", out_dir=spec.out_dir,
                collective_timeout_s=spec.collective_timeout_s,
                run_timeout_s=spec.run_timeout_s)

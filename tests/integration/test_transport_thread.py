@@ -13,11 +13,12 @@ import threading
 
 import pytest
 
-from dyntra_lb import planners
+from dyntra_lb.planner import registry as planners
 from emu.cluster import threads
 from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan
 from emu.metrics import compute_metrics, load_run
+from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import WORKLOADS_DIR, TraceRequest, load_trace
@@ -44,23 +45,26 @@ def bundled_prefix(name: str, n: int = 32, max_output: int = 48) -> list[TraceRe
 
 
 CASES = {
-    # name: (workload, additional config, faults)
-    "static": ("default", STATIC, None),
-    "dynamic": ("longtail", DYNAMIC, None),
-    "off": ("bimodal", None, None),
-    "slow": ("uniform", STATIC, ["slow:rank=1,extra_ms=7"]),
-    "kv_fail": ("default", STATIC, ["kv_fail:request={second}"]),
+    # name: (workload, additional config, faults, other RunSpec fields); vLLM's async
+    # scheduling unless a case says otherwise
+    "static": ("default", STATIC, None, {}),
+    "dynamic": ("longtail", DYNAMIC, None, {}),
+    "off": ("bimodal", None, None, {}),
+    "slow-mtp": ("uniform", STATIC, ["slow:rank=1,extra_ms=7"],
+                 {"cost_model": PROFILES["kv-token-mtp3"]}),
+    "kv_fail": ("default", STATIC, ["kv_fail:request={second}"], {}),
+    "static-sync": ("default", STATIC, None, {"async_scheduling": False}),
 }
 
 
 def case_spec(name: str, dp_size: int, out_dir) -> RunSpec:
-    workload, config, faults = CASES[name]
+    workload, config, faults, fields = CASES[name]
     trace = bundled_prefix(workload)
     if faults is not None:
         faults = FaultPlan.of([f.format(second=trace[1].request_id) for f in faults])
     return RunSpec(trace=trace, dp_size=dp_size, out_dir=out_dir, additional_config=config,
                    max_num_seqs=4, block_size=BLOCK_SIZE, num_gpu_blocks=1024, device="cpu",
-                   strict=True, faults=faults, run_timeout_s=300.0)
+                   strict=True, faults=faults, run_timeout_s=300.0, **fields)
 
 
 def without_wall(metrics: dict) -> dict:
@@ -71,8 +75,8 @@ def rank_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("dyntra-emu-rank")]
 
 
-@pytest.mark.parametrize("dp_size", [2, 4])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name,dp_size", [*((name, dp) for name in CASES if name != "static-sync"
+                                            for dp in (2, 4)), ("static-sync", 2)])
 def test_thread_transport_is_byte_identical_to_processes(tmp_path, name, dp_size,
                                                          no_leftover_processes):
     spec = case_spec(name, dp_size, tmp_path / "process")
@@ -97,10 +101,12 @@ def test_thread_transport_is_byte_identical_to_processes(tmp_path, name, dp_size
     steps = [e for r in range(dp_size) for e in threads.events(r) if e["kind"] == "step"]
     if name == "dynamic":  # switched on by a long request, and off again
         assert any(s["lb_active"] for s in steps) and not all(s["lb_active"] for s in steps)
-    if name == "slow":
+    if name == "slow-mtp":
         assert min(s["own_cost_s"] for s in steps if s["rank"] == 1) >= 0.027
     if name == "kv_fail":  # the failed request's prompt is recomputed on its rank
         assert max(s["scheduled_tokens"] for s in steps) >= spec.trace[1].prompt_tokens
+    if name == "slow-mtp":  # decoding requests verified drafts: more tokens than requests
+        assert any(s["scheduled_tokens"] > s["num_running"] > 0 for s in steps)
 
 
 def test_each_gathered_snapshot_is_planned_by_one_rank_thread(tmp_path, monkeypatch):

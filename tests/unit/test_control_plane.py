@@ -16,7 +16,7 @@ from emu.rank.control_costs import ControlCharge, ControlPlaneCost, PlannerWork
 from emu.rank.control_plane import ControlPlane, PlannerCall, planner_work
 from emu.rank.costs import PROFILES, CostProfileError, profile_from_dict
 from emu.sites import ALLGATHER_SITE, DP_SYNC_SITE, FLAG_SITE, LOCKSTEP_SITE
-from emu.spec import RunSpec, check
+from emu.spec import RunSpec, SpecError, check
 from emu.workload import TraceRequest
 
 TERMS = ControlPlaneCost(collective_fixed_s=100e-6, collective_per_peer_s=10e-6,
@@ -202,7 +202,9 @@ def test_measured_planner_cost_needs_the_control_plane_on(tmp_path):
     off = dataclasses.replace(PROFILES["kv-token"], control_plane=None)
     spec = RunSpec(trace=[TraceRequest("r0", 0.0, 64, 4)], dp_size=2, out_dir=tmp_path,
                    cost_model=off, planner_cost="measured")
-    _, problems = check(spec)
+    with pytest.raises(SpecError) as info:
+        check(spec)
+    problems = info.value.problems
     assert [p.field for p in problems] == ["planner_cost"]
     assert "RunSpec.cost_model 'kv-token' has it off" in str(problems[0])
-    assert check(dataclasses.replace(spec, planner_cost="model"))[1] == []
+    check(dataclasses.replace(spec, planner_cost="model"))

@@ -12,6 +12,9 @@ from emu.cluster import device
 from emu.cluster.device import DeviceError, bind_rank_device, select_device
 from emu.cluster.launcher import launch
 from emu.cluster.rank_process import join_from_env
+from emu.run import run_cluster
+from emu.spec import RunSpec, SpecError
+from emu.workload import TraceRequest
 
 
 class FakeNpu:
@@ -67,11 +70,21 @@ def test_probing_a_machine_without_torch_npu_does_not_import_torch():
     assert out[1] == "False"
 
 
-def test_launch_with_npu_fails_before_any_rank_starts():
+def test_an_npu_run_fails_before_any_rank_starts(tmp_path):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    with pytest.raises(DeviceError, match="device 'npu' requested but torch_npu is not installed"):
-        launch(print, None, dp_size=2, device="npu")
+    spec = RunSpec(trace=[TraceRequest("a", 0.0, 10, 2)], dp_size=2, out_dir=tmp_path,
+                   device="npu")
+    with pytest.raises(SpecError, match="RunSpec.device='npu': device 'npu' requested but "
+                                        "torch_npu is not installed"):
+        run_cluster(spec)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_launch_takes_a_chosen_device_kind():
+    with pytest.raises(ValueError, match="device must be one of cpu, npu .select_device "
+                                         "resolves 'auto'.; got 'auto'"):
+        launch(print, None, dp_size=2, device="auto")
 
 
 # --- selection ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""``StepRecord.line``, the event log's step line written field by field, against the
-generic encoder it replaces: the same bytes for every record, including the shapes it
-hands back to the encoder (a plan or collective record of another shape)."""
+"""``StepRecord.line``, the event log's step line written field by field, and its request
+lines, written from kept token-time texts, against the generic encoder they replace: the
+same bytes for every record, including the shapes they hand back to the encoder (a plan
+or collective record of another shape, a time that is not a float)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emu.rank.control_costs import ControlCharge
-from emu.rank.eventlog import StepRecord
+from emu.rank.eventlog import EventLog, StepRecord
 
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
@@ -98,3 +99,44 @@ def test_collectives_that_look_alike_keep_their_own_text():
         assert line == reference_line(rec, 0)
         assert [c["shape"] for c in json.loads(line)["collectives"]] == \
             [c["shape"] for c in rec.collectives]
+
+
+times = st.lists(st.floats() | st.sampled_from([0.0, -0.0, 1.0, 0.5]) | st.integers(0, 3)
+                 | st.booleans() | st.none(), max_size=12)
+request_records = st.fixed_dictionaries(
+    {"request_id": st.text(max_size=8), "arrival_s": st.floats(allow_nan=False),
+     "prompt_tokens": ints, "output_tokens": ints,
+     "first_scheduled_s": st.none() | st.floats(allow_nan=False),
+     "token_times_s": times, "finish_s": st.none() | st.floats(allow_nan=False),
+     "pauses": st.lists(st.lists(st.floats(allow_nan=False) | st.none(), max_size=2),
+                        max_size=2)},
+    optional={"unfinished": st.booleans(), "zz": ints})
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(request_records, max_size=4), rank=st.integers(0, 63))
+def test_request_lines_are_the_generic_encoders_output(records, rank):
+    """A request line's token times are written from texts an event log keeps per value:
+    every line stays the encoder's, for floats seen before, equal values of another type
+    (1 and 1.0, True), zeros of both signs, NaN and infinities, and records with a key
+    after ``token_times_s``. One log writes them all, so later records meet the texts
+    the earlier ones left."""
+    log = EventLog(None, rank)
+    for record in records:
+        expected = _dumps({**record, "kind": "request", "rank": rank})
+        assert log._request_line(dict(record)) == expected
+
+
+def test_request_lines_of_look_alike_times():
+    """Values a kept text must not stand for: an int or a bool equal to a float seen
+    before (and the other way round), -0.0 after 0.0, NaN and the infinities."""
+    inf = float("inf")
+    sequences = [[1, 1.0, True, 1.0, 1], [1, 2.5], [1.0, 2], [True], [1.0, 2.5],
+                 [0.0, -0.0, 0.0], [-0.0, 0.0],
+                 [float("nan"), float("nan"), inf, -inf, inf], [1e-07, 5e-06, 0.1, 1e16]]
+    for order in (sequences, sequences[::-1]):
+        log = EventLog(None, 3)
+        for token_times in order:
+            record = {"request_id": "r", "token_times_s": token_times}
+            assert log._request_line(dict(record)) == \
+                _dumps({**record, "kind": "request", "rank": 3})

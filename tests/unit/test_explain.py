@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dyntra_lb.planner
-import dyntra_lb.planners
+import dyntra_lb.planner.front
+import dyntra_lb.planner.registry
 from emu.cli import explain as explain_command
 from emu.cli.main import build_parser
 from emu.offline import explain
@@ -25,11 +25,11 @@ def _explain(snapshot, *, max_num_seqs=None, threshold=5.0, dp=None):
 
 
 def test_trace_is_the_production_planner_observer():
-    assert dyntra_lb.planners.get("reference") is dyntra_lb.planner.balance_load
+    assert dyntra_lb.planner.registry.get("reference") is dyntra_lb.planner.front.balance_load
     snapshot = [([20, 100, 30], 1), ([40, 40], 2)]
     direct = []
-    plans = dyntra_lb.planner.balance_load(snapshot, 2, max_num_seqs=2, threshold=5.0,
-                                           observer=direct.append)
+    plans = dyntra_lb.planner.front.balance_load(snapshot, 2, max_num_seqs=2, threshold=5.0,
+                                                 observer=direct.append)
     events, traced = explain.trace(snapshot, 2, max_num_seqs=2, threshold=5.0)
     assert events == direct
     assert traced == [p.to_dict() for p in plans]

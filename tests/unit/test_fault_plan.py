@@ -27,8 +27,9 @@ from emu.impl.kit.scheduler import Scheduler
 from emu.rank import fault_injection
 from emu.rank.costs import StepCostModel
 from emu.rank.fault_injection import FaultInjector, injector_for
-from emu.spec import RunSpec, SpecError, validate
+from emu.spec import RunSpec, SpecError, check
 from emu.workload import TraceRequest, WaveEnd, insert_request, wave_boundary_trace, wave_ends
+from tests.kit_steps import forward
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10)]
 STATIC = {"scheduler_config": {"dyntra_lb_config": {"enabled": True, "mode": "static"}}}
@@ -187,14 +188,14 @@ def test_spec_check_names_every_bad_fault_and_needs_a_plan(tmp_path):
         return RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path, faults=faults)
 
     with pytest.raises(SpecError) as info:
-        validate(spec(FaultPlan.of(["kv_fail:request=a", "kill:rank=5,step=0",
+        check(spec(FaultPlan.of(["kv_fail:request=a", "kill:rank=5,step=0",
                                     "kill:rank=6,step=0"])))
     assert [(p.field, p.index) for p in info.value.problems] == [("faults", 1), ("faults", 2)]
     assert str(info.value.problems[0]) == (
         "RunSpec.faults[1] (kill:rank=5,step=0): rank 5 is not a rank of this cluster "
         "(dp_size=2)")
     with pytest.raises(ValueError, match="RunSpec.faults: must be a FaultPlan or None"):
-        validate(spec(["kill:rank=0,step=1"]))
+        check(spec(["kill:rank=0,step=1"]))
 
 
 def test_run_spec_validation_checks_the_plan(tmp_path):
@@ -203,13 +204,13 @@ def test_run_spec_validation_checks_the_plan(tmp_path):
                        faults=items if items is None or not isinstance(items, list)
                        else FaultPlan.of(items))
 
-    assert validate(spec(None)).dyntra_lb.enabled
-    validate(spec(["delay:rank=1,site=dyntra_lb.flag,step=3,seconds=1"], DYNAMIC))
+    assert check(spec(None)).config.dyntra_lb.enabled
+    check(spec(["delay:rank=1,site=dyntra_lb.flag,step=3,seconds=1"], DYNAMIC))
     with pytest.raises(ValueError, match=r"RunSpec.faults\[0\] \(delay:rank=1,site=dyntra_lb"
                                          r"\.flag,step=3,seconds=1\): site dyntra_lb.flag"):
-        validate(spec(["delay:rank=1,site=dyntra_lb.flag,step=3,seconds=1"]))
+        check(spec(["delay:rank=1,site=dyntra_lb.flag,step=3,seconds=1"]))
     with pytest.raises(ValueError, match="RunSpec.faults: must be a FaultPlan"):
-        validate(spec("kill:rank=0,step=1"))
+        check(spec("kill:rank=0,step=1"))
 
 
 # -------------------------------------------------------------- inside one rank
@@ -257,7 +258,7 @@ def _run(scheduler, injector, steps, dt_us=20_000, start_iter=0):
         output = scheduler.schedule(now_us / 1e6)
         outputs.append(output)
         finished += [r.request_id for r in
-                     scheduler.update_from_output(output, (now_us + dt_us) / 1e6)]
+                     forward(scheduler, output, (now_us + dt_us) / 1e6)]
         kv = scheduler.kv_cache_manager
         assert kv.pool.num_used_blocks == kv.num_held_blocks
     return outputs, finished

@@ -5,7 +5,7 @@ tests/upstream/test_vllm_ascend_promises.py.)"""
 
 from __future__ import annotations
 
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 from emu.rank.invariants import (
     Held,
     IterationEnd,

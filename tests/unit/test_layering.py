@@ -16,9 +16,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dyntra_lb"
-PURE_MODULES = ["blocks", "config", "diagnostics", "payload", "planner", "planner_native",
-                "planner_native_card", "planner_native_steps", "planner_python",
-                "planner_python_card", "planners", "policy"]
+PURE_MODULES = ["blocks", "config", "diagnostics", "payload", "planner.front",
+                "planner.registry", "planner.python", "planner.python_card",
+                "planner.compiled", "planner.compiled_steps", "planner.compiled_card",
+                "policy"]
 
 
 def _imported_roots(path: pathlib.Path) -> set[str]:
@@ -31,12 +32,19 @@ def _imported_roots(path: pathlib.Path) -> set[str]:
     return roots
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+DYNTRA_LB_FILES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _file_id(path: pathlib.Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
+@pytest.mark.parametrize("path", DYNTRA_LB_FILES, ids=_file_id)
 def test_dyntra_lb_never_imports_emu(path):
     assert "emu" not in _imported_roots(path)
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", DYNTRA_LB_FILES, ids=_file_id)
 def test_only_the_coordinator_imports_torch(path):
     if path.name != "coordinator.py":
         assert "torch" not in _imported_roots(path)
@@ -64,7 +72,8 @@ def test_the_batch_runners_import_first_in_a_fresh_interpreter(module):
 FLOORS = [
     ("the front ends: the command line, python -m emu, the pytest plugin",
      ["emu.cli", "emu.__main__", "emu.pytest_plugin"]),
-    ("a grid of runs (dyntra-emu sweep)", ["emu.sweep"]),
+    ("a batch of runs searched: a grid (dyntra-emu sweep), an Optuna study (dyntra-emu tune)",
+     ["emu.sweep", "emu.tune"]),
     ("where a batch of runs executes: local job processes, Ray", ["emu.executors"]),
     ("one run: run(spec), measured and recorded; in a fresh process",
      ["emu.run", "emu.run_apart"]),
@@ -75,12 +84,13 @@ FLOORS = [
     ("what runs inside a rank: the kit, vllm-ascend", ["emu.impl"]),
     ("what every rank has: context, harness, clock, costs, logs, recorder",
      ["emu.rank"]),
-    ("the ground every floor stands on: traces and their routers, faults, metrics and their "
-     "reports, plots, timelines, the gate and ab.json, recipes, settings' kinds and limits, "
-     "collective sites, run status",
-     ["emu.workload", "emu.vllm_dp_lb", "emu.faults", "emu.metrics", "emu.report",
-      "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds", "emu.recipes",
-      "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites"]),
+    ("the ground every floor stands on: traces and their formats and routers, faults, metrics "
+     "and their reports, plots, block-count distributions, timelines, the gate and ab.json, "
+     "recipes, settings' kinds and limits, collective sites, run status, the bytecode cache",
+     ["emu.workload", "emu.traces", "emu.vllm_dp_lb", "emu.block_counts", "emu.faults",
+      "emu.metrics", "emu.report", "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds",
+      "emu.recipes", "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites",
+      "emu.bytecode"]),
 ]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dyntra_lb.planner import Plan, balance_load
+from dyntra_lb.planner.front import Plan, balance_load
 
 # The oracle lives in tests/ (not a package on sys.path under pytest's default import mode).
 _spec = importlib.util.spec_from_file_location(

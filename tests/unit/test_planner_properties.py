@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dyntra_lb import planner
-from dyntra_lb.planner import balance_load
+from dyntra_lb.planner import front as planner
+from dyntra_lb.planner.front import balance_load
 
 _spec = importlib.util.spec_from_file_location(
     "literal_planner", Path(__file__).resolve().parents[1] / "literal_planner.py")

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 from dyntra_lb.policy import DyntraLBPolicy, RequestStatus
 from emu.impl.kit.request import Request
 from emu.impl.kit.scheduler import Scheduler
 from emu.rank.remote_kv import RemoteKVConnector
+from tests.kit_steps import forward
 
 BS = 4
 
@@ -25,7 +26,7 @@ def make_scheduler(**kwargs):
 
 def step(scheduler, now_s):
     output = scheduler.schedule(now_s)
-    scheduler.update_from_output(output, now_s + 1.0)
+    forward(scheduler, output, now_s + 1.0)
     return output
 
 
@@ -176,7 +177,7 @@ def test_paused_request_resumes_as_cached_request_without_plan():
     kv = scheduler.kv_cache_manager
     lb = scheduler.lb
     lb.set_plan(Plan(out_blk=[2], in_blk=[], freeze=True))
-    scheduler.update_from_output(scheduler.schedule(1.0), 2.0)
+    forward(scheduler, scheduler.schedule(1.0), 2.0)
     blocks = kv.get_blocks("r0")
     computed = r0.num_computed_tokens
     lb.clear_plan()
@@ -331,7 +332,7 @@ def test_prefetch_starts_remote_loads_and_moves_them_to_skipped_end():
     # transfers landed: promoted in place, now candidates; its prefetch starts the
     # loads of w3 and w4 (limit 4, the promoted ones have computed tokens: not counted)
     lb.set_plan(Plan(out_blk=[], in_blk=[], freeze=True))
-    scheduler.update_from_output(scheduler.schedule(0.5), 1.0)
+    forward(scheduler, scheduler.schedule(0.5), 1.0)
     assert lb.prepare_step() == loading
     assert [r.status for r in loading] == [RequestStatus.WAITING] * 4
     assert [r.num_computed_tokens for r in loading] == [7] * 4

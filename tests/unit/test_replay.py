@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dyntra_lb import diagnostics
-from dyntra_lb.planner import balance_load
+from dyntra_lb.planner.front import balance_load
 from emu.cli import replay as replay_command
 from emu.cli.main import build_parser
 from emu.offline import replay
@@ -368,7 +368,7 @@ def test_zero_inside_waiting_cannot_be_rebuilt():
 
 
 def test_replay_with_another_planner_uses_it_and_says_so(capsys):
-    from dyntra_lb import planners
+    from dyntra_lb.planner import registry as planners
 
     scan = read_log(LOGS / "vllm_prefix.log")
     report = replay.replay(scan, planner="fill-protect")

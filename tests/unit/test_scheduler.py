@@ -6,10 +6,11 @@ import random
 import pytest
 
 from dyntra_lb.blocks import num_blocks
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 from emu.impl.kit.request import Request, RequestStatus
 from emu.impl.kit.scheduler import Scheduler
 from emu.rank.remote_kv import RemoteKVConnector
+from tests.kit_steps import forward
 
 BS = 4
 
@@ -22,7 +23,7 @@ def make_scheduler(**kwargs):
 
 def step(scheduler, now_s, dt=1.0):
     output = scheduler.schedule(now_s)
-    finished = scheduler.update_from_output(output, now_s + dt)
+    finished = forward(scheduler, output, now_s + dt)
     return output, finished
 
 
@@ -133,11 +134,11 @@ def test_a_paused_request_finishing_when_its_late_output_arrives_leaves_the_queu
     paused = scheduler.schedule(2.0)            # ... and short is paused before it arrives
     assert paused.paused_req_ids == ["short"]
     assert short in scheduler.skipped_waiting
-    finished = scheduler.update_from_output(last, 2.0)
+    finished = forward(scheduler, last, 2.0)
     assert finished == [short] and short.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert short not in scheduler.waiting and short not in scheduler.skipped_waiting
     assert "short" not in scheduler.requests and not scheduler.lb.paused_req_ids
-    scheduler.update_from_output(paused, 3.0)
+    forward(scheduler, paused, 3.0)
     scheduler.lb.clear_plan()
     output, _ = step(scheduler, 3.0)
     assert output.num_scheduled_tokens == {"other": 1}

@@ -14,6 +14,7 @@ from emu.impl.kit.scheduler import Scheduler
 from emu.rank.costs import PROFILES, CostProfileError, StepCostModel, load_profile, write_profile
 from emu.rank.remote_kv import RemoteKVConnector
 from emu.rank.spec_decode import DraftAcceptance
+from tests.kit_steps import forward, use_drafts
 
 BS = 4
 MTP = StepCostModel(name="mtp", num_speculative_tokens=3, draft_acceptance_rate=0.6,
@@ -118,7 +119,9 @@ def make_scheduler(rate: float | None, k: int = 3, **kwargs):
                 num_gpu_blocks=200)
     args.update(kwargs)
     spec = DraftAcceptance(k, rate, seed=0) if rate is not None else None
-    return Scheduler(spec_decode=spec, **args)
+    scheduler = Scheduler(num_speculative_tokens=k if spec is not None else 0, **args)
+    use_drafts(scheduler, spec)
+    return scheduler
 
 
 def run_to_end(scheduler, requests, max_steps=500):
@@ -134,7 +137,7 @@ def run_to_end(scheduler, requests, max_steps=500):
         before = {r.request_id: r.num_output_tokens for r in requests}
         output = scheduler.schedule(now)
         now += 1.0
-        scheduler.update_from_output(output, now)
+        forward(scheduler, output, now)
         emitted_per_step.append({r.request_id: r.num_output_tokens - before[r.request_id]
                                  for r in requests
                                  if r.num_output_tokens > before[r.request_id]})
@@ -194,13 +197,13 @@ def test_drafts_are_cut_to_the_token_budget():
     for r in reqs:
         scheduler.add_request(r)
     out = scheduler.schedule(0.0)
-    scheduler.update_from_output(out, 1.0)  # both prefills (4 + 4 > 6: b gets 2)
+    forward(scheduler, out, 1.0)  # both prefills (4 + 4 > 6: b gets 2)
     for t in range(1, 6):
         out = scheduler.schedule(float(t))
         assert out.total_num_scheduled_tokens <= 6
         for rid, n in out.num_scheduled_tokens.items():
             assert out.scheduled_spec_decode_tokens.get(rid, 0) <= max(n - 1, 0)
-        scheduler.update_from_output(out, t + 1.0)
+        forward(scheduler, out, t + 1.0)
     assert all(r.num_tokens == r.prompt_tokens + r.num_output_tokens for r in reqs)
 
 
@@ -217,13 +220,13 @@ def test_preemption_drops_the_drafts():
         for rid in out.preempted_req_ids:
             victim = next(r for r in reqs if r.request_id == rid)
             assert victim.num_spec_tokens == 0 and victim.num_computed_tokens == 0
-        scheduler.update_from_output(out, t + 1.0)
+        forward(scheduler, out, t + 1.0)
     assert preempted
 
 
 def step(scheduler, t):
     output = scheduler.schedule(float(t))
-    scheduler.update_from_output(output, t + 1.0)
+    forward(scheduler, output, t + 1.0)
     return output
 
 
@@ -282,3 +285,33 @@ def test_a_request_whose_padding_does_not_fit_the_budget_waits():
     out = step(scheduler, 1)  # d takes 4 of 6: q's 1 + 3 does not fit, 1 alone would
     assert out.num_scheduled_tokens == {"d": 4}
     assert [r.request_id for r in scheduler.waiting] == ["q"]
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's finaliser, written out: the oracle of the acceptance rule."""
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 0.7, 1.0])
+def test_decisions_are_the_hash_of_seed_request_and_position(rate):
+    # The rule computes a request's decisions in chunks with numpy; every one must be
+    # the 64-bit hash of (seed, request, position) under the rate's share of 2**64, the
+    # rule runs recorded before it were made with (a run's tokens depend on it).
+    import zlib
+
+    seed = 12345
+    rule = DraftAcceptance(3, rate, seed=seed)
+    threshold = int(round(rate * (1 << 64)))
+    for request_id in ("req-0", "pr12292-0040", "ü-7"):
+        key = _splitmix64((seed << 32) ^ zlib.crc32(request_id.encode()))
+        for position in [*range(0, 40), 255, 256, 257, 600, 5000]:
+            expected = _splitmix64(
+                key ^ (position * 0xD1B54A32D192ED03 & ((1 << 64) - 1))) < threshold
+            assert rule.accepted(request_id, position) == expected, (request_id, position)
+        # a fresh rule asked far ahead first decides the same
+        fresh = DraftAcceptance(3, rate, seed=seed)
+        assert fresh.num_accepted(request_id, 4998, 3) == rule.num_accepted(request_id, 4998, 3)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from emu.spec import RunSpec, check
+from emu.spec import RunSpec, SpecError, check
 from emu.workload import (
     MAX_TOKENS,
     TraceError,
@@ -191,11 +191,15 @@ def test_pinned_rank_checked_against_dp_size(tmp_path):
     ]
     # A trace loaded without the DP size: the RunSpec's check holds it against dp_size.
     trace = load_trace(path)
-    assert check(RunSpec(trace=trace, dp_size=5, out_dir=tmp_path))[1] == []
-    [problem] = check(RunSpec(trace=trace, dp_size=4, out_dir=tmp_path))[1]
+    check(RunSpec(trace=trace, dp_size=5, out_dir=tmp_path))
+    with pytest.raises(SpecError) as info:
+        check(RunSpec(trace=trace, dp_size=4, out_dir=tmp_path))
+    [problem] = info.value.problems
     assert str(problem) == ("RunSpec.trace[1]: field 'rank': expected an integer in 0..3 for "
                             "dp_size=4, got 4")
-    [problem] = check(RunSpec(trace=trace, dp_size=0, out_dir=tmp_path))[1]
+    with pytest.raises(SpecError) as info:
+        check(RunSpec(trace=trace, dp_size=0, out_dir=tmp_path))
+    [problem] = info.value.problems
     assert str(problem) == "RunSpec.dp_size: must be an int >= 1, got 0"
 
 

@@ -57,10 +57,11 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.skip(reason=f"upstream tier not run: {WHY_NOT}"))
 
 
-# Scheduler variants of the static run: vLLM's async scheduling, vllm-ascend's
-# recompute scheduler (each with DyntraLB, so the Async/Recompute DyntraLB classes run).
+# Scheduler variants of the static run (which runs vLLM's default, async scheduling):
+# vLLM's synchronous scheduling, vllm-ascend's recompute scheduler (each with DyntraLB,
+# so the DyntraLB and the AsyncRecompute DyntraLB classes run).
 VARIANTS = {
-    "static-async": {"async_scheduling": True},
+    "static-sync": {"async_scheduling": False},
     "static-recompute": {"additional_config": {"scheduler_config": {
         **STATIC_CONFIG["scheduler_config"], "recompute_scheduler_enable": True}}},
 }

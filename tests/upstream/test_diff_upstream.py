@@ -1,5 +1,7 @@
 """``dyntra-emu diff`` on real runs: our DyntraLB (kit) against vllm-ascend's on the tier's
-static and dynamic runs (identical, diagnostics lines included), a contributor's change
+static and dynamic runs (vLLM's default, async scheduling) and on bundled prefixes with
+synchronous scheduling, with and without MTP (identical, diagnostics lines included), a
+contributor's change
 to vllm-ascend's planner named at the first step where the plans part, and the planner
 swap (``RunSpec.planner="reference"`` in vllm-ascend's engine) leaving the event logs
 byte-identical."""
@@ -54,10 +56,13 @@ BUNDLED = REPO / "fixtures" / "workloads"
 DOCUMENTED_DIVERGENCES: set[str] = set()
 
 
-@pytest.mark.parametrize("workload,mode", [("uniform", "static"), ("longtail", "dynamic")])
-def test_bundled_workloads_diff_identical(tmp_path, workload, mode):
-    """``dyntra-emu diff`` (kit against vllm-ascend) on the first 16 requests of a
-    bundled workload, outputs capped at 60 tokens, diagnostics on."""
+@pytest.mark.parametrize("workload,mode,cost_model", [("uniform", "static", "kv-token"),
+                                                     ("longtail", "dynamic", "kv-token-mtp3")])
+def test_bundled_workloads_diff_identical_with_synchronous_scheduling(tmp_path, workload, mode,
+                                                                      cost_model):
+    """``dyntra-emu diff`` (kit against vllm-ascend) with vLLM's synchronous scheduling on
+    the first 16 requests of a bundled workload, outputs capped at 60 tokens,
+    diagnostics on, without and with MTP (async: test_async_upstream.py)."""
     requests = [json.loads(line) for line in
                 (BUNDLED / f"{workload}.jsonl").read_text().splitlines()[:16]]
     trace = tmp_path / f"{workload}.jsonl"
@@ -68,13 +73,17 @@ def test_bundled_workloads_diff_identical(tmp_path, workload, mode):
     proc = _diff("--workload", trace, "--dp", 2, "--block-size", 16, "--max-num-seqs", 4,
                  "--num-gpu-blocks", 1024, "--device", "cpu", "--quiet", "--vllm-ascend",
                  TREE, "--additional-config", json.dumps({"scheduler_config": {
-                     "dyntra_lb_config": lb}}), "--out", tmp_path / "diff", "--json")
+                     "dyntra_lb_config": lb}}), "--out", tmp_path / "diff", "--json",
+                 "--cost-model", cost_model, "--no-async-scheduling", "--transport", "thread")
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert set(report["by_kind"]) <= DOCUMENTED_DIVERGENCES, json.dumps(report["first"],
                                                                         indent=1)
     assert report["counts"]["plans"] > 0 and report["counts"]["requests"] == 16
     assert report["counts"]["diagnostics_lines"] > 0
+    for side in ("a", "b"):
+        config = json.loads((tmp_path / "diff" / side / "metrics.json").read_text())["config"]
+        assert config["async_scheduling"] is False
 
 
 def mutated_tree(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -133,7 +142,7 @@ def test_a_changed_tie_rule_is_named_at_the_first_step_where_the_plans_part(tmp_
 
 @pytest.mark.parametrize("name", ["static", "dynamic"])
 def test_the_reference_planner_in_vllm_ascends_engine_changes_no_byte(upstream_run, tmp_path, name):
-    """``planner="reference"``: vllm-ascend's engine and scheduler with dyntra_lb.planner in
+    """``planner="reference"``: vllm-ascend's engine and scheduler with dyntra_lb.planner.front in
     place of ``_balance_load``; the event logs are byte-identical to vllm-ascend's own
     planner's, and both wall logs time the planner at every planning step."""
     own = upstream_run(name, 2)

@@ -2,7 +2,8 @@
 the vllm-ascend ranks run vLLM's own speculative decoding (``speculative_config``
 ``method="mtp"``, drafts from the emulated worker), and ``dyntra-emu diff`` of the kit
 against them is identical -- every step record, request record and diagnostics line -- at
-dp 2 and dp 4 on two bundled workloads."""
+dp 2 and dp 4 on two bundled workloads, in vLLM's default mode, async scheduling
+(synchronous MTP: ``test_diff_upstream.py``)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_mtp_runs_identically_on_the_kit_and_on_vllm(tmp_path, workload, mode, d
                  "--num-gpu-blocks", 1024, "--device", "cpu", "--quiet", "--vllm-ascend",
                  TREE, "--cost-model", "kv-token-mtp3", "--additional-config",
                  json.dumps({"scheduler_config": {"dyntra_lb_config": lb}}), "--out", out,
-                 "--json")
+                 "--json", "--transport", "thread")
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["identical"], json.dumps(report["first"], indent=1)

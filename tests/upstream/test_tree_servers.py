@@ -24,8 +24,8 @@ pytestmark = pytest.mark.integration
 _LAUNCHER = """
 import json, multiprocessing, sys
 from emu.cluster.rank_start import rank_starter
-from emu.impl import get
-from emu.spec import RunSpec
+from emu.impl.vllm_ascend import VllmAscendImplementation
+from emu.impl.vllm_ascend.tree import resolve
 
 def tree_of_this_process(conn):
     conn.send(sys.modules["vllm_ascend"].__file__)
@@ -33,8 +33,7 @@ def tree_of_this_process(conn):
 def main():
     out = {"servers": [], "trees": [], "base": None}
     for tree in sys.argv[1:]:
-        spec = RunSpec(trace=[], dp_size=1, out_dir=".", impl="vllm-ascend", vllm_ascend=tree)
-        preload = get("vllm-ascend").preload(spec)
+        preload = VllmAscendImplementation(resolve(tree), "plain").preload()
         starter = rank_starter("cpu", preload)
         ours, theirs = starter.context.Pipe(duplex=False)
         process = starter.context.Process(target=tree_of_this_process, args=(theirs,))

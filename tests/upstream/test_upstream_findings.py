@@ -34,17 +34,25 @@ def _kv_stall_trace(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp_path):
+# The blocks the paused request holds: under async scheduling its last step, in flight
+# when it was paused, had allocated a slot one block further.
+PAUSED_KV = {False: 5, True: 6}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp_path,
+                                                                             async_scheduling):
     """The planner pauses rank 0's only running request (its KV stays allocated) and asks
     for two waiting ones by block count; the first in schedule order is a preempted
     request whose recompute needs more blocks than are free, so vLLM's waiting loop stops
     there, every step. The paused request, the one that could run, is never in a plan
     again: no token is scheduled until the stall check ends the run. The kit does the
-    same, step for step."""
+    same, step for step, with vLLM's synchronous and its async scheduling."""
     trace = _kv_stall_trace(tmp_path / "kv_stall.jsonl")
     proc = dyntra_emu("diff", "--workload", trace, *KV_STALL_FLAGS, "--vllm-ascend", TREE,
                       "--additional-config", json.dumps(STATIC), "--out", tmp_path / "diff",
-                      "--json")
+                      "--json", "--transport", "thread",
+                      "--async-scheduling" if async_scheduling else "--no-async-scheduling")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["identical"]
@@ -58,7 +66,8 @@ def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp
     last = max(s["iter"] for s in steps if s["scheduled_tokens"])
     stuck = [s for s in steps if s["iter"] > last]
     assert len(stuck) == 30 - 1  # the 30th step without a token raised before it was logged
-    assert all(s["paused_kv_blocks"] == {"r0": 5} and s["num_running"] == 0
+    assert all(s["paused_kv_blocks"] == {"r0": PAUSED_KV[async_scheduling]}
+               and s["num_running"] == 0
                and s["plan_applied"]["in_blk"] and not s["admitted"] for s in stuck)
 
 
@@ -76,7 +85,8 @@ def test_without_dyntra_lb_the_kv_stall_trace_finishes(tmp_path):
 def test_the_recompute_scheduler_fails_at_the_first_verified_draft(tmp_path):
     """vllm-ascend's recompute scheduler reads ``request.async_tokens_to_discard`` when a
     step verified drafts, an attribute vLLM 0.27.1's ``Request`` does not have: with MTP
-    (DyntraLB off, synchronous scheduling) the run fails at the first decode step, naming
+    (DyntraLB off, vLLM's default async scheduling; synchronous alike, docs/upstream-
+    findings.md) the run fails at the first decode step, naming
     the attribute and vllm-ascend's line. Without drafts the same run finishes."""
     trace = [TraceRequest("r0", 0.0, 20, 8, rank=0)]
     spec = RunSpec(trace=trace, dp_size=2, out_dir=tmp_path / "mtp", block_size=4,

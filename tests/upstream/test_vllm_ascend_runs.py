@@ -24,9 +24,10 @@ def _trace(name, dp):
     return upstream_spec(name, dp, "unused").trace
 
 
-def _blocks_at(request: dict, clock_s: float, block_size: int) -> int:
-    """The request's KV-block count at the start of the step at ``clock_s``."""
-    tokens = request["prompt_tokens"] + sum(t <= clock_s for t in request["token_times_s"])
+def _blocks_at(request: dict, known_s: float, block_size: int) -> int:
+    """The request's KV-block count when a step schedules: its prompt and the tokens of
+    the forwards that ended by ``known_s`` (their outputs processed by then)."""
+    tokens = request["prompt_tokens"] + sum(t <= known_s for t in request["token_times_s"])
     return -(-tokens // block_size)
 
 
@@ -67,18 +68,21 @@ def test_plan_of_step_k_is_what_the_scheduler_does_at_step_k_plus_1(upstream_run
     named in out_blk; a frozen plan admits nothing at k+1; without a plan nothing is
     paused."""
     result = upstream_run(name, dp)
+    async_scheduling = upstream_spec(name, dp, "-").async_scheduling  # vLLM's default
     pauses = admissions = plans = 0
     for rank in range(dp):
         records = {r["request_id"]: r for r in kit.requests(result, rank)}
         steps = kit.steps(result, rank)
         for prev, cur in zip(steps, steps[1:], strict=False):
+            # the outputs processed when cur scheduled: a step later under async scheduling
+            known_s = prev["clock_s"] if async_scheduling else cur["clock_s"]
             plan = prev["plan_generated"]
             if plan is None or prev["wave"] != cur["wave"]:
                 assert cur["paused"] == [], (rank, cur["iter"])
                 continue
             plans += 1
             paused = collections.Counter(
-                _blocks_at(records[rid], cur["clock_s"], kit.BLOCK_SIZE) for rid in cur["paused"])
+                _blocks_at(records[rid], known_s, kit.BLOCK_SIZE) for rid in cur["paused"])
             assert not paused - collections.Counter(plan["out_blk"]), (rank, cur["iter"])
             entered = cur["admitted"] + cur["resumed"]
             if plan["freeze"]:
@@ -134,13 +138,16 @@ def test_replay_of_vllm_ascends_diagnostics_reproduces_every_plan(upstream_run, 
 
 
 @pytest.mark.parametrize("name,scheduler", [
-    ("static-async", "vllm_ascend.core.dyntra_lb_scheduler.AsyncDyntraLBScheduler"),
-    ("static-recompute", "vllm_ascend.core.recompute_scheduler.DyntraLBRecomputeScheduler"),
+    ("static", "vllm_ascend.core.dyntra_lb_scheduler.AsyncDyntraLBScheduler"),
+    ("static-sync", "vllm_ascend.core.dyntra_lb_scheduler.DyntraLBScheduler"),
+    ("static-recompute",
+     "vllm_ascend.core.recompute_scheduler.AsyncDyntraLBRecomputeScheduler"),
 ])
 def test_scheduler_variants_run_production_s_class_to_the_end(upstream_run, kit, name,
                                                               scheduler):
-    """Async scheduling and the recompute scheduler select the DyntraLB scheduler class
-    production selects, and the run completes with plans on every rank."""
+    """vLLM's default (async scheduling), synchronous scheduling and the recompute
+    scheduler (async by default) select the DyntraLB scheduler class production selects,
+    and the run completes with plans on every rank."""
     result = upstream_run(name, 2)
     assert scheduler in (result.out_dir / "rank0.vllm.log").read_text()
     records = [r for rank in range(2) for r in kit.requests(result, rank)]

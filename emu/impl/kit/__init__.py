@@ -3,32 +3,38 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from dyntra_lb.config import check_deployment
-from emu.impl import Implementation, planner_name
+from dyntra_lb.planner import registry as planners
+from emu.impl import Implementation
 from emu.rank.context import Preload
 
 
+@dataclass(frozen=True)
 class KitImplementation(Implementation):
-    def check(self, config, *, dp_size: int, async_scheduling: bool,
-              vllm_ascend: str | None) -> None:
-        """The startup checks of a decode node; the kit emulates vLLM's plain
-        synchronous scheduler only."""
-        if async_scheduling:
-            raise ValueError("the kit emulates synchronous scheduling only; async "
-                             "scheduling runs with --impl vllm-ascend (what it changes: "
-                             "docs/upstream-findings.md, 'Async scheduling')")
-        variant = check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size)
-        if variant != "plain":
-            raise ValueError(
-                f"the kit runs vLLM's plain synchronous scheduler; the additional config "
-                f"selects the {variant!r} scheduler (scheduler_config."
-                "recompute_scheduler_enable runs with --impl vllm-ascend)")
+    """Ours: nothing to find before a run, the same for every run."""
 
-    def preload(self, spec) -> Preload:
+    own_planner = planners.REFERENCE
+
+    @classmethod
+    def resolve(cls, config, *, dp_size: int, async_scheduling: bool,
+                vllm_ascend: str | None) -> KitImplementation:
+        """The startup checks of a decode node; the kit emulates vLLM's scheduler,
+        synchronous or async, not vllm-ascend's recompute scheduler."""
+        variant = check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size,
+                                   async_scheduling=async_scheduling)
+        if variant not in ("plain", "async"):
+            raise ValueError(
+                "the kit runs vLLM's own scheduler (synchronous or async); the additional "
+                "config selects vllm-ascend's recompute scheduler (scheduler_config."
+                "recompute_scheduler_enable runs with --impl vllm-ascend)")
+        return cls()
+
+    def preload(self) -> Preload:
         return Preload(("emu.impl.kit.engine",))
 
-    def build(self, ctx, spec, config):
+    def build(self, ctx, spec):
         """This rank's kit engine; its ``dyntra_lb`` log goes to ``rank<r>.log`` with a
         fixed prefix (no timestamps, so the file is as deterministic as the event log)."""
         from emu.impl.kit.engine import EngineCore
@@ -37,10 +43,11 @@ class KitImplementation(Implementation):
         handler.setFormatter(logging.Formatter(
             f"(EngineCore_DP{ctx.rank}) %(levelname)s %(message)s"))
         ctx.host.route_log("dyntra_lb", [handler])
-        return EngineCore(ctx, spec, config, planner_name(spec.planner, spec.impl))
+        return EngineCore(ctx, spec)
 
     def describe(self, spec) -> dict:
-        return {"impl": "kit", "planner": planner_name(spec.planner, spec.impl)}
+        return {"impl": "kit", "async_scheduling": spec.async_scheduling,
+                "planner": spec.planner}
 
 
-IMPLEMENTATION = KitImplementation()
+IMPLEMENTATION = KitImplementation

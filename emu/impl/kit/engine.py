@@ -8,9 +8,12 @@ own (``docs/protocol.md`` describes the step).
   on the input queue" — jump the virtual clock to the next arrival; then take every
   request that has arrived (``emu.rank.intake``). A request while all ranks are idle starts
   a new wave on every rank (in vLLM the DP coordinator wakes the idle ranks);
-- ``_process_engine_step``: ``schedule()`` (which applies the plan made after the
-  previous iteration), price the batch, join the lockstep clock collective,
-  ``update_from_output``;
+- ``_process_engine_step``: vLLM's ``step()``: ``schedule()`` (which applies the plan
+  made after the previous iteration), price the batch, join the lockstep clock
+  collective, the worker's output (``emu.impl.kit.model_runner``), ``update_from_output``;
+  or, with async scheduling, ``step_with_batch_queue()``: the same with two batches in
+  flight, each step's output processed in the iteration after the one that ran it
+  (``emu.impl.kit.async_scheduler``);
 - with no work: the idle ``continue`` (no collective at all) when no wave runs, a dummy
   step (the lockstep collective at the fixed cost) when one does;
 - ``_has_global_unfinished_reqs``: ``step_counter += 1``, the 32-step wave sync, then
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +44,15 @@ import torch.distributed as dist
 from dyntra_lb import diagnostics
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.coordinator import BalanceStep, DyntraLBCoordinator
+from dyntra_lb.planner import registry as planners
+from dyntra_lb.planner.registry import Planner
+from emu.impl.kit.async_scheduler import AsyncScheduler
 from emu.impl.kit.invariants import StrictChecker
+from emu.impl.kit.model_runner import ModelRunner, ModelRunnerOutput
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.rank.context import RankContext
 from emu.rank.control_plane import PlannerCall
+from emu.rank.engine_spec import EngineSpec
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.remote_kv import RemoteKVConnector
@@ -70,18 +81,20 @@ class _Step:
 
 class EngineCore(RankHarness):
     """One kit rank's engine: scheduler, remote-KV connector and (when DyntraLB is
-    enabled) the coordinator running ``planner``, over the validated ``spec``
-    (``emu.spec.RunSpec``) and its parsed ``config``, on the rank harness (clock,
-    arrivals, recorder, faults, logs)."""
+    enabled) the coordinator running the run's planner, over the run's ``spec``
+    (``emu.rank.engine_spec.EngineSpec``), on the rank harness (clock, arrivals,
+    recorder, faults, logs)."""
 
-    def __init__(self, ctx: Any, spec: Any, config: Any, planner: str):
-        super().__init__(ctx, spec, planner)
+    def __init__(self, ctx: RankContext, spec: EngineSpec):
+        super().__init__(ctx, spec)
         faults = self.faults
-        lb_config = config.dyntra_lb
+        lb_config = spec.config.dyntra_lb
         latencies = (spec.kv_latency_fixed_s, spec.kv_latency_per_block_s)
         self.connector = (RemoteKVConnector(*latencies) if faults is None
                           else faults.make_connector(*latencies))
-        self.scheduler = Scheduler(
+        acceptance = DraftAcceptance.for_profile(spec.cost_model, spec.seed)
+        scheduler_cls = AsyncScheduler if spec.async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(
             max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens,
             block_size=spec.block_size,
@@ -90,10 +103,15 @@ class EngineCore(RankHarness):
             dyntra_lb=lb_config.enabled,
             enable_diagnostics=lb_config.enabled and lb_config.enable_diagnostics,
             policy=spec.scheduling_policy,
-            spec_decode=DraftAcceptance.for_profile(spec.cost_model, spec.seed),
+            num_speculative_tokens=spec.cost_model.num_speculative_tokens,
         )
-        self.coordinator = (self._make_coordinator(ctx, config, planner)
-                            if lb_config.enabled else None)
+        self.model_runner = ModelRunner(acceptance, self.connector,
+                                        placeholder_drafts=spec.async_scheduling)
+        # vLLM's batch queue: with async scheduling, up to two steps in flight.
+        self.batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] | None = (
+            deque() if spec.async_scheduling else None)
+        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
+        self.coordinator = self._make_coordinator(ctx) if lb_config.enabled else None
         self.strict = StrictChecker(self) if spec.strict else None
 
         # DPEngineCoreProc state.
@@ -105,19 +123,23 @@ class EngineCore(RankHarness):
         self._sync_tensor = torch.from_numpy(self._sync_array)
         self._balance: BalanceStep | None = None  # DyntraLB's part of this iteration
 
-    def _make_coordinator(self, ctx, config, planner: str) -> DyntraLBCoordinator:
-        spec, lb_config = self.spec, config.dyntra_lb
+    def _make_coordinator(self, ctx: RankContext) -> DyntraLBCoordinator:
+        spec = self.spec
+        config, lb_config = spec.config, spec.config.dyntra_lb
         if ctx.rank == 0 and lb_config.enable_diagnostics:
             logger.info(diagnostics.enable_line())
         if lb_config.enable_diagnostics:
             # vLLM does not log these; `dyntra-emu replay` of this log reads them here.
             logger.info(f"emulated engine: max_num_seqs={spec.max_num_seqs} "
                         f"block_size={spec.block_size}")
+        planner = planners.get(spec.planner)
+        if ctx.host.plan_memo is not None:  # rank threads: one planner run per snapshot
+            planner = _shared_plans(planner, ctx.host.plan_memo)
         # The DP group is gloo, so DyntraLB's buffers stay on the CPU (as in vLLM).
         return DyntraLBCoordinator(
             config, policy=self.scheduler.lb, dp_rank=ctx.rank, dp_size=ctx.dp_size,
             dp_group=ctx.dp_group, max_num_seqs=spec.max_num_seqs, observe=self.recorder,
-            planner=planner, plan_memo=ctx.host.plan_memo)
+            planner=planner)
 
     # ------------------------------------------------------------------ loop
 
@@ -157,7 +179,7 @@ class EngineCore(RankHarness):
         (in virtual time) for the next one. False once the trace is exhausted and the
         rank is idle: the loop ends."""
         scheduler = self.scheduler
-        if not self.engines_running and not scheduler.has_requests():
+        if not self.engines_running and not scheduler.has_requests() and not self.batch_queue:
             if self.arrivals.exhausted():
                 return False
             self.clock_us = max(self.clock_us, self.arrivals.next_arrival_us())
@@ -184,33 +206,77 @@ class EngineCore(RankHarness):
             priority=trace_request.priority))
 
     def _process_engine_step(self) -> _Step:
-        """``step()``: schedule, price the batch, join the lockstep collective, update."""
+        """The iteration's engine step (``step_fn``): what it scheduled, ran and
+        finished."""
         scheduler = self.scheduler
         step = _Step(self.clock_us, scheduler.lb.plan if scheduler.lb is not None else None)
         if self.faults is not None:
             self.faults.before_step(self.iteration, step.clock_us)
+        step.executed = self.step_fn(step)
+        return step
+
+    def step(self, step: _Step) -> bool:
+        """vLLM's ``step()``: schedule, run the batch, process its output; then, with MTP,
+        the drafts the worker proposed (vLLM's ``post_step``). Returns whether tokens
+        ran."""
+        scheduler = self.scheduler
         if not scheduler.has_requests():
-            return step
-        now_s = step.clock_us / 1e6
-        step.output = output = self.schedule(now_s)
+            return False
+        output = self._schedule(step)
+        step.finished = tuple(scheduler.update_from_output(output,
+                                                           self._execute_model(step, output)))
+        executed = output.total_num_scheduled_tokens > 0
+        if executed and scheduler.num_spec_tokens:
+            scheduler.update_draft_token_ids(self.model_runner.take_draft_token_ids())
+        return executed
+
+    def step_with_batch_queue(self, step: _Step) -> bool:
+        """vLLM's ``step_with_batch_queue()`` with two batches: schedule and run a new
+        batch while there is work; process the oldest batch's output only when the
+        queue is full, or when nothing new ran and nothing remains to schedule. Returns
+        whether tokens ran in this iteration's batch."""
+        scheduler = self.scheduler
+        queue = self.batch_queue
+        executed = False
+        if scheduler.has_requests():
+            output = self._schedule(step)
+            queue.appendleft((output, self._execute_model(step, output)))
+            executed = output.total_num_scheduled_tokens > 0
+            if len(queue) < 2 and (executed or scheduler.has_requests()):
+                return executed
+        elif not queue:
+            return False
+        output, model_output = queue.pop()
+        step.finished = tuple(scheduler.update_from_output(output, model_output))
+        return executed
+
+    def _schedule(self, step: _Step) -> SchedulerOutput:
+        step.output = output = self.schedule(step.clock_us / 1e6)
         if self.strict is not None:
             self.strict.scheduled(output)
-        step.executed = output.total_num_scheduled_tokens > 0
-        if not step.executed:
-            step.finished = tuple(scheduler.update_from_output(output, now_s))
-            return step
-        running = scheduler.running
-        step.own_cost_us = self.cost(scheduler.running_blocks(),
-                                     sum(r.num_tokens for r in running), len(running),
-                                     output.total_num_scheduled_tokens, False)
-        step.step_us = self.join_lockstep(step.own_cost_us, self.num_finished, step.clock_us)
-        step.finished = tuple(scheduler.update_from_output(
-            output, (step.clock_us + step.step_us) / 1e6))
-        return step
+        return output
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         """The scheduler's ``schedule()``; a seam for tests that need a hook inside it."""
         return self.scheduler.schedule(now_s)
+
+    def _execute_model(self, step: _Step, output: SchedulerOutput) -> ModelRunnerOutput:
+        """The forward of ``output``: priced on the requests running now with their tokens
+        as the worker has them, the lockstep collective joined (when tokens run), the
+        worker's output at its end."""
+        scheduler = self.scheduler
+        ended_us = step.clock_us
+        if output.total_num_scheduled_tokens > 0:
+            runner = self.model_runner
+            block_size = scheduler.block_size
+            tokens = [runner.num_tokens(r) for r in scheduler.running]
+            step.own_cost_us = self.cost(sum((t + block_size - 1) // block_size for t in tokens),
+                                         sum(tokens), len(tokens),
+                                         output.total_num_scheduled_tokens, False)
+            step.step_us = self.join_lockstep(step.own_cost_us, self.num_finished,
+                                              step.clock_us)
+            ended_us += step.step_us
+        return self.model_runner.execute_model(output, scheduler.requests, ended_us / 1e6)
 
     def _dummy_step(self, step: _Step) -> None:
         """No token ran while the wave goes on: a forward without tokens, so that the
@@ -312,5 +378,21 @@ class EngineCore(RankHarness):
             preempted=output.preempted_req_ids if output is not None else [],
             finished=[r.request_id for r in step.finished],
             plan_generated=plan_generated.to_dict() if plan_generated is not None else None,
-            kv_free_blocks=kv.pool.get_num_free_blocks(), kv_held_blocks=kv.num_held_blocks,
+            kv_free_blocks=kv.pool.get_num_free_blocks(), kv_held_blocks=kv.pool.num_used_blocks,
             paused_kv_blocks=paused_kv, collectives=collectives, control_plane=control_plane)
+
+
+def _shared_plans(planner: Planner, plan_memo: Callable[[Any, Callable[[], Any]], Any]
+                  ) -> Planner:
+    """``planner`` for a rank whose DP group's ranks share its address space (rank
+    threads; ``plan_memo`` from ``RankContext.host``): every rank plans the same gathered
+    snapshot, so the first rank to plan one runs the planner and the others take its
+    plans, keyed on everything they depend on (the planner is pure): the planner, its
+    arguments, every rank's block counts and split. The plans are only read afterwards
+    (each rank keeps its own row, rank 0 logs them), never changed."""
+    def plan(requests_by_rank, dp_size, **kwargs):
+        key = (planner, dp_size, *sorted(kwargs.items()),
+               *[(blocks.tobytes(), split) for blocks, split in requests_by_rank])
+        return plan_memo(key, lambda: planner(requests_by_rank, dp_size, **kwargs))
+
+    return plan

@@ -9,8 +9,9 @@ which may start KV loads):
   and none finishes twice;
 - at most ``max_num_seqs`` run;
 - KV blocks are conserved: the pool's used blocks are the blocks the requests in flight
-  hold, and a request holds blocks only while it runs, is paused, loads remote KV or
-  has computed tokens.
+  hold plus, under async scheduling, the freed blocks still waiting for a step in flight
+  (the scheduler's ``deferred_frees``), and a request holds blocks only while it runs,
+  is paused, loads remote KV or has computed tokens.
 
 A violation raises ``emu.rank.invariants.InvariantError`` naming the rank, the iteration
 and the request.
@@ -34,7 +35,9 @@ class StrictChecker:
         self.engine = engine
         self._finished_ids: set[str] = set()
         lb_enabled = engine.scheduler.lb is not None
-        self._promises = PromiseChecker(self._held) if lb_enabled else None
+        self._promises = (PromiseChecker(self._held,
+                                         late_outputs=engine.spec.async_scheduling)
+                          if lb_enabled else None)
 
     def scheduled(self, output: Any) -> None:
         """What ``schedule()`` returned (``emu.impl.kit.scheduler.SchedulerOutput``)."""
@@ -50,7 +53,8 @@ class StrictChecker:
         self._promises.scheduled(Scheduled(
             frozenset(r.request_id for r in scheduler.running),
             frozenset(output.preempted_req_ids),
-            (*output.new_req_ids, *output.resumed_req_ids), resumed))
+            (*output.new_req_ids, *output.resumed_req_ids), resumed,
+            output.scheduled_spec_decode_tokens))
 
     def check(self, balance: Any, finished: tuple) -> None:
         """At the end of an iteration: ``balance`` is DyntraLB's part of it (its plan
@@ -123,11 +127,13 @@ class StrictChecker:
                 self._violation(f"request {rid!r} ({request.status.name}; not running, "
                                 f"paused or loading) holds {held} KV blocks")
         used = kv.pool.num_used_blocks
-        if used != held_total:
+        deferred = scheduler.num_deferred_blocks
+        if used != held_total + deferred:
             gone = sorted(kv.holders() - scheduler.requests.keys())
             self._violation(f"KV blocks not conserved: the pool has {used} in use, the "
-                            f"requests in flight hold {held_total}; blocks held by requests "
-                            f"no longer in flight: {gone}")
+                            f"requests in flight hold {held_total} and {deferred} wait for a "
+                            f"step in flight; blocks held by requests no longer in flight: "
+                            f"{gone}")
 
     def _violation(self, what: str) -> None:
         engine = self.engine

@@ -105,6 +105,12 @@ class KVCacheManager:
         if blocks:
             self.pool.free_blocks(blocks)
 
+    def pop_blocks_for_free(self, request: Any) -> list[int]:
+        """Forget the request's blocks without returning them to the pool: the caller
+        returns them later (``BlockPool.free_blocks``), once no step in flight can
+        still write them."""
+        return self._blocks.pop(request.request_id, None) or []
+
     @property
     def num_held_blocks(self) -> int:
         """Blocks held by all requests together (equals the pool's used blocks)."""

@@ -21,7 +21,8 @@ class Request:
     __slots__ = ("request_id", "prompt_tokens", "output_tokens", "arrival_time",
                  "priority", "num_tokens", "num_computed_tokens", "num_output_tokens", "status",
                  "num_preemptions", "first_scheduled_s", "token_times_s", "finish_s",
-                 "pauses", "num_spec_tokens", "is_prefill_chunk")
+                 "pauses", "num_spec_tokens", "is_prefill_chunk", "num_output_placeholders",
+                 "num_in_flight_tokens", "num_stale_output_tokens", "last_sched_seq")
 
     def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int,
                  arrival_time: float = 0.0, priority: int = 0):
@@ -50,6 +51,19 @@ class Request:
         # Whether its last schedule() left part of its tokens to compute (vLLM's flag;
         # a running prefill keeps the next waiting request from being padded).
         self.is_prefill_chunk = False
+        # Async scheduling (emu.impl.kit.async_scheduler), vLLM's fields of the same names:
+        # tokens (sampled and drafts) of steps whose output has not been processed yet,
+        # which num_computed_tokens already counts;
+        self.num_output_placeholders = 0
+        # the tokens scheduled in those steps;
+        self.num_in_flight_tokens = 0
+        # the share of them whose output was in flight when the request was preempted:
+        # still delivered, but it changes neither the computed tokens nor the
+        # placeholders, and the request waits until it has drained;
+        self.num_stale_output_tokens = 0
+        # the scheduler's step sequence number when it was last scheduled (a freed
+        # request's blocks wait for that step's output, see Scheduler._free_request_blocks).
+        self.last_sched_seq = 0
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED

@@ -11,8 +11,6 @@ from collections.abc import Iterable, Iterator
 
 from emu.impl.kit.request import Request
 
-SCHEDULING_POLICIES = ("fcfs", "priority")
-
 
 class FCFSRequestQueue(deque):
     """vLLM's FCFS waiting queue: a deque, iterated front to back."""

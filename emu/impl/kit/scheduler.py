@@ -1,22 +1,31 @@
 """Stub scheduler of one emulated rank, with vLLM 0.27.1's request lifecycle.
 
 The engine calls ``add_request`` for arrivals, then each step ``schedule(now_s)`` and,
-after the (modelled) forward, ``update_from_output(output, now_s)``. There is no model:
-a scheduled request simply gets its tokens computed, and a request whose computed
-tokens reach its length samples one output token. Everything that decides *which*
-requests run is kept: running requests first, preemption of the last running request
-on KV exhaustion, the waiting loop with blocked-status promotion, remote KV loads
-through the connector, the token budget and ``max_num_seqs``.
+once the (modelled) forward has run, ``update_from_output(output, model_output)`` with
+what the worker sampled (``emu.impl.kit.model_runner``). There is no model: a
+scheduled request simply gets its tokens computed, and a request whose computed tokens
+reach its length samples. Everything that decides *which* requests run is kept:
+running requests first, preemption of the last running request on KV exhaustion, the
+waiting loop with blocked-status promotion, remote KV loads through the connector, the
+token budget and ``max_num_seqs``.
 
-With speculative decoding (``spec_decode``, an ``emu.rank.spec_decode.DraftAcceptance``) a
-decoding request holds k draft tokens after each step, as vLLM's after
-``update_draft_token_ids``; the next ``schedule()`` schedules them with its one real
-token, and ``update_from_output`` rolls back the rejected ones and emits the accepted
-ones plus one, never past the request's output length. As vLLM 0.27.1 with an MTP
-drafter, every allocation also reserves k lookahead slots (``num_lookahead_tokens``),
-and a request that comes back from the waiting queue with one token to compute is
-padded to 1 + k tokens with placeholder drafts, which are never accepted, when only
-decodes run.
+With speculative decoding (``num_speculative_tokens`` k > 0) a decoding request holds k
+draft tokens after each step, as vLLM's after ``update_draft_token_ids``; the next
+``schedule()`` schedules them with its one real token, and ``update_from_output`` rolls
+back the rejected ones and emits the accepted ones plus one, never past the request's
+output length. As vLLM 0.27.1 with an MTP drafter, every allocation also reserves k
+lookahead slots (``num_lookahead_tokens``), and a request that comes back from the
+waiting queue with one token to compute is padded to 1 + k tokens with placeholder
+drafts, which are never accepted, when only decodes run.
+
+vLLM's async scheduling (``emu.impl.kit.async_scheduler.AsyncScheduler``) schedules a
+step before the previous step's output is processed. The parts of it that vLLM keeps in
+its base scheduler are here, and do nothing without it: the output placeholders a
+request's computed tokens already count, the rule that skips a request sure to reach
+its output length in the step in flight, the output still in flight when a request is
+preempted (delivered later without changing its counts; it waits until that has
+drained), and KV blocks freed only once no step in flight can write them
+(``defer_block_free``).
 
 With ``dyntra_lb=True`` a ``DyntraLBPolicy`` is attached as ``lb`` and hooked in where
 the DyntraLB scheduler hooks vLLM's: ``apply_plan()`` first in ``schedule()``, the
@@ -27,19 +36,21 @@ policy object and the scheduler behaves like plain vLLM.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
 from emu.impl.kit.kv import BlockPool, KVCacheManager
+from emu.impl.kit.model_runner import ModelRunnerOutput
 from emu.impl.kit.request import Request
 from emu.impl.kit.request_queue import (
-    SCHEDULING_POLICIES,
     FCFSRequestQueue,
     PriorityRequestQueue,
     create_request_queue,
 )
+from emu.rank.engine_spec import SCHEDULING_POLICIES
 from emu.rank.remote_kv import RemoteKVConnector
 
 __all__ = ["Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
@@ -59,7 +70,8 @@ class SchedulerOutput:
     running loop preempted for KV; ``scheduled_spec_decode_tokens`` counts the draft
     tokens scheduled per request (vLLM keeps their ids), included in its
     ``num_scheduled_tokens``; ``padded_spec_decode_req_ids`` are the requests among them
-    whose drafts are placeholders (vLLM's -1 ids), which the target never accepts."""
+    whose drafts are placeholders (vLLM's -1 ids), which the target never accepts;
+    ``finished_req_ids`` the requests finished since the previous ``schedule()``."""
 
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
@@ -69,21 +81,25 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     scheduled_spec_decode_tokens: dict[str, int] = field(default_factory=dict)
     padded_spec_decode_req_ids: set[str] = field(default_factory=set)
+    finished_req_ids: list[str] = field(default_factory=list)
 
 
 class Scheduler:
     """The stub scheduler; attribute names follow vLLM's ``Scheduler`` so that
     ``DyntraLBPolicy`` reads it through the same surface as a real one.
 
-    ``policy`` is "fcfs" (default) or "priority"; ``spec_decode`` (an
-    ``emu.rank.spec_decode.DraftAcceptance``, or None for plain decode) turns on speculative
-    decoding.
+    ``policy`` is "fcfs" (default) or "priority"; ``num_speculative_tokens`` k > 0 turns
+    on speculative decoding (MTP with k drafts per step).
     """
+
+    # Freed blocks wait for the steps in flight (vLLM: a kv_consumer connector with more
+    # than one batch in flight); the async scheduler turns it on.
+    defer_block_free = False
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_gpu_blocks: int, connector: RemoteKVConnector | None = None,
                  dyntra_lb: bool = False, enable_diagnostics: bool = False,
-                 policy: str = "fcfs", spec_decode=None):
+                 policy: str = "fcfs", num_speculative_tokens: int = 0):
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, "
                              f"got {policy!r}")
@@ -97,11 +113,9 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(BlockPool(num_gpu_blocks), block_size)
         self.connector = connector
         self.policy = policy
-        self.spec_decode = spec_decode
         # vLLM's num_spec_tokens, and the KV slots an MTP drafter needs beyond the
         # scheduled tokens (its num_lookahead_tokens: k, as for every EAGLE-type drafter).
-        self.num_spec_tokens = self.num_lookahead_tokens = (
-            spec_decode.num_speculative_tokens if spec_decode is not None else 0)
+        self.num_spec_tokens = self.num_lookahead_tokens = num_speculative_tokens
         self.scheduler_reserve_full_isl = False
         self.waiting = create_request_queue(policy)
         self.skipped_waiting = create_request_queue(policy)
@@ -110,7 +124,13 @@ class Scheduler:
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: set[Request] = set()
-        self._finished_unreported = False  # vLLM's finished_req_ids is not empty
+        # Requests finished since the last schedule() (vLLM's finished_req_ids).
+        self.finished_req_ids: list[str] = []
+        # Deferred frees (defer_block_free): steps scheduled and steps whose output was
+        # processed so far (those that ran tokens), and the blocks each waits for.
+        self.sched_step_seq = 0
+        self.processed_step_seq = 0
+        self.deferred_frees: deque[tuple[int, list[int]]] = deque()
         self.enable_diagnostics = enable_diagnostics
         self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics) \
             if dyntra_lb else None
@@ -131,7 +151,7 @@ class Scheduler:
     def has_requests(self) -> bool:
         """vLLM: unfinished requests, or requests finished since the last ``schedule()``
         (vLLM schedules once more to hand their ids to the workers)."""
-        return self.has_unfinished_requests() or self._finished_unreported
+        return self.has_unfinished_requests() or bool(self.finished_req_ids)
 
     def running_blocks(self) -> int:
         """Sum of the DyntraLB block counts of ``running``."""
@@ -152,7 +172,6 @@ class Scheduler:
             now_s = self._now_s
         else:
             self._now_s = now_s
-        self._finished_unreported = False
         connector = self.connector
         if connector is not None:
             connector.set_virtual_time(now_s)
@@ -174,7 +193,14 @@ class Scheduler:
         req_index = 0
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
-            num_new_tokens = (request.num_tokens + request.num_spec_tokens
+            placeholders = request.num_output_placeholders
+            if placeholders and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.prompt_tokens + request.output_tokens):
+                # Async scheduling: the step in flight reaches the output length even
+                # if all its drafts are rejected; no step more.
+                req_index += 1
+                continue
+            num_new_tokens = (request.num_tokens + request.num_spec_tokens + placeholders
                               - request.num_computed_tokens)
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
@@ -208,7 +234,8 @@ class Scheduler:
             req_index += 1
             if request.num_spec_tokens:
                 # The drafts that fit the budget are scheduled; all are used up.
-                num_drafts = request.num_computed_tokens + num_new_tokens - request.num_tokens
+                num_drafts = (request.num_computed_tokens + num_new_tokens
+                              - request.num_tokens - placeholders)
                 if num_drafts > 0:
                     scheduled_spec[request.request_id] = num_drafts
                 request.num_spec_tokens = 0
@@ -228,14 +255,7 @@ class Scheduler:
             for request_id in padded:
                 scheduled_spec[request_id] = self.num_spec_tokens
 
-        self._update_after_schedule(num_scheduled_tokens)
-        if lb is not None:
-            lb.on_scheduled(num_scheduled_tokens)
-            if self.enable_diagnostics:
-                logger.info(scheduler_summary_line(
-                    self.running, self.waiting, self.skipped_waiting, lb.paused_req_ids,
-                    self.block_size, self.cache_config.block_size))
-        return SchedulerOutput(
+        output = SchedulerOutput(
             num_scheduled_tokens=num_scheduled_tokens,
             total_num_scheduled_tokens=self.max_num_scheduled_tokens - token_budget,
             new_req_ids=new_req_ids,
@@ -244,16 +264,36 @@ class Scheduler:
             preempted_req_ids=[r.request_id for r in preempted],
             scheduled_spec_decode_tokens=scheduled_spec,
             padded_spec_decode_req_ids=padded,
+            finished_req_ids=self.finished_req_ids,
         )
+        self.finished_req_ids = []
+        if self.defer_block_free and output.total_num_scheduled_tokens > 0:
+            self.sched_step_seq += 1
+        self._update_after_schedule(output)
+        if lb is not None:
+            lb.on_scheduled(num_scheduled_tokens)
+            if self.enable_diagnostics:
+                logger.info(scheduler_summary_line(
+                    self.running, self.waiting, self.skipped_waiting, lb.paused_req_ids,
+                    self.block_size, self.cache_config.block_size))
+        return output
 
-    def _update_after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
         """As vLLM at the end of ``schedule()``: the scheduled tokens count as computed
-        from now on, so a second ``schedule()`` before the update schedules the rest."""
+        (and in flight) from now on, so a second ``schedule()`` before the update
+        schedules the rest."""
         requests = self.requests
-        for req_id, num_tokens in num_scheduled_tokens.items():
+        inflight = self._inflight_prefills
+        seq = self.sched_step_seq
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = requests[req_id]
             request.num_computed_tokens += num_tokens
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+            request.num_in_flight_tokens += num_tokens
+            request.last_sched_seq = seq
+            request.is_prefill_chunk = (request.num_computed_tokens
+                                        < request.num_tokens + request.num_output_placeholders)
+            if inflight and not request.is_prefill_chunk:
+                inflight.discard(request)
 
     def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
                           new_req_ids: list[str], resumed_req_ids: list[str],
@@ -276,6 +316,11 @@ class Scheduler:
             request = queue.peek_request()
             if (request.status in BLOCKED_STATUSES
                     and not self._try_promote_blocked_waiting_request(request)):
+                parked.append(queue.pop_request())
+                continue
+            if request.num_stale_output_tokens:
+                # Output of a step from before its preemption is still in flight:
+                # resuming now could sample again a position that output delivers.
                 parked.append(queue.pop_request())
                 continue
             if lb is not None and not lb.can_admit(request):
@@ -385,11 +430,14 @@ class Scheduler:
         assert request.status == RequestStatus.RUNNING
         if self.lb is not None:
             self.lb.on_preempt(request)
-        self.kv_cache_manager.free(request)
+        self._free_request_blocks(request)
         self._inflight_prefills.discard(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_spec_tokens = 0
+        # Async scheduling: the output in flight is still delivered but counts as stale.
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
 
@@ -405,50 +453,44 @@ class Scheduler:
             self.requests[request_id].num_computed_tokens = 0
         self.failed_recving_kv_req_ids.update(failed)
 
-    def update_from_output(self, output: SchedulerOutput, now_s: float) -> list[Request]:
-        """The step's forward finished at virtual time ``now_s``: collect finished
-        remote transfers, advance computed tokens, sample a token for every request
-        that reached its length (with speculative decoding: roll back the rejected
-        drafts, emit the accepted ones and one more, and propose the next drafts),
-        finish requests at their output length. Returns the finished requests in
-        scheduling order."""
-        self._now_s = now_s
-        connector = self.connector
-        if connector is not None:
-            connector.set_virtual_time(now_s)  # loads DyntraLB prefetches start now
-            done = connector.finished_recving(now_s)
-            if done:
-                self.finished_recving_kv_req_ids.update(done)
-                self._recompute_failed_loads(connector.take_failed())
+    def update_from_output(self, output: SchedulerOutput,
+                           model_output: ModelRunnerOutput) -> list[Request]:
+        """The forward of ``output`` has run and the worker handed back
+        ``model_output``: count its step as processed (deferred frees waiting for it
+        return to the pool), roll back the rejected drafts, emit the sampled tokens
+        (never past the output length) with the forward's end time, finish the requests
+        at their output length, and collect the remote KV loads that had landed.
+        Returns the finished requests in scheduling order."""
+        now_s = self._now_s = model_output.ended_s
+        if self.defer_block_free and output.total_num_scheduled_tokens > 0:
+            self.processed_step_seq += 1
+            self._drain_deferred_frees()
+        if model_output.failed_recving:
+            self._recompute_failed_loads(model_output.failed_recving)
         requests = self.requests
-        inflight = self._inflight_prefills
+        sampled = model_output.sampled
+        scheduled_spec = output.scheduled_spec_decode_tokens
         finished: list[Request] = []
         finished_waiting: list[Request] = []
-        acceptance = self.spec_decode
-        scheduled_spec = output.scheduled_spec_decode_tokens
-        for req_id in output.num_scheduled_tokens:
-            request = requests[req_id]
-            if request.num_computed_tokens < request.num_tokens:
+        for req_id, num_scheduled in output.num_scheduled_tokens.items():
+            request = requests.get(req_id)
+            if request is None:
+                continue  # finished while this step was in flight (async scheduling)
+            request.num_in_flight_tokens -= num_scheduled
+            stale = request.num_stale_output_tokens > 0
+            if stale:
+                request.num_stale_output_tokens -= num_scheduled
+            num_sampled = sampled.get(req_id)
+            if not num_sampled:
                 continue  # a prefill chunk
-            if inflight:
-                inflight.discard(request)
-            num_new = 1
-            if acceptance is not None:
-                num_drafts = scheduled_spec.get(req_id, 0)
-                if num_drafts:
-                    accepted = (0 if req_id in output.padded_spec_decode_req_ids else
-                                acceptance.num_accepted(req_id, request.num_output_tokens,
-                                                        num_drafts))
-                    request.num_computed_tokens -= num_drafts - accepted
-                    num_new += accepted
-                # The stop check of every new token: nothing past the output length.
-                num_new = min(num_new, request.output_tokens - request.num_output_tokens)
-            request.num_output_tokens += num_new
-            request.num_tokens += num_new
-            if num_new == 1:
-                request.token_times_s.append(now_s)
-            else:
-                request.token_times_s.extend([now_s] * num_new)
+            num_drafts = scheduled_spec.get(req_id)
+            if num_drafts and not stale:
+                # The rejected drafts were computed for nothing (and were placeholders).
+                rejected = num_drafts - (num_sampled - 1)
+                request.num_computed_tokens -= rejected
+                if request.num_output_placeholders:
+                    request.num_output_placeholders -= rejected
+            self._update_request_with_output(request, num_sampled, now_s, stale)
             if request.num_output_tokens >= request.output_tokens:
                 if request.status != RequestStatus.RUNNING:
                     finished_waiting.append(request)
@@ -456,25 +498,70 @@ class Scheduler:
                 request.finish_s = now_s
                 self._free_request(request)
                 finished.append(request)
-            elif acceptance is not None:
-                request.num_spec_tokens = acceptance.num_speculative_tokens
         if finished:
             self.running[:] = [r for r in self.running if r.status == RequestStatus.RUNNING]
-            self._finished_unreported = True
         if finished_waiting:
-            # Paused (by DyntraLB) after the step whose output this is, as happens when
-            # the output arrives a step late (async scheduling): as vLLM, the finished
-            # request leaves the waiting queues too.
+            # Paused (by DyntraLB) or preempted after the step whose output this is, as
+            # happens when the output arrives a step late (async scheduling): as vLLM,
+            # the finished request leaves the waiting queues too.
             self.waiting.remove_requests(finished_waiting)
             self.skipped_waiting.remove_requests(finished_waiting)
+        if model_output.finished_recving:
+            self.finished_recving_kv_req_ids.update(model_output.finished_recving)
         return finished
+
+    def _update_request_with_output(self, request: Request, num_sampled: int, now_s: float,
+                                    stale: bool) -> int:
+        """Append the sampled tokens, stopping at the output length; returns how many."""
+        num_new = min(num_sampled, request.output_tokens - request.num_output_tokens)
+        request.num_output_tokens += num_new
+        request.num_tokens += num_new
+        if num_new == 1:
+            request.token_times_s.append(now_s)
+        else:
+            request.token_times_s.extend([now_s] * num_new)
+        return num_new
+
+    def update_draft_token_ids(self, req_ids: list[str]) -> None:
+        """Synchronous scheduling with MTP, after each step that ran: the drafter proposed
+        k drafts for every request that sampled (``ModelRunner.take_draft_token_ids``),
+        which the next ``schedule()`` verifies."""
+        requests = self.requests
+        for req_id in req_ids:
+            request = requests.get(req_id)
+            if request is not None:
+                request.num_spec_tokens = (0 if request.is_prefill_chunk
+                                           else self.num_spec_tokens)
 
     def _free_request(self, request: Request) -> None:
         if self.lb is not None:
             self.lb.on_free(request)
-        self.kv_cache_manager.free(request)
+        self._inflight_prefills.discard(request)
         if self.connector is not None:
             self.connector.request_finished(request)
-        if self.spec_decode is not None:
-            self.spec_decode.forget(request.request_id)
+        self.finished_req_ids.append(request.request_id)
+        self._free_request_blocks(request)
         del self.requests[request.request_id]
+
+    def _free_request_blocks(self, request: Request) -> None:
+        """Return the request's KV blocks to the pool, or, while a step in flight may
+        still write them (``defer_block_free``: the request was scheduled in a step
+        whose output is not processed yet), once the steps scheduled so far are."""
+        if not self.defer_block_free or request.last_sched_seq <= self.processed_step_seq:
+            self.kv_cache_manager.free(request)
+            return
+        blocks = self.kv_cache_manager.pop_blocks_for_free(request)
+        if blocks:
+            self.deferred_frees.append((self.sched_step_seq, blocks))
+
+    def _drain_deferred_frees(self) -> None:
+        """The deferred blocks whose step has been processed go back to the pool."""
+        deferred = self.deferred_frees
+        pool = self.kv_cache_manager.pool
+        while deferred and deferred[0][0] <= self.processed_step_seq:
+            pool.free_blocks(deferred.popleft()[1])
+
+    @property
+    def num_deferred_blocks(self) -> int:
+        """Blocks freed but not yet back in the pool (strict mode's KV conservation)."""
+        return sum(len(blocks) for _, blocks in self.deferred_frees)

@@ -1,9 +1,9 @@
 """``--impl vllm-ascend``: vllm-ascend's own DyntraLB, unmodified, in every rank.
 
-``check`` runs in the launching process before any rank starts (tree, vLLM version,
-torch_npu, scheduler variant); ``build`` runs in each rank: it routes the rank's log lines,
-imports the tree, builds the rank's ``VllmConfig`` and the engine
-(``engine.EmulatedRank``).
+``resolve`` runs in the launching process before any rank starts (tree, vLLM version,
+torch_npu, scheduler variant), once per run; ``build`` runs in each rank on the run's
+engine spec: it routes the rank's log lines, imports the resolved tree, builds the rank's
+``VllmConfig`` and the engine (``engine.EmulatedRank``).
 
 Where vllm-ascend's code gets help to run off an NPU (each one leaves its DyntraLB code
 as it is):
@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 import os
-import pathlib
+from dataclasses import dataclass
 
 from dyntra_lb.config import check_deployment
-from emu.impl import Implementation, planner_name
-from emu.impl.vllm_ascend.tree import Tree, TreeError, resolve
+from emu.impl import Implementation
+from emu.impl.vllm_ascend import tree as trees
+from emu.impl.vllm_ascend.tree import ENV_VAR, Tree, TreeError
 from emu.rank.context import Preload
 
 # The tree a fork server of vllm-ascend ranks imports ("": the installed vllm_ascend).
@@ -43,34 +44,43 @@ VLLM_PRELOAD = Preload(("emu.impl.vllm_ascend.engine",), (("VLLM_CONFIGURE_LOGGI
 __all__ = ["IMPLEMENTATION", "Tree", "TreeError"]
 
 
-def _variant(config, dp_size: int, async_scheduling: bool) -> str:
-    return check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size,
-                            async_scheduling=async_scheduling)
-
-
+@dataclass(frozen=True)
 class VllmAscendImplementation(Implementation):
-    def check(self, config, *, dp_size: int, async_scheduling: bool,
-              vllm_ascend: str | None) -> None:
+    """vllm-ascend's DyntraLB from ``tree`` (checked, its commit read once; its content
+    hashed once, when described), on the scheduler ``variant`` the config selects
+    (``dyntra_lb.config.check_deployment``: plain, async, recompute)."""
+
+    tree: Tree
+    variant: str
+
+    own_planner = "vllm-ascend"
+    # What RunSpec.vllm_ascend (--vllm-ascend) is when not given.
+    tree_default = f"${ENV_VAR}, else the installed vllm_ascend"
+
+    @classmethod
+    def resolve(cls, config, *, dp_size: int, async_scheduling: bool,
+                vllm_ascend: str | None) -> VllmAscendImplementation:
         """Everything that can fail before a rank starts: the startup checks of a decode
         node, the tree, vLLM."""
-        _variant(config, dp_size, async_scheduling)
-        resolve(vllm_ascend)
+        variant = check_deployment(config, kv_role="kv_consumer", data_parallel_size=dp_size,
+                                   async_scheduling=async_scheduling)
+        return cls(trees.resolve(vllm_ascend), variant)
 
-    def preload(self, spec) -> Preload:
+    def preload(self) -> Preload:
         """The tree (``emu.impl.vllm_ascend.preload``), in a server forked from the one
         that imported vLLM and the engine (``VLLM_PRELOAD``), which every tree shares."""
-        root = resolve(spec.vllm_ascend).root
+        root = self.tree.root
         return Preload(("emu.impl.vllm_ascend.preload",),
                        ((PRELOAD_TREE_VAR, "" if root is None else str(root)),),
                        base=VLLM_PRELOAD)
 
-    def check_rank_threads(self, spec) -> None:
+    def check_rank_threads(self) -> None:
         """One vllm-ascend tree per process (``rank_state``)."""
         from emu.impl.vllm_ascend.rank_state import check_one_tree
 
-        check_one_tree(resolve(spec.vllm_ascend))
+        check_one_tree(self.tree)
 
-    def build(self, ctx, spec, config):
+    def build(self, ctx, spec):
         """This rank's engine, ready to ``run()``."""
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from emu.impl.vllm_ascend import rank_state
@@ -83,31 +93,30 @@ class VllmAscendImplementation(Implementation):
             preset_ascend_config,
         )
 
+        config = spec.config
         _route_logs(ctx, spec)
-        core = import_tree(resolve(spec.vllm_ascend))
+        core = import_tree(self.tree.root)
         rank_state.keep_per_rank(ctx.host)
         if config.dyntra_lb.enabled:
             # What vllm-ascend's run_engine_core wrapper (not run here) logs first.
             core._print_rank_0("Enable DyntraLB DP load balancing.", ctx.rank,
                                config.dyntra_lb.enable_diagnostics)
-        variant = _variant(config, spec.dp_size, spec.async_scheduling)
-        model_path = model_dir(pathlib.Path(spec.out_dir), max_model_len_of(spec))
+        model_path = model_dir(ctx.out_dir, max_model_len_of(spec))
         vllm_config = build_vllm_config(
-            spec, rank=ctx.rank, variant=variant, dyntra_lb_enabled=config.dyntra_lb.enabled,
-            model_path=model_path, additional_config=config.raw)
+            spec, rank=ctx.rank, dp_size=ctx.dp_size, variant=self.variant,
+            dyntra_lb_enabled=config.dyntra_lb.enabled, model_path=model_path,
+            additional_config=config.raw)
         preset_ascend_config(vllm_config)
         return EmulatedRank(
             ctx, spec, vllm_config=vllm_config, core_module=core,
-            dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled,
-            planner=planner_name(spec.planner, spec.impl))
+            dyntra_lb_enabled=core._get_dyntra_lb_config(vllm_config).enabled)
 
     def describe(self, spec) -> dict:
-        return {"impl": spec.impl, "async_scheduling": spec.async_scheduling,
-                "planner": planner_name(spec.planner, spec.impl),
-                **resolve(spec.vllm_ascend).describe()}
+        return {"impl": "vllm-ascend", "async_scheduling": spec.async_scheduling,
+                "planner": spec.planner, **self.tree.describe()}
 
 
-IMPLEMENTATION = VllmAscendImplementation()
+IMPLEMENTATION = VllmAscendImplementation
 
 # The files of vllm-ascend's DyntraLB, whose log lines are the rank's DyntraLB log.
 _DYNTRA_FILES = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",

@@ -38,13 +38,15 @@ from vllm.v1.engine.core import DPEngineCoreProc, EngineCore, EngineShutdownStat
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
-from dyntra_lb import planners
 from dyntra_lb.blocks import block_counts, num_blocks
+from dyntra_lb.planner import registry as planners
 from emu.impl.vllm_ascend import collectives
 from emu.impl.vllm_ascend.executor import EmulatedExecutor
 from emu.impl.vllm_ascend.invariants import StrictChecker
 from emu.impl.vllm_ascend.sampler import SAMPLED_TOKEN, EmulatedSampler
+from emu.rank.context import RankContext
 from emu.rank.control_plane import PlannerCall
+from emu.rank.engine_spec import EngineSpec
 from emu.rank.eventlog import StepRecord
 from emu.rank.harness import RankHarness
 from emu.rank.spec_decode import DraftAcceptance
@@ -192,7 +194,7 @@ class _EmulatedEngine:
 
     def _balance_load(self, *args, **kwargs):
         """The planner of ``_do_lb_allgather``, timed for the wall log: vllm-ascend's
-        own, or with another ``RunSpec.planner`` ours from ``dyntra_lb.planners`` (same
+        own, or with another ``RunSpec.planner`` ours from ``dyntra_lb.planner.registry`` (same
         arguments), its plans handed back as the ``{"out_blk", "in_blk", "freeze"}``
         dicts vllm-ascend reads.
 
@@ -255,12 +257,13 @@ def engine_class(core_module, dyntra_lb_enabled: bool) -> type:
 
 class EmulatedRank(RankHarness):
     """One rank on the rank harness: builds the engine production runs (``engine_class``)
-    and runs vLLM's busy loop; ``planner`` is "vllm-ascend" (production's
-    ``_balance_load``) or one of ``dyntra_lb.planners`` in its place."""
+    and runs vLLM's busy loop; ``spec.planner`` is "vllm-ascend" (production's
+    ``_balance_load``) or one of ``dyntra_lb.planner.registry`` in its place."""
 
-    def __init__(self, ctx, spec, *, vllm_config, core_module, dyntra_lb_enabled: bool,
-                 planner: str):
-        super().__init__(ctx, spec, planner)
+    def __init__(self, ctx: RankContext, spec: EngineSpec, *, vllm_config, core_module,
+                 dyntra_lb_enabled: bool):
+        super().__init__(ctx, spec)
+        planner = spec.planner
         self.our_planner = None if planner == "vllm-ascend" else planners.get(planner)
         # Plans shared by rank threads (None in a rank process, or with an impure planner).
         self.plan_memo = (ctx.host.plan_memo if dyntra_lb_enabled
@@ -330,8 +333,10 @@ class EmulatedRank(RankHarness):
     # ------------------------------------------------------------------ forward
 
     def forward(self, scheduler_output) -> ModelRunnerOutput:
-        """The executor's ``execute_model``: what the scheduler decided, priced."""
-        self._begin_step()
+        """The executor's ``execute_model``: what the scheduler decided, priced. A batch
+        without tokens starts no step: when the engine then runs a dummy batch, that
+        starts it (at the same clock); when the loop pass turns out idle (every engine
+        idle: vLLM's ``continue``), nothing of it belongs to the next recorded step."""
         now_s = self.clock_us / 1e6
         self._note_schedule(scheduler_output, now_s)
         if self.strict is not None:
@@ -339,6 +344,7 @@ class EmulatedRank(RankHarness):
         scheduler = self.scheduler
         total = scheduler_output.total_num_scheduled_tokens
         if total > 0:
+            self._begin_step()
             self._executed = True
             self._scheduled_tokens = total
             # Each running request's tokens as the worker has them (the scheduler's

@@ -15,8 +15,6 @@ the engine then takes the drafts the forward proposed (``take_draft_token_ids``)
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import torch
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -90,18 +88,25 @@ class EmulatedExecutor(Executor):
         raise NotImplementedError(f"the emulated executor has no workers ({method})")
 
 
-class _Output(Future):
-    """A forward's output, done at once. vLLM's engine reads it right before it
-    processes it (``update_from_output``): the rank then stamps the tokens with the
-    virtual time the forward ended, which with async scheduling is a step before the
-    clock (the next forward already ran)."""
+class _Output:
+    """A forward's output, done at once: the future ``execute_model(non_block=True)`` and
+    ``sample_tokens`` hand vLLM's engine, which only calls its ``result()``. Not a
+    ``concurrent.futures.Future``: that one builds a lock and a condition, twice per
+    rank and step, for a value that is there from the start. vLLM's engine reads it right
+    before it processes it (``update_from_output``): the rank then stamps the tokens
+    with the virtual time the forward ended, which with async scheduling is a step
+    before the clock (the next forward already ran)."""
+
+    __slots__ = ("_ended_us", "_output", "_rank")
 
     def __init__(self, rank, output):
-        super().__init__()
         self._ended_us = rank.clock_us
         self._rank = rank
-        self.set_result(output)
+        self._output = output
+
+    def done(self) -> bool:
+        return True
 
     def result(self, timeout=None):
         self._rank.output_clock_us = self._ended_us
-        return super().result(timeout)
+        return self._output

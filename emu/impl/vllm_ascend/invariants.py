@@ -15,7 +15,7 @@ candidates ``_do_lb_allgather`` published it with. A violation raises
 from __future__ import annotations
 
 from dyntra_lb.blocks import block_counts
-from dyntra_lb.planner import Plan
+from dyntra_lb.planner.front import Plan
 from emu.rank.invariants import Held, IterationEnd, PromiseChecker, Scheduled, violation
 
 

@@ -1,15 +1,17 @@
 """Which vllm-ascend and which vLLM a run uses, checked before any rank starts.
 
-The launching process resolves the tree (``--vllm-ascend PATH``, else the
+The launching process resolves the tree once per run (``--vllm-ascend PATH``, else the
 ``DYNTRA_VLLM_ASCEND`` environment variable, else an importable ``vllm_ascend``) and
 checks everything that can be checked without importing vLLM (which costs seconds):
 the path is a vllm-ascend source tree, the tree has DyntraLB, vLLM is installed at the
 release the tree pins, and ``torch_npu`` is not installed without CANN. Each failure is
-one ``TreeError`` line. The rank processes then import the tree with ``import_tree``.
+one ``TreeError`` line. The ranks (or their fork server) then import the tree from its
+root with ``import_tree``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -48,8 +50,13 @@ class Tree:
         """What metrics.json and summary.md record about the implementation."""
         return {"vllm_ascend": str(self.root) if self.root is not None else "installed",
                 "vllm_ascend_commit": self.commit,
-                "vllm_ascend_sha256": content_hash(self.package),
+                "vllm_ascend_sha256": self.sha256,
                 "vllm_version": self.vllm_version}
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The package's ``content_hash``, computed the first time it is asked for."""
+        return content_hash(self.package)
 
     @property
     def package(self) -> pathlib.Path:
@@ -167,8 +174,9 @@ def _git_commit(root: pathlib.Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def import_tree(tree: Tree) -> types.ModuleType:
-    """In a rank: import vllm-ascend's DyntraLB engine-core module from ``tree``.
+def import_tree(root: pathlib.Path | None) -> types.ModuleType:
+    """In a rank: import vllm-ascend's DyntraLB engine-core module from the tree at
+    ``root`` (``Tree.root``; None: the installed package).
 
     ``vllm_ascend/patch/__init__.py`` and ``vllm_ascend/patch/platform/__init__.py``
     import every platform patch, several of which need torch_npu. Production imports
@@ -177,8 +185,8 @@ def import_tree(tree: Tree) -> types.ModuleType:
     and what it imports itself (the balance-scheduling patch, vllm-ascend's config and
     the DyntraLB scheduler) run, in the same order as in production.
     """
-    if tree.root is not None:
-        sys.path.insert(0, str(tree.root))
+    if root is not None:
+        sys.path.insert(0, str(root))
     import vllm_ascend
 
     base = pathlib.Path(vllm_ascend.__file__).parent

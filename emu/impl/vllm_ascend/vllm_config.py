@@ -1,4 +1,4 @@
-"""The ``VllmConfig`` of one emulated decode rank, built from a ``RunSpec``.
+"""The ``VllmConfig`` of one emulated decode rank, built from its ``EngineSpec``.
 
 vLLM needs a model to build its config; no weights are ever loaded, so a directory with
 a small Hugging Face ``config.json`` of a MoE model (``vllm-model/`` in the run's output
@@ -20,6 +20,7 @@ import os
 import pathlib
 
 from emu.impl.vllm_ascend.connector import CONNECTOR_NAME, register_connector
+from emu.rank.engine_spec import EngineSpec
 
 # vllm-ascend's scheduler class per deployment variant (dyntra_lb.config.check_deployment)
 # and DyntraLB on/off, as its platform selects it; None: vLLM's own (Scheduler, or
@@ -69,10 +70,12 @@ def model_dir(out_dir: pathlib.Path, max_model_len: int) -> pathlib.Path:
     return path
 
 
-def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
-                      model_path: pathlib.Path, additional_config: dict):
-    """The rank's VllmConfig. ``variant`` is the deployment variant the startup checks
-    chose; ``additional_config`` the user's JSON, parsed."""
+def build_vllm_config(spec: EngineSpec, *, rank: int, dp_size: int, variant: str,
+                      dyntra_lb_enabled: bool, model_path: pathlib.Path,
+                      additional_config: dict):
+    """The VllmConfig of DP rank ``rank`` of ``dp_size`` running ``spec``. ``variant``
+    is the deployment variant the startup checks chose; ``additional_config`` the
+    user's JSON, parsed."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -97,7 +100,7 @@ def build_vllm_config(spec, *, rank: int, variant: str, dyntra_lb_enabled: bool,
         enable_chunked_prefill=True,
         scheduler_cls=scheduler_cls(variant, dyntra_lb_enabled),
     )
-    parallel = ParallelConfig(data_parallel_size=spec.dp_size, data_parallel_rank=rank,
+    parallel = ParallelConfig(data_parallel_size=dp_size, data_parallel_rank=rank,
                               data_parallel_rank_local=rank)
     config = VllmConfig(
         model_config=model,
@@ -139,7 +142,7 @@ def speculative_config(profile, model, parallel):
                              target_model_config=model, target_parallel_config=parallel)
 
 
-def max_model_len_of(spec) -> int:
+def max_model_len_of(spec: EngineSpec) -> int:
     """Room for the longest request of the trace, rounded up to whole blocks, plus, with
     k draft tokens, 3k more: the drafts and lookahead slots of a request's last steps
     (vLLM caps a step's tokens and slots at ``max_model_len``; the kit has no such cap,

@@ -1,4 +1,4 @@
-"""The compiled planner's index (``dyntra_lb/planner_native.py`` has the overview): the
+"""The compiled planner's index (``dyntra_lb/planner/compiled.py`` has the overview): the
 per-card table, the per-size queues, and the helpers every planner step uses on them.
 The decisions they serve are the Python planner's; what differs is the index, built for
 compiled loops:
@@ -7,7 +7,7 @@ compiled loops:
   each card gets its sorted distinct sizes once; per size it counts its running and
   waiting items and it tracks its smallest and largest running and waiting size.
 * Every item a list removes is the first of its (size, newly_added) class in that list
-  (the ``list.remove`` argument of ``planner_native.py``'s docstring; the fill takes
+  (the ``list.remove`` argument of ``compiled.py``'s docstring; the fill takes
   the head of the waiting list, which is the first of its class too). So each list is
   kept as one FIFO queue per (size, newly_added), with a sequence number stamped on
   every append: the list order is the order of the sequence numbers, "the first item of

@@ -13,11 +13,10 @@ import pytest
 
 from emu.cluster.launcher import launch
 from emu.cluster.supervision import ClusterError
-from emu.impl import make_engine
 from emu.offline import replay
 from emu.offline.logscan import read_log
 from emu.run import run_cluster
-from emu.spec import RunSpec, validate
+from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
 
 pytestmark = pytest.mark.integration
@@ -68,17 +67,18 @@ SABOTAGE = {"leak": _leak_blocks_of_finished, "lose": _lose_request}
 
 
 def sabotaged_target(ctx, args):
-    spec, config, broken_rank, kind, request_id = args
-    engine = make_engine(ctx, spec, config)
+    implementation, engine_spec, broken_rank, kind, request_id = args
+    engine = implementation.make_engine(ctx, engine_spec)
     if ctx.rank == broken_rank:
         SABOTAGE[kind](engine, request_id)
     return engine.run()
 
 
 def _run_sabotaged(spec, broken_rank, kind, request_id=None) -> ClusterError:
-    config = validate(spec)
+    checked = check(spec)
     with pytest.raises(ClusterError) as info:
-        launch(sabotaged_target, (spec, config, broken_rank, kind, request_id),
+        launch(sabotaged_target,
+               (checked.implementation, checked.engine_spec, broken_rank, kind, request_id),
                dp_size=spec.dp_size, device="cpu", out_dir=spec.out_dir,
                collective_timeout_s=spec.collective_timeout_s,
                run_timeout_s=spec.run_timeout_s)
@@ -131,8 +131,8 @@ def test_leaked_kv_blocks_are_named(tmp_path):
     assert re.fullmatch(
         rf"emu\.rank\.invariants\.InvariantError: strict invariant violated on rank 1 at iteration "
         rf"{last['iter']} \(wave 0, step_counter {last['step_counter']}\): KV blocks not "
-        r"conserved: the pool has \d+ in use, the requests in flight hold \d+; blocks held "
-        r"by requests no longer in flight: \['victim'\]",
+        r"conserved: the pool has \d+ in use, the requests in flight hold \d+ and \d+ wait "
+        r"for a step in flight; blocks held by requests no longer in flight: \['victim'\]",
         err.message)
 
 

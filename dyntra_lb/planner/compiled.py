@@ -1,8 +1,8 @@
 """The planner of docs/planner.md compiled with numba: the same plans as the Python planner
-in ``dyntra_lb/planner_python.py``, for the calls that need no observer. Docstrings of the
+in ``dyntra_lb/planner/python.py``, for the calls that need no observer. Docstrings of the
 planner's steps start with the docs/planner.md heading that describes the step.
 
-``dyntra_lb.planner`` imports this module once, at its own import, when numba is
+``dyntra_lb.planner.front`` imports this module once, at its own import, when numba is
 installed (the ``fast`` extra), and sends every ``balance_load`` call without an
 observer to :func:`plan`; calls with an observer (this loop emits no events), and
 inputs :func:`plan` declines, run the Python planner. Nothing else calls it.
@@ -13,19 +13,19 @@ from below or from above, evaluated with the reference's own float expression; t
 rule takes the first newly added running item that reaches the best distance, else the
 first one; the reference's ``list.remove`` by value removes the first item with the
 chosen (size, newly_added) pair.
-What differs is the index, built for compiled loops (``dyntra_lb/planner_native_card.py``
+What differs is the index, built for compiled loops (``dyntra_lb/planner/compiled_card.py``
 describes it, with the helpers on it; the swap search, the throughput drop and the fill
-are in ``dyntra_lb/planner_native_steps.py``). This module holds the Python side
+are in ``dyntra_lb/planner/compiled_steps.py``). This module holds the Python side
 (:func:`plan`: the rows flattened into arrays, the result split back into lists) and the
 one kernel it calls, ``_balance``: parsing, the fill, the main loop and cancellation.
 
-Compile time: the first call compiles ``_balance`` and all it calls (about 22 s of CPU
-here; later processes load numba's disk cache). Two habits keep it from growing: the
-kernels copy into slices element by element (a slice assignment brings numba's
-shape check and its error message formatting into the compile, about 3 s), and the
-swap search's direction is a runtime value (numba compiles a function once per
-argument type, and a literal ``True`` is a type of its own: ``_swap`` called with
-``True`` and with ``False`` was compiled twice, 7 s).
+Compile time: the first call compiles ``_balance`` and all it calls (tens of seconds of
+CPU: benchmarks/RESULTS.md, "Planner speed"; later processes load numba's disk cache).
+Two habits keep it from growing: the kernels copy into slices element by element (a
+slice assignment brings numba's shape check and its error message formatting into the
+compile), and the swap search's direction is a runtime value (numba compiles a function
+once per argument type, and a literal ``True`` is a type of its own: ``_swap`` called
+with ``True`` and with ``False`` would be compiled twice).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import numba
 import numpy as np
 from numba import njit
 
-from dyntra_lb import planner_native_card, planner_native_steps
-from dyntra_lb.planner_native_card import (
+from dyntra_lb.planner import compiled_card, compiled_steps
+from dyntra_lb.planner.compiled_card import (
     _DOM,
     _FIELDS,
     _ITEMS,
@@ -63,10 +63,10 @@ from dyntra_lb.planner_native_card import (
     _inline,
     _jit,
 )
-from dyntra_lb.planner_native_steps import _drop, _fill, _swap
+from dyntra_lb.planner.compiled_steps import _drop, _fill, _swap
 
 # The files whose code ``_balance`` compiles in.
-_KERNEL_FILES = (__file__, planner_native_card.__file__, planner_native_steps.__file__)
+_KERNEL_FILES = (__file__, compiled_card.__file__, compiled_steps.__file__)
 
 
 def _cached_jit(fn, files=_KERNEL_FILES):
@@ -429,7 +429,7 @@ def _flatten_arrays(rows, dp_size: int):
 
 def plan(requests_by_rank, dp_size: int, max_num_seqs, threshold, max_iters,
          tp_fixed: float, tp_per_block: float, max_total: int):
-    """``dyntra_lb.planner.balance_load`` without an observer, for ``dp_size >= 1``: per
+    """``dyntra_lb.planner.front.balance_load`` without an observer, for ``dp_size >= 1``: per
     rank the (out sizes, in sizes) lists after cancellation. Returns None when the call
     must go to the Python planner instead: a row or argument of another type than the
     payload's (see :func:`_flatten`; ``max_num_seqs`` / ``max_iters`` not integers, a

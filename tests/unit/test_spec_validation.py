@@ -10,7 +10,7 @@ import pytest
 from emu.cluster import threads, transport
 from emu.rank.costs import PROFILES
 from emu.run import run_cluster
-from emu.spec import RunSpec, SpecError, validate
+from emu.spec import RunSpec, SpecError, check
 from emu.workload import TraceRequest
 
 TRACE = [TraceRequest("a", 0.0, 100, 10), TraceRequest("b", 0.5, 200, 10, rank=1)]
@@ -33,9 +33,9 @@ def _spec(tmp_path, **kwargs):
 
 
 def test_valid_spec_returns_the_parsed_config(tmp_path):
-    config = validate(_spec(tmp_path, additional_config=LB))
+    config = check(_spec(tmp_path, additional_config=LB)).config
     assert config.dyntra_lb.enabled is True
-    assert validate(_spec(tmp_path)).dyntra_lb.enabled is False
+    assert check(_spec(tmp_path)).config.dyntra_lb.enabled is False
 
 
 @pytest.mark.parametrize(
@@ -64,8 +64,17 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
         ({"run_timeout_s": 1e12}, "RunSpec.run_timeout_s: must be > 0 and at most"),
         ({"trace": []}, "RunSpec.trace: is empty"),
         ({"trace": "trace.jsonl"}, "RunSpec.trace: must be a list"),
-        ({"trace": [TRACE[0], TRACE[0]]}, r"RunSpec.trace\[1\]: duplicate request_id 'a'"),
-        ({"trace": [TRACE[1], TRACE[0]]}, r"RunSpec.trace\[1\]: arrival_s must be"),
+        ({"trace": [TRACE[0], TRACE[0]]},
+         r"RunSpec.trace\[1\]: field 'request_id': duplicate id 'a' \(first used on "
+         r"RunSpec.trace\[0\]\)"),
+        ({"trace": [TRACE[1], TRACE[0]]},
+         r"RunSpec.trace\[1\]: field 'arrival_s': arrivals must be non-decreasing, got 0.0 "
+         r"after 0.5 on RunSpec.trace\[0\]"),
+        ({"trace": [TraceRequest("a", -1.0, 100, 10)]},
+         r"RunSpec.trace\[0\]: field 'arrival_s': expected a finite number >= 0 \(seconds\), "
+         r"got -1.0"),
+        ({"trace": [TraceRequest("a", float("nan"), 100, 10)]},
+         r"RunSpec.trace\[0\]: field 'arrival_s': expected a finite number >= 0"),
         ({"trace": [{"request_id": "a"}]}, r"RunSpec.trace\[0\]: must be a TraceRequest"),
         ({"trace": [TraceRequest("x", 0.0, 4000, 100)], "block_size": 16,
           "num_gpu_blocks": 100}, "needs 257 KV blocks"),
@@ -78,12 +87,12 @@ def test_valid_spec_returns_the_parsed_config(tmp_path):
                                                      "enable_balance_scheduling": True}}},
          "enable_balance_scheduling only supports PD-mixed mode"),
         ({"additional_config": {"scheduler_config": {"recompute_scheduler_enable": True}}},
-         re.escape("the kit runs vLLM's plain synchronous scheduler; the additional config "
-                   "selects the 'recompute' scheduler (scheduler_config."
-                   "recompute_scheduler_enable runs with --impl vllm-ascend)")),
-        ({"async_scheduling": True}, "the kit emulates synchronous scheduling only; "),
+         re.escape("the kit runs vLLM's own scheduler (synchronous or async); the "
+                   "additional config selects vllm-ascend's recompute scheduler "
+                   "(scheduler_config.recompute_scheduler_enable runs with --impl "
+                   "vllm-ascend)")),
         ({"impl": "vllm"}, r"RunSpec.impl: must be one of \['kit', 'vllm-ascend'\], got 'vllm'"),
-        ({"async_scheduling": 1}, "RunSpec.async_scheduling: must be a bool, got 1"),
+        ({"async_scheduling": 1}, "RunSpec.async_scheduling: must be a bool or None, got 1"),
     ],
 )
 def test_invalid_spec_is_rejected_before_launch(tmp_path, kwargs, message):

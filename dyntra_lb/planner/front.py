@@ -10,10 +10,10 @@ Two implementations, one entry point
 ------------------------------------
 This module is the entry point: :func:`balance_load`, the :class:`Plan` rows it returns
 and the reference's constants. Two implementations make the decisions: the Python
-planner (``dyntra_lb/planner_python.py``, :func:`balance_load_python`; its docstring
+planner (``dyntra_lb/planner/python.py``, :func:`balance_load_python`; its docstring
 explains how it is fast while giving identical plans) and, with numba installed (the
 ``fast`` extra; the ``test`` extra includes it), the compiled planner
-(``dyntra_lb/planner_native.py``, :func:`balance_load_native`), which compiles the same
+(``dyntra_lb/planner/compiled.py``, :func:`balance_load_native`), which compiles the same
 decisions into one loop. :func:`balance_load` sends every call without an observer to
 the compiled planner (``IMPLEMENTATION`` says which one was picked at import). The
 compiled loop emits no observer events, so calls with an observer run the Python
@@ -58,10 +58,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dyntra_lb import planner_python as _python
+from dyntra_lb.planner import python as _python
 
 try:  # the compiled planner (the "fast" extra); without numba the Python one runs
-    from dyntra_lb import planner_native as _native
+    from dyntra_lb.planner import compiled as _native
 except ImportError:
     _native = None
 
@@ -72,7 +72,7 @@ IMPLEMENTATION = "python" if _native is None else "numba"
 THROUGHPUT_FIXED = 20000
 THROUGHPUT_PER_BLOCK = 19.2
 
-# The float argument of ``planner_python``'s docstring needs rounding errors far below
+# The float argument of ``python.py``'s docstring needs rounding errors far below
 # 1/4: true while the sum of all |block counts| stays below _MAX_TOTAL_BLOCKS (a real
 # payload, int32 block counts, is far below).
 _MAX_TOTAL_BLOCKS = 2**48
@@ -105,7 +105,7 @@ def balance_load(requests_by_rank, dp_size: int, *, max_num_seqs: int | None = N
     module docstring.
 
     With numba installed (``IMPLEMENTATION == "numba"``) calls without an observer run
-    the compiled planner of ``dyntra_lb.planner_native``; calls with an observer (the
+    the compiled planner of ``dyntra_lb.planner.compiled``; calls with an observer (the
     compiled loop emits no events) and inputs it does not take run
     :func:`balance_load_python`. Both give the same plans.
     """
@@ -122,7 +122,7 @@ def balance_load_native(requests_by_rank, dp_size: int, *, max_num_seqs: int | N
                         threshold: float = 5.0, max_iters: int = 1000) -> list[Plan] | None:
     """:func:`balance_load` (no observer) on the compiled planner alone, or None when
     numba is not installed or the compiled planner declines the input (see
-    ``dyntra_lb.planner_native.plan``)."""
+    ``dyntra_lb.planner.compiled.plan``)."""
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
     if _native is None:
@@ -140,7 +140,7 @@ def balance_load_python(requests_by_rank, dp_size: int, *, max_num_seqs: int | N
     """:func:`balance_load` in pure Python: the fallback without numba, the path of
     every call with an observer, and the second implementation the tests compare.
     ``protect_fill`` True is the opt-in ``fill-protect`` planner of
-    ``dyntra_lb.planners`` (the throughput drop never takes a request the fill step
+    ``dyntra_lb.planner.registry`` (the throughput drop never takes a request the fill step
     admitted); False is the reference."""
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")

@@ -1,5 +1,5 @@
-"""Which planner runs: ``dyntra_lb.planner`` selects the compiled planner
-(``dyntra_lb.planner_native``) at import when numba imports, and the Python planner
+"""Which planner runs: ``dyntra_lb.planner.front`` selects the compiled planner
+(``dyntra_lb.planner.compiled``) at import when numba imports, and the Python planner
 otherwise; calls with an observer, and inputs the compiled planner declines, run the
 Python planner. (That both give the oracle's plans is test_planner_properties.py.)"""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numba.core.caching import FunctionCache, NullCache
 
-from dyntra_lb import planner, planner_native
+from dyntra_lb.planner import compiled, front
 
 SNAPSHOT = [([300, 200, 50], 2), ([100, 250, 20], 1), ([150, 50], 2)]
 
@@ -22,29 +22,29 @@ SNAPSHOT = [([300, 200, 50], 2), ([100, 250, 20], 1), ([150, 50], 2)]
 def test_the_compiled_planner_is_selected_when_numba_imports():
     # numba is a test dependency, so this also proves CI runs the compiled planner.
     assert numba.__version__
-    assert planner.IMPLEMENTATION == "numba"
+    assert front.IMPLEMENTATION == "numba"
 
 
 def test_calls_without_observer_run_the_compiled_planner(monkeypatch):
-    expected = planner.balance_load_python(SNAPSHOT, 3, threshold=0.1)
+    expected = front.balance_load_python(SNAPSHOT, 3, threshold=0.1)
 
     def python_planner_must_not_run(*args, **kwargs):
         raise AssertionError("the Python planner ran")
 
-    monkeypatch.setattr(planner, "balance_load_python", python_planner_must_not_run)
-    assert planner.balance_load(SNAPSHOT, 3, threshold=0.1) == expected
-    assert planner.balance_load_native(SNAPSHOT, 3, threshold=0.1) == expected
+    monkeypatch.setattr(front, "balance_load_python", python_planner_must_not_run)
+    assert front.balance_load(SNAPSHOT, 3, threshold=0.1) == expected
+    assert front.balance_load_native(SNAPSHOT, 3, threshold=0.1) == expected
 
 
 def test_calls_with_an_observer_run_the_python_planner(monkeypatch):
     def compiled_planner_must_not_run(*args, **kwargs):
         raise AssertionError("the compiled planner ran")
 
-    monkeypatch.setattr(planner_native, "plan", compiled_planner_must_not_run)
+    monkeypatch.setattr(compiled, "plan", compiled_planner_must_not_run)
     events = []
-    plans = planner.balance_load(SNAPSHOT, 3, threshold=0.1, observer=events.append)
+    plans = front.balance_load(SNAPSHOT, 3, threshold=0.1, observer=events.append)
     assert [e["kind"] for e in events if e["kind"] == "swap"] == ["swap", "swap"]
-    assert plans == planner.balance_load_python(SNAPSHOT, 3, threshold=0.1)
+    assert plans == front.balance_load_python(SNAPSHOT, 3, threshold=0.1)
 
 
 def _rows(first=(30, 20, 5)):
@@ -61,21 +61,21 @@ def _rows(first=(30, 20, 5)):
     (lambda: _rows((2**31, 20, 5)), {}),                            # beyond int32: ValueError
 ])
 def test_inputs_the_compiled_planner_declines_go_to_the_python_planner(make_rows, kw):
-    assert planner.balance_load_native(make_rows(), 2, **kw) is None
+    assert front.balance_load_native(make_rows(), 2, **kw) is None
     try:
-        expected = planner.balance_load_python(make_rows(), 2, **kw)
+        expected = front.balance_load_python(make_rows(), 2, **kw)
     except (TypeError, ValueError) as error:
         with pytest.raises(type(error)) as raised:
-            planner.balance_load(make_rows(), 2, **kw)
+            front.balance_load(make_rows(), 2, **kw)
         assert str(raised.value) == str(error)
     else:
-        assert planner.balance_load(make_rows(), 2, **kw) == expected
+        assert front.balance_load(make_rows(), 2, **kw) == expected
 
 
 def test_payload_rows_as_numpy_arrays_are_taken():
     rows = [(np.array([30, 20, 5, 0], dtype=np.int32), 1), (np.array([10, 40]), 1)]
-    plans = planner.balance_load_native(rows, 2, threshold=1)
-    assert plans == planner.balance_load_python(rows, 2, threshold=1)
+    plans = front.balance_load_native(rows, 2, threshold=1)
+    assert plans == front.balance_load_python(rows, 2, threshold=1)
 
 
 def test_the_gathered_int32_rows_reach_the_kernel_without_lists(monkeypatch):
@@ -87,12 +87,12 @@ def test_the_gathered_int32_rows_reach_the_kernel_without_lists(monkeypatch):
     rows = [(buf[:6], int(buf[6])) for buf in gathered]
 
     joined = []
-    real = planner_native._flatten_arrays
-    monkeypatch.setattr(planner_native, "_flatten_arrays",
+    real = compiled._flatten_arrays
+    monkeypatch.setattr(compiled, "_flatten_arrays",
                         lambda *a: joined.append(1) or real(*a))
-    expected = planner.balance_load_python([(r.tolist(), k) for r, k in rows], 3,
-                                           threshold=0.1)
-    plans = planner.balance_load_native(rows, 3, threshold=0.1)
+    expected = front.balance_load_python([(r.tolist(), k) for r, k in rows], 3,
+                                         threshold=0.1)
+    plans = front.balance_load_native(rows, 3, threshold=0.1)
     assert joined == [1]
     assert plans == expected
     assert [p.to_dict() for p in plans][0]["out_blk"] == [300]
@@ -103,9 +103,9 @@ def test_any_signed_integer_rows_plan_as_their_lists(dtype):
     rows = [(np.array([30, 20, 5, 0, 7], dtype), 2), (np.array([10, 40], dtype), 1),
             (np.zeros(0, dtype), 0)]
     lists = [(r.tolist(), k) for r, k in rows]
-    assert planner.balance_load_native(rows, 4, threshold=1, max_num_seqs=2) == \
-        planner.balance_load_native(lists, 4, threshold=1, max_num_seqs=2) == \
-        planner.balance_load_python(lists, 4, threshold=1, max_num_seqs=2)
+    assert front.balance_load_native(rows, 4, threshold=1, max_num_seqs=2) == \
+        front.balance_load_native(lists, 4, threshold=1, max_num_seqs=2) == \
+        front.balance_load_python(lists, 4, threshold=1, max_num_seqs=2)
 
 
 def test_without_numba_the_python_planner_is_selected():
@@ -113,12 +113,12 @@ def test_without_numba_the_python_planner_is_selected():
     code = textwrap.dedent("""
         import sys
         sys.modules["numba"] = None
-        from dyntra_lb import planner
-        print(planner.IMPLEMENTATION)
-        print(planner.balance_load_native([([3], 1), ([1, 2], 1)], 2, threshold=1.0))
-        print([p.to_dict() for p in planner.balance_load([([3], 1), ([1, 2], 1)], 2,
-                                                         threshold=1.0)])
-        planner.warm_up()
+        from dyntra_lb.planner import front
+        print(front.IMPLEMENTATION)
+        print(front.balance_load_native([([3], 1), ([1, 2], 1)], 2, threshold=1.0))
+        print([p.to_dict() for p in front.balance_load([([3], 1), ([1, 2], 1)], 2,
+                                                       threshold=1.0)])
+        front.warm_up()
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.splitlines()
@@ -134,20 +134,20 @@ def test_no_writable_cache_location_compiles_without_a_disk_cache(monkeypatch):
     def add_one(x):
         return x + 1
 
-    compiled = planner_native._cached_jit(add_one)
-    assert compiled(1) == 2
-    assert isinstance(compiled._cache, NullCache)
+    kernel = compiled._cached_jit(add_one)
+    assert kernel(1) == 2
+    assert isinstance(kernel._cache, NullCache)
 
 
 def test_the_kernel_is_cached_on_disk_in_a_writable_checkout():
-    if not os.access(os.path.dirname(planner_native.__file__), os.W_OK):
+    if not os.access(os.path.dirname(compiled.__file__), os.W_OK):
         pytest.skip("installed read-only")
-    assert isinstance(planner_native._balance._cache, FunctionCache)
+    assert isinstance(compiled._balance._cache, FunctionCache)
 
 
 def test_warm_up_compiles_the_kernel():
-    planner.warm_up()
-    assert planner_native._balance.signatures
+    front.warm_up()
+    assert compiled._balance.signatures
 
 
 def test_an_edit_to_a_callee_in_another_file_compiles_the_kernel_anew(tmp_path):
@@ -157,7 +157,7 @@ def test_an_edit_to_a_callee_in_another_file_compiles_the_kernel_anew(tmp_path):
         "from numba import njit\n\n@njit(inline='always')\ndef f(x):\n    return x + 1\n")
     (tmp_path / "kernel.py").write_text(textwrap.dedent("""
         import callee
-        from dyntra_lb.planner_native import _cached_jit
+        from dyntra_lb.planner.compiled import _cached_jit
 
         def g(x):
             return callee.f(x)
@@ -183,10 +183,10 @@ def test_an_edit_to_a_callee_in_another_file_compiles_the_kernel_anew(tmp_path):
 def test_two_environments_over_one_checkout_keep_each_others_cached_kernel(tmp_path):
     # The README's .venv and .venv-upstream differ in their prefix and their numba
     # version; numba keeps one index per source file and drops an index another
-    # version wrote, so each switch compiled the planner anew (30-36 s). Here the
-    # other environment is this interpreter with another prefix and numba version.
+    # version wrote, so each switch compiled the planner anew. Here the other
+    # environment is this interpreter with another prefix and numba version.
     (tmp_path / "kernel.py").write_text(textwrap.dedent("""
-        from dyntra_lb.planner_native import _cached_jit
+        from dyntra_lb.planner.compiled import _cached_jit
 
         def g(x):
             return x + 1

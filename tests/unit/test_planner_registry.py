@@ -1,4 +1,4 @@
-"""The planner registry (dyntra_lb.planners) and its opt-in planner, fill-protect.
+"""The planner registry (dyntra_lb.planner.registry) and its opt-in planner, fill-protect.
 
 ``reference`` must be today's planner object itself (the oracle property tests in
 test_planner_properties.py cover it). ``fill-protect`` must equal the literal oracle
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from dyntra_lb import planner, planners
+from dyntra_lb.planner import front, registry
 from tests.unit.test_planner_properties import full_snapshots, snapshots
 
 _spec = importlib.util.spec_from_file_location(
@@ -20,7 +20,7 @@ _spec = importlib.util.spec_from_file_location(
 literal_planner = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(literal_planner)
 
-fill_protect = planners.get("fill-protect")
+fill_protect = registry.get("fill-protect")
 
 # A paused 800-block request heads rank 0's waiting list; its slot is free. The
 # reference's fill admits it, its drop takes it out again and cancellation leaves
@@ -33,18 +33,18 @@ def _dicts(plans):
 
 
 def test_reference_is_todays_planner():
-    assert planners.get("reference") is planner.balance_load
-    assert planners.NAMES[0] == planners.REFERENCE == "reference"
+    assert registry.get("reference") is front.balance_load
+    assert registry.NAMES[0] == registry.REFERENCE == "reference"
 
 
 @pytest.mark.parametrize("name", [None, "", "kit", "Reference", "vllm-ascend"])
 def test_an_unknown_name_is_refused_with_the_choices(name):
     with pytest.raises(ValueError, match=r"unknown planner .*\['reference', 'fill-protect'\]"):
-        planners.get(name)
+        registry.get(name)
 
 
 def test_the_reference_starves_the_paused_request():
-    plans = _dicts(planner.balance_load(STARVED, 2, max_num_seqs=2, threshold=5.0))
+    plans = _dicts(front.balance_load(STARVED, 2, max_num_seqs=2, threshold=5.0))
     assert plans[0] == {"out_blk": [], "in_blk": [], "freeze": True}
 
 
@@ -58,7 +58,7 @@ def test_fill_protect_still_drops_a_request_that_ran():
     # Spec Ex.3: nothing is filled, so the drop of the running 4000 happens as before.
     snapshot = [([4000, 1000], 2), ([1000], 1)]
     plans = _dicts(fill_protect(snapshot, 2, threshold=1.0))
-    assert plans == _dicts(planner.balance_load(snapshot, 2, threshold=1.0))
+    assert plans == _dicts(front.balance_load(snapshot, 2, threshold=1.0))
     assert plans[0]["out_blk"] == [4000]
 
 
@@ -68,7 +68,7 @@ def test_spec_ex6_keeps_the_filled_request_and_drops_one_that_ran():
     # fill-protect may only drop the 4000 that ran; the filled one would take its
     # place, which cancellation turns into no change: the running 4000 keeps running.
     snapshot = [([4000, 4000], 1), ([100, 100], 2)]
-    assert _dicts(planner.balance_load(snapshot, 2, max_num_seqs=2, threshold=1))[0] == {
+    assert _dicts(front.balance_load(snapshot, 2, max_num_seqs=2, threshold=1))[0] == {
         "out_blk": [4000], "in_blk": [], "freeze": True}
     events = []
     plans = _dicts(fill_protect(snapshot, 2, max_num_seqs=2, threshold=1,
@@ -91,8 +91,8 @@ def test_fill_protect_equals_its_literal_oracle(case):
     assert _dicts(plans) == oracle
     if max_num_seqs is None:
         # No fill, no newly added item: nothing to protect, the reference's plans.
-        assert plans == planner.balance_load(requests_by_rank, dp, threshold=threshold,
-                                             max_iters=max_iters)
+        assert plans == front.balance_load(requests_by_rank, dp, threshold=threshold,
+                                           max_iters=max_iters)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,8 +1,8 @@
-"""The Python planner of docs/planner.md: the decisions of ``dyntra_lb.planner.balance_load``
+"""The Python planner of docs/planner.md: the decisions of ``dyntra_lb.planner.front.balance_load``
 in plain Python, for every call with an observer, for the inputs the compiled planner
-declines, and wherever numba is missing (``dyntra_lb/planner.py`` says which calls come
+declines, and wherever numba is missing (``dyntra_lb/planner/front.py`` says which calls come
 here). The docstrings of the planner's steps start with the docs/planner.md heading that
-describes the step. Each rank is a card (``dyntra_lb/planner_python_card.py``: the card
+describes the step. Each rank is a card (``dyntra_lb/planner/python_card.py``: the card
 with its search index, and the nearest-difference searches).
 
 How it is fast while giving identical plans
@@ -60,7 +60,7 @@ from collections import Counter
 
 import numpy as np
 
-from dyntra_lb.planner_python_card import _Card, _nearest_by_search, _nearest_by_walk
+from dyntra_lb.planner.python_card import _Card, _nearest_by_search, _nearest_by_walk
 
 # Block counts arrive as int32 (docs/protocol.md, "The payload").
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -393,9 +393,9 @@ def _cancel(out_blk: list[int], in_blk: list[int]) -> tuple[list[int], list[int]
 def plan(requests_by_rank, dp_size: int, max_num_seqs, threshold, max_iters,
          tp_fixed: float, tp_per_block: float, max_total: int, observer=None,
          protect_fill: bool = False) -> list[tuple[list[int], list[int]]]:
-    """``dyntra_lb.planner.balance_load_python`` for ``dp_size >= 1``: per rank the (out
+    """``dyntra_lb.planner.front.balance_load_python`` for ``dp_size >= 1``: per rank the (out
     sizes, in sizes) lists after cancellation, with the reference's throughput constants
-    and exactness bound passed in by ``dyntra_lb.planner``. ``observer`` receives every
+    and exactness bound passed in by ``dyntra_lb.planner.front``. ``observer`` receives every
     event of that module's docstring except the last (``plans``), which the caller sends
     once it has made the plans."""
     parsed = [_parse(requests_by_rank, r) for r in range(dp_size)]

@@ -46,7 +46,6 @@ def test_join_cluster_runs_one_rank_per_torchrun_process(tmp_path):
     assert run.returncode == 0, run.stderr
     summaries = [json.loads((tmp_path / f"summary{r}.json").read_text()) for r in (0, 1)]
     assert [s["rank"] for s in summaries] == [0, 1]
-    assert all(s["device"] == "cpu" for s in summaries)
     assert sum(s["num_finished"] for s in summaries) == 12
     assert summaries[0]["num_plans"] > 0
     # both ranks issued the same collectives (recorded, and in the event logs)

@@ -1,8 +1,8 @@
-"""The Python planner's card (``dyntra_lb/planner_python.py``): one rank during a
+"""The Python planner's card (``dyntra_lb/planner/python.py``): one rank during a
 ``balance_load`` call, with the search index that makes a swap search cost O(1) bigint
 operations plus a short scan, and the two searches for the achievable difference
 nearest to the vertex. Why they give the reference's choices is the argument in the
-module docstring of ``planner_python.py`` ("Achievable differences", "Which pair").
+module docstring of ``python.py`` ("Achievable differences", "Which pair").
 Only that module uses these."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The compiled planner's steps (docs/planner.md): swap search, throughput drop and fill,
-on the index of ``dyntra_lb/planner_native_card.py``. ``_balance`` in
-``dyntra_lb/planner_native.py`` runs them in the reference's order; docstrings start with
+on the index of ``dyntra_lb/planner/compiled_card.py``. ``_balance`` in
+``dyntra_lb/planner/compiled.py`` runs them in the reference's order; docstrings start with
 the docs/planner.md heading that describes the step."""
 
 from __future__ import annotations
 
-from dyntra_lb.planner_native_card import (
+from dyntra_lb.planner.compiled_card import (
     _ITEMS,
     _MAXR,
     _MAXW,

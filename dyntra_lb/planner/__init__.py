@@ -1,0 +1,14 @@
+"""DyntraLB's planner (docs/planner.md): the gathered snapshot -> one plan per DP rank.
+
+Every rank runs it after each active decode step, so it is pure (no torch, no state
+between calls) and exact (all ranks must agree). Its modules:
+
+- ``front``: the entry point, ``balance_load``, the ``Plan`` rows it returns and the
+  reference's constants; it picks which implementation serves a call.
+- ``registry``: the planners a run can select by name (``reference``, production's and
+  the default, and the opt-in ones), each called like ``balance_load``.
+- ``python`` (with ``python_card``): the Python planner, for calls with an observer,
+  inputs the compiled planner declines, and installs without numba.
+- ``compiled`` (with ``compiled_steps`` and ``compiled_card``): the same decisions
+  compiled with numba into one loop, disk-cached per environment.
+"""

@@ -1,0 +1,498 @@
+"""`dyntra-emu tune`: an Optuna study of DyntraLB's knobs on one workload, kept in a
+storage it resumes from; the Pareto front, the recommended config and its A/B against
+DyntraLB off on fresh seeds (the study itself is emu.tune)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+from emu.ab_seeds import write_ab_json
+from emu.cli.batch import (
+    add_executor_options,
+    batch_executor,
+    check_executor_flags,
+    describe_executor,
+    run_batch,
+)
+from emu.cli.errors import RunInterrupted, Terminated, UsageError
+from emu.cli.flags import (
+    Formatter,
+    add_input_options,
+    add_output_options,
+    positive_ms,
+    wrap,
+)
+from emu.cli.inputs import (
+    Inputs,
+    build_spec,
+    check_specs,
+    checked_spec,
+    read_config_arg,
+    read_inputs,
+)
+from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.progress import note
+from emu.cli.running import resolve_launch
+from emu.knobs import Int
+from emu.recipes import is_recipe, seed_summary, seed_table
+from emu.run import recorded_config
+from emu.spec import RunSpec, SpecError
+from emu.sweep import with_lb
+from emu.tune import (
+    BUBBLE_BLOCKS,
+    BUBBLE_RATIO,
+    DYNAMIC_MAX_STEP,
+    KNOBS,
+    OBJECTIVES,
+    START_STEP,
+    STUDY_NAME,
+    Fingerprint,
+    Search,
+    Space,
+    StudyMismatch,
+    config_label,
+    delete_study,
+    find_study,
+    front_table,
+    open_study,
+    pareto_front,
+    parse_names,
+    plot_front,
+    recommend,
+    trial_rows,
+)
+
+# The files tune writes into --out besides its storage; --overwrite removes them.
+TUNE_FILES = ("tune.json", "summary.md", "front.png", "recommended.json", "runs", "ab")
+STORAGE_FILE = "study.db"
+# Production's default config, DyntraLB on: what the knobs start from without
+# --additional-config.
+BASE_CONFIG = {"scheduler_config": {"dyntra_lb_config": {"enabled": True}}}
+DEFAULT_SEEDS = 3
+INSTALL_HINT = "pip install -e '.[tune]'"
+
+EPILOG = """examples:
+  dyntra-emu tune --workload recipe:pr12292,n=200,rate=400 --max-concurrency 128 --dp 8 \\
+      --block-size 2048 --trials 20 --jobs 2 --out runs/pr-tune
+      20 trials of 3 seeds each, then the recommendation's A/B on 3 fresh seeds
+  dyntra-emu tune ... --out runs/pr-tune --trials 10
+      the same command again resumes the study in runs/pr-tune/study.db: 10 more trials
+  dyntra-emu tune --workload my_trace.jsonl --objectives throughput --knobs mode,start_step
+      one objective (TPE), two knobs, on one fixed trace
+  python -c "import optuna; s = optuna.load_study(study_name='dyntra-emu tune', \\
+      storage='sqlite:///runs/pr-tune/study.db'); print(len(s.trials), s.best_trials)"
+      watch the study from another process
+
+--out DIR gets summary.md, tune.json (every trial, the front, the recommendation, the
+A/B), front.png, recommended.json (for --additional-config @recommended.json), runs/
+(each trial's runs) and ab/ (the A/B's runs and ab.json).
+"""
+
+
+def cmd_tune(args) -> int:
+    if importlib.util.find_spec("optuna") is None:
+        raise UsageError(f"tune: Optuna is not installed; install it with {INSTALL_HINT}")
+    launch = resolve_launch(args)
+    try:
+        objectives = parse_names(args.objectives, tuple(OBJECTIVES), "--objectives")
+        knobs = parse_names(args.knobs, KNOBS, "--knobs")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    check_executor_flags(args)
+    if args.trials == 0:
+        raise UsageError("--trials 0: an empty budget, no trial would run; give 1 or more "
+                         "(a resumed study adds that many)")
+    if args.max_tpot_p99_ms is not None and "tpot_p99" not in objectives:
+        raise UsageError("--max-tpot-p99-ms: needs tpot_p99 among --objectives")
+    seeds, ab_seeds = _seeds(args)
+    out_dir = out_dir_path(args.out, "tune")
+    text, source = (read_config_arg(args.additional_config)
+                    if args.additional_config is not None
+                    else (json.dumps(BASE_CONFIG), "the default config (DyntraLB on)"))
+    bases, inputs, base_checked = _base_specs(args, launch, text, source, seeds + ab_seeds,
+                                              out_dir)
+    base_config = base_checked.config.raw
+    lb = base_config["scheduler_config"]["dyntra_lb_config"]
+    space = Space.for_traces(knobs, [bases[s].trace for s in seeds], bases[seeds[0]].block_size,
+                             lb.get("mode", "dynamic"))
+    _check_space(args, inputs, bases[seeds[0]], base_config, source, space)
+    engine = {k: v for k, v in recorded_config(base_checked).items()
+              if k not in ("additional_config", "workload", "device")}
+    fingerprint = Fingerprint.of(workload=args.workload, traces={s: bases[s].trace for s in seeds},
+                                 engine=engine, base_config=base_config,
+                                 objectives=objectives, space=space)
+    storage = args.storage or f"sqlite:///{(out_dir / STORAGE_FILE).resolve()}"
+    resuming = _check_storage(args, storage, fingerprint, out_dir)
+
+    def spec_of(trial: int | None, seed: int, values: dict | None) -> RunSpec:
+        run_dir = out_dir / "runs" / ("baseline" if trial is None else f"t{trial:03d}") \
+            / f"seed{seed}"
+        config = with_lb(base_config, enabled=False) if values is None \
+            else with_lb(base_config, enabled=True, **values)
+        return dataclasses.replace(bases[seed], additional_config=config, out_dir=run_dir)
+
+    with batch_executor(args, [bases[seeds[0]]]) as executor:
+        _prepare_out(args, out_dir, storage, resuming)
+        study = _open(storage, fingerprint, objectives, args.seed, space.start_params(lb))
+        slots = executor.slots(bases[seeds[0]])
+        note(args, f"tune: {'resuming the study' if resuming else 'a new study'} in "
+                   f"{storage}: {args.trials} more trial(s) of {len(seeds)} seed(s) each on "
+                   f"{args.workload}, {launch.dp} ranks, {describe_executor(args)}, "
+                   f"{args.transport} transport, {slots} trial(s) at a time")
+
+        def batch(runs, names):
+            specs = [spec_of(*run) for run in runs]
+            for spec in specs:
+                _fresh_dir(Path(spec.out_dir))
+            return run_batch(args, executor, specs, names, "the study",
+                             f"{out_dir / 'runs'}/<trial>/seed<s>/")
+
+        search = Search(study=study, space=space, objectives=objectives, seeds=tuple(seeds),
+                        slots=slots, run_batch=batch, say=lambda text: note(args, text))
+        with _resumable(storage, study):
+            search.run(args.trials)
+        rows = trial_rows(study, objectives)
+        front = pareto_front(rows, objectives)
+        best = recommend(rows, front, objectives, args.max_tpot_p99_ms)
+        ab = None
+        if best is not None and ab_seeds:
+            with _resumable(storage, study):
+                ab = _ab(args, executor, bases, ab_seeds, base_config, best, out_dir)
+    return _report(args, out_dir, storage, study, rows, front, best, ab, base_config,
+                   objectives, seeds, ab_seeds, search.runs)
+
+
+def _seeds(args) -> tuple[list[int], list[int]]:
+    """The search's workload seeds and the A/B's fresh ones after them (none for a
+    trace file: it is one workload whatever the seed)."""
+    recipe = is_recipe(args.workload)
+    count = args.seeds if args.seeds is not None else (DEFAULT_SEEDS if recipe else 1)
+    if not recipe:
+        for flag, value in (("--seeds", args.seeds), ("--ab-seeds", args.ab_seeds)):
+            if value is not None and value > 1:
+                raise UsageError(f"{flag} {value}: needs a generated workload (--workload "
+                                 f"recipe:NAME[,n=N][,rate=R]); {args.workload!r} is one "
+                                 "fixed trace, the same run on every seed")
+        return [args.seed], []
+    search = list(range(args.seed, args.seed + count))
+    fresh = args.ab_seeds if args.ab_seeds is not None else DEFAULT_SEEDS
+    return search, list(range(search[-1] + 1, search[-1] + 1 + fresh))
+
+
+def _base_specs(args, launch, text: str, source: str, seeds: list[int], out_dir: Path):
+    """Each seed's RunSpec with the base config, checked; the first seed's inputs and
+    checked run; and the base config parsed. Every problem of every seed is listed at
+    once."""
+    bases, problems, first, first_checked = {}, [], None, None
+    for seed in seeds:
+        inputs = read_inputs(args, launch.dp, seed=seed)
+        first = first or inputs
+        spec = build_spec(args, launch.dp, inputs, text, out_dir, seed=seed,
+                          transport=args.transport)
+        try:
+            [checked] = check_specs(args, inputs, [(spec, source)], local_ranks=launch.dp)
+        except UsageError as exc:
+            problems += exc.problems
+            continue
+        bases[seed] = spec
+        first_checked = first_checked or checked
+    if problems:
+        raise UsageError(*dict.fromkeys(problems))
+    try:
+        with_lb(first_checked.config.raw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return bases, first, first_checked
+
+
+def _check_space(args, inputs: Inputs, base: RunSpec, base_config: dict, source: str,
+                 space: Space) -> None:
+    """Every knob at both ends of its range, on the base config, must be a config the
+    checks accept (the base's end_step, say, may leave no room for a late start_step)."""
+    ends = {"mode": ["static", "dynamic"], "start_step": [START_STEP[0], START_STEP[1]],
+            "bubble_threshold": [BUBBLE_BLOCKS[0], BUBBLE_BLOCKS[1], BUBBLE_RATIO[0]],
+            "long_req_block_threshold": list(space.long_req_blocks),
+            "dynamic_max_step": list(DYNAMIC_MAX_STEP)}
+    for knob in space.knobs:
+        for value in ends[knob]:
+            spec = dataclasses.replace(
+                base, additional_config=with_lb(base_config, enabled=True, **{knob: value}))
+            try:
+                checked_spec(args, inputs, spec, f"{source} with {knob}={json.dumps(value)}")
+            except SpecError as exc:
+                raise UsageError(f"--knobs {knob}: the search range reaches {knob}="
+                                 f"{json.dumps(value)}, which {source} does not allow: "
+                                 f"{exc.problems[0].message}") from None
+
+
+def _check_storage(args, url: str, fingerprint: Fingerprint, out_dir: Path) -> bool:
+    """Whether the storage already holds this study (the command resumes it). Another
+    study there, or a storage that cannot be read, is refused before anything starts;
+    with --overwrite nothing is read (the study is removed once the executor is up)."""
+    default = url == f"sqlite:///{(out_dir / STORAGE_FILE).resolve()}"
+    if args.overwrite or (default and not (out_dir / STORAGE_FILE).exists()):
+        return False
+    try:
+        return find_study(url, fingerprint)
+    except StudyMismatch as exc:
+        raise UsageError(f"--storage {url}: {exc}; choose another --out or --storage, or "
+                         "pass --overwrite to start the study again") from None
+    except Exception as exc:  # SQLAlchemy's and Optuna's errors: the URL or the file
+        raise UsageError(f"--storage {url}: not an Optuna storage this command can open: "
+                         f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _prepare_out(args, out_dir: Path, storage: str, resuming: bool) -> None:
+    """--out DIR made. A resumed study rewrites its own files there at the end. Else an
+    earlier run's or study's files are refused, or with --overwrite removed with the
+    study in the storage."""
+    if resuming:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return
+    prepare_out_dir(out_dir, args.overwrite)
+    ours = [out_dir / name for name in TUNE_FILES if os.path.lexists(out_dir / name)]
+    if args.overwrite:
+        for path in ours:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        try:
+            delete_study(storage)
+        except Exception as exc:
+            raise UsageError(f"--storage {storage}: cannot remove the study: "
+                             f"{_first_line(exc)}") from None
+    elif ours:
+        raise UsageError(f"--out {out_dir}: holds the files of a study ({ours[0].name}) "
+                         f"but --storage {storage} holds no study to resume; choose a new "
+                         "directory or pass --overwrite to start again")
+
+
+def _open(storage: str, fingerprint: Fingerprint, objectives, seed: int, first):
+    try:
+        return open_study(storage, fingerprint, objectives, seed, first)
+    except StudyMismatch as exc:
+        raise UsageError(f"--storage {storage}: {exc}") from None
+    except Exception as exc:
+        raise UsageError(f"--storage {storage}: cannot open or create the study: "
+                         f"{_first_line(exc)}") from None
+
+
+def _fresh_dir(path: Path) -> None:
+    """A run's directory, empty: a run a stopped command left half done is run again."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+class _resumable:
+    """A stop (SIGINT, SIGTERM) while the study runs says how to resume it: the
+    interrupted batch's message, or for a signal between batches one of its own."""
+
+    def __init__(self, storage: str, study):
+        self.storage = storage
+        self.study = study
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or not isinstance(exc, (RunInterrupted, KeyboardInterrupt)):
+            return False
+        finished = _counts(self.study)
+        hint = (f" The study keeps its {finished['complete'] + finished['pruned']} finished "
+                f"trial(s) in {self.storage}; run the same command again to resume it.")
+        if isinstance(exc, RunInterrupted):
+            raise RunInterrupted(str(exc) + hint, exc.exit_code) from None
+        name, code = (("SIGTERM", 143) if isinstance(exc, Terminated)
+                      else ("SIGINT", 130))
+        raise RunInterrupted(f"interrupted by {name}; no run was under way; no table or "
+                             f"plots were written.{hint}", code) from None
+
+
+def _counts(study) -> dict[str, int]:
+    counts = {"complete": 0, "pruned": 0, "fail": 0, "running": 0, "waiting": 0}
+    for trial in study.get_trials(deepcopy=False):
+        counts[trial.state.name.lower()] += 1
+    return counts
+
+
+# ----------------------------------------------------------------------- the A/B
+
+
+def _ab(args, executor, bases, seeds, base_config: dict, best: dict, out_dir: Path) -> dict:
+    """The recommendation against DyntraLB off on fresh seeds, as ``ab --seeds`` runs
+    them: ``ab/seed<s>/a`` and ``b``, and ``ab/ab.json``."""
+    ab_dir = out_dir / "ab"
+    if ab_dir.is_dir() and not ab_dir.is_symlink():
+        shutil.rmtree(ab_dir)
+    configs = (with_lb(base_config, enabled=False),
+               with_lb(base_config, enabled=True, **best["values"]))
+    specs, names = [], []
+    for seed in seeds:
+        for side, config in zip("ab", configs, strict=True):
+            spec = dataclasses.replace(bases[seed], additional_config=config,
+                                       out_dir=ab_dir / f"seed{seed}" / side)
+            Path(spec.out_dir).mkdir(parents=True)
+            specs.append(spec)
+            names.append(f"ab/seed{seed}/{side}")
+    note(args, f"tune: the A/B of trial {best['number']} against DyntraLB off on "
+               f"{len(seeds)} fresh seed(s) ({', '.join(map(str, seeds))})")
+    metrics = run_batch(args, executor, specs, names, "the A/B", f"{ab_dir}/seed<s>/a and b/")
+    pairs = [(seed, metrics[2 * i], metrics[2 * i + 1]) for i, seed in enumerate(seeds)]
+    labels = ("DyntraLB off", f"trial {best['number']}")
+    write_ab_json(ab_dir / "ab.json", workload=args.workload, dp_size=bases[seeds[0]].dp_size,
+                  labels=labels, pairs=pairs)
+    return {"seeds": seeds, "labels": labels, "pairs": pairs}
+
+
+def confidence(best: dict | None, ab: dict | None, fixed_trace: bool) -> str:
+    """The line on how sure the recommendation is."""
+    if best is None:
+        return "No recommendation: no trial of the front meets the limits."
+    search = best["estimates"].get("throughput")
+    if fixed_trace:
+        gain = "" if search is None else f" ({search[0]:+.2f} % throughput)"
+        return (f"How sure: exact for this trace{gain}: the emulator is deterministic and a "
+                "trace file is one workload, so there is no seed-to-seed spread to measure; "
+                "how it carries over to other traffic is not measured.")
+    if ab is None:
+        return "How sure: not measured (no fresh seeds: --ab-seeds 0)."
+    _, deltas, ci = seed_summary(ab["pairs"])[0]
+    if ci is None:
+        return (f"How sure: one fresh seed, {deltas[0]:+.2f} % throughput; no interval "
+                "(--ab-seeds 2 or more gives one).")
+    mean, half = ci
+    est = "" if search is None else (f" (the search estimated {search[0]:+.2f} ± "
+                                     f"{search[1]:.2f} % on its own seeds)")
+    if mean - half > 0:
+        verdict = "sure it wins: the 95 % CI of its throughput gain lies above 0"
+    elif mean + half < 0:
+        verdict = "it loses: the 95 % CI of its throughput gain lies below 0"
+    else:
+        verdict = ("not sure: the 95 % CI of its throughput gain includes 0; more trials "
+                   "or seeds may tell")
+    return (f"How sure: {verdict}, {mean:+.2f} ± {half:.2f} % over {len(deltas)} fresh "
+            f"seeds{est}.")
+
+
+# ----------------------------------------------------------------------- the report
+
+
+def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, base_config,
+            objectives, seeds, ab_seeds, runs: int) -> int:
+    counts = _counts(study)
+    table = front_table(rows, front, objectives, None if best is None else best["number"])
+    recommended = None if best is None else with_lb(base_config, enabled=True, **best["values"])
+    plot_front(rows, front, None if best is None else best["number"], out_dir / "front.png")
+    if recommended is not None:
+        (out_dir / "recommended.json").write_text(json.dumps(recommended, indent=1) + "\n")
+    elif (out_dir / "recommended.json").exists():
+        (out_dir / "recommended.json").unlink()
+    sure = confidence(best, ab, not is_recipe(args.workload))
+    ab_table = None if ab is None else seed_table(ab["pairs"])
+    ab_runs = 0 if ab is None else 2 * len(ab["seeds"])
+    study_line = (f"Study: {sum(counts.values())} trials ({counts['complete']} complete, "
+                  f"{counts['pruned']} pruned, {counts['fail']} failed) in {storage}; this "
+                  f"command ran {runs + ab_runs} runs ({runs} for the search, {ab_runs} for "
+                  "the A/B)")
+    (out_dir / "tune.json").write_text(json.dumps({
+        "workload": args.workload, "study_name": STUDY_NAME, "storage": storage,
+        "seeds": seeds, "ab_seeds": ab_seeds, "objectives": list(objectives),
+        "trial_counts": counts, "runs": {"search": runs, "ab": ab_runs},
+        "trials": rows, "pareto_front": front,
+        "recommended": None if best is None else {
+            "trial": best["number"], "values": best["values"], "estimates": best["estimates"],
+            "additional_config": recommended},
+        "ab": None if ab is None else {
+            "seeds": ab["seeds"], "labels": list(ab["labels"]),
+            "deltas": [{"label": label, "per_seed": values,
+                        "mean": None if ci is None else ci[0],
+                        "ci95": None if ci is None else ci[1]}
+                       for label, values, ci in seed_summary(ab["pairs"])]},
+        "confidence": sure}, indent=1, sort_keys=True) + "\n")
+    rec_text = ("No trial of the front meets the limits." if best is None else
+                f"Recommended: trial {best['number']} ({config_label(best['values'])}):\n"
+                f"--additional-config '{json.dumps(recommended)}'")
+    gain = None if best is None else best["estimates"].get("throughput")
+    if gain is not None and gain[0] <= 0:
+        rec_text += ("\nnote: no trial gains throughput over DyntraLB off on the search's "
+                     "seeds; this one loses least")
+    ab_intro = "" if ab is None else (
+        f"A/B of trial {best['number']} against DyntraLB off on {len(ab['seeds'])} fresh "
+        f"seeds ({', '.join(map(str, ab['seeds']))}), runs in {out_dir / 'ab'}:")
+    md = [f"# dyntra-emu tune: {args.workload}", f"{study_line}.",
+          f"The Pareto front (* the recommendation), means over {len(seeds)} seed(s):", table,
+          f"```\n{rec_text}\n```\n\n(`recommended.json` holds the config.)"]
+    if ab is not None:
+        md += [ab_intro, f"```\n{ab_table}\n```"]
+    md += [sure, "![front](front.png)"]
+    (out_dir / "summary.md").write_text("\n\n".join(md) + "\n")
+    print(table)
+    print()
+    print(rec_text)
+    print()
+    if ab is not None:
+        print(f"{ab_intro}\n\n{ab_table}\n")
+    print(sure)
+    print(f"{study_line}.")
+    print(f"\nOutputs in {out_dir}/: summary.md, tune.json, front.png, recommended.json, "
+          "runs/<trial>/seed<s>/, ab/")
+    return 0
+
+
+# ----------------------------------------------------------------------- the parser
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``tune`` on the ``dyntra-emu`` sub-command parser."""
+    parser = subparsers.add_parser(
+        "tune", help="search DyntraLB's knobs for a workload (Optuna); resumable",
+        description=wrap(
+            "Search DyntraLB's knobs (mode, start_step, bubble_threshold in blocks or as a "
+            "ratio, long_req_block_threshold, dynamic_max_step) for one workload with "
+            "Optuna: TPE for one objective, NSGA-II for several. Each trial runs on "
+            "--seeds workload seeds against DyntraLB off on the same seeds; a trial whose "
+            "confidence interval keeps it off the front is pruned early. The study lives "
+            "in --storage (default: study.db in --out), so the same command resumes it. "
+            "Prints the Pareto front, the recommended config and its A/B against DyntraLB "
+            "off on fresh seeds."),
+        formatter_class=Formatter, allow_abbrev=False, epilog=EPILOG)
+    add_input_options(parser, single_config=False)
+    parser.add_argument("--additional-config", metavar="JSON|@FILE",
+                        help="base config the trials modify (default: production's, "
+                             "{\"enabled\": true}); the baseline is it with DyntraLB off")
+    parser.add_argument("--transport", choices=("thread", "process"), default="thread",
+                        help="how each run's ranks run (default: thread; the same results)")
+    parser.add_argument("--trials", type=Int(0, 10_000).parse, default=20, metavar="N",
+                        help="trials this command adds to the study (default: 20)")
+    parser.add_argument("--seeds", type=Int(1, 100).parse, metavar="N",
+                        help=f"workload seeds per trial, --seed on (a recipe: default "
+                             f"{DEFAULT_SEEDS}; a trace file: 1, its only workload)")
+    parser.add_argument("--ab-seeds", type=Int(0, 100).parse, metavar="N",
+                        help="fresh seeds (after the search's) of the recommendation's A/B "
+                             f"against DyntraLB off (a recipe only; default {DEFAULT_SEEDS})")
+    parser.add_argument("--objectives", default=",".join(OBJECTIVES), metavar="LIST",
+                        help="what the study optimises, comma-separated, of "
+                             f"{', '.join(OBJECTIVES)} (default: all)")
+    parser.add_argument("--knobs", default=",".join(KNOBS), metavar="LIST",
+                        help=f"the dyntra_lb_config keys searched, of {', '.join(KNOBS)} "
+                             "(default: all)")
+    parser.add_argument("--storage", metavar="URL",
+                        help="the study's Optuna storage (default: sqlite:///DIR/study.db "
+                             "in --out); the same storage again resumes the study")
+    parser.add_argument("--max-tpot-p99-ms", type=positive_ms, metavar="MS",
+                        help="recommend the front's best throughput with TPOT p99 <= MS")
+    add_executor_options(parser, "the trials' runs")
+    add_output_options(parser)
+    parser.set_defaults(func=cmd_tune)
+    return parser
+

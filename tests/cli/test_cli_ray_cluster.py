@@ -1,0 +1,201 @@
+"""`--executor ray --ray-address` on a Ray cluster of two nodes on this machine: two
+raylets of 2 CPUs each, started as Ray's own cluster test utilities start them
+(``ray.cluster_utils.Cluster``), once for this module, with the setting a cluster for
+dyntra-emu needs (docs/executors.md: a worker's fork servers are not killed with it).
+
+- `ab --seeds 2` on rank processes (dp 2: one run fills a node) gives what the session's
+  local `ab --seeds 2` on rank threads gives, with runs on both nodes, each run's ranks
+  on one node;
+- `tune` on rank processes runs two trials at a time, one per node; SIGTERM mid-study
+  stops it (exit 143, every run under way stopped, the trials under way marked failed)
+  and the same command resumes it with --trials more;
+- the cluster shut down, no worker's fork server left a ``pymp-*`` directory in its
+  TMPDIR (tests/ray_tmpdir.py).
+
+Nodes are told apart by their raylet: a rank process (one holding a rank's event log
+open) descends from its node's raylet (raylet, Ray worker, fork server, rank)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from emu.executors.ray_cluster import SYSTEM_CONFIG
+from tests.held_logs import event_logs_held
+from tests.ray_tmpdir import own_tmpdir, pymp_left
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NODE_CPUS = 2
+
+
+class TwoNodes:
+    """The cluster: its address and each node's raylet process."""
+
+    def __init__(self, cluster, raylets: list[psutil.Process]):
+        self.cluster = cluster
+        self.address = cluster.address
+        self.raylets = raylets
+
+    def node_of(self, process: psutil.Process) -> int | None:
+        """Which node (index into ``raylets``) a process runs under, if any."""
+        try:
+            parents = process.parents()
+        except psutil.Error:
+            return None
+        return next((i for i, raylet in enumerate(self.raylets) if raylet in parents), None)
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    try:
+        from ray._private import ray_constants
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        if os.environ.get("DYNTRA_RAY_REQUIRED") == "1":
+            pytest.fail("Ray is required here (DYNTRA_RAY_REQUIRED=1): pip install -e '.[ray]'")
+        pytest.skip("Ray not installed: pip install -e '.[ray]'")
+    with pytest.MonkeyPatch.context() as monkeypatch, own_tmpdir(monkeypatch) as tmp:
+        monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+            "num_cpus": NODE_CPUS, "include_dashboard": False,
+            "_system_config": SYSTEM_CONFIG})
+        try:
+            cluster.add_node(num_cpus=NODE_CPUS)
+            cluster.wait_for_nodes()
+            raylet = ray_constants.PROCESS_TYPE_RAYLET
+            raylets = [psutil.Process(n.all_processes[raylet][0].process.pid)
+                       for n in (cluster.head_node, *cluster.worker_nodes)]
+            yield TwoNodes(cluster, raylets)
+        finally:
+            cluster.shutdown()
+        left = pymp_left(tmp)
+        assert left == [], f"the workers' fork servers left {left} in their TMPDIR"
+
+
+class Placements(threading.Thread):
+    """While a command runs: for every run directory whose rank event logs a process
+    holds open, the nodes of those processes."""
+
+    def __init__(self, nodes: TwoNodes):
+        super().__init__(daemon=True)
+        self.nodes = nodes
+        self.runs: dict[str, set[int]] = {}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            processes = [p for r in self.nodes.raylets for p in r.children(recursive=True)]
+            for process, logs in event_logs_held(processes).items():
+                node = self.nodes.node_of(process)
+                if node is not None:
+                    for log in logs:
+                        # a Ray task's run directory: <scratch>/run/rank<r>.events.jsonl
+                        self.runs.setdefault(str(log.parent.parent), set()).add(node)
+
+    def __enter__(self) -> Placements:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self.join()
+
+
+def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tmp_path):
+    local, reference = ab_over_seeds
+    assert local.returncode == 0, local.stderr
+    with Placements(two_nodes) as seen:
+        ray = subprocess.run(
+            [sys.executable, "-m", "emu", *clikit.AB_OVER_SEEDS_AB, "--transport", "process",
+             "--executor", "ray", "--ray-address", two_nodes.address, "--out",
+             str(tmp_path / "ray")], cwd=tmp_path, capture_output=True, text=True,
+            timeout=800, stdin=subprocess.DEVNULL)
+    assert ray.returncode == 0, ray.stderr
+    assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(reference))
+    for seed in (3, 4):
+        for side in ("a", "b"):
+            a = json.loads((reference / f"seed{seed}" / side / "metrics.json").read_text())
+            b = json.loads((tmp_path / "ray" / f"seed{seed}" / side / "metrics.json")
+                           .read_text())
+            assert {k: v for k, v in a.items() if k != "wall"} == \
+                {k: v for k, v in b.items() if k != "wall"}
+    assert len(seen.runs) == 4, seen.runs  # every run seen under way
+    assert all(len(nodes) == 1 for nodes in seen.runs.values()), seen.runs  # STRICT_PACK
+    assert set.union(*seen.runs.values()) == {0, 1}, seen.runs  # both nodes ran runs
+
+
+def _finished(storage: str) -> dict[str, int]:
+    import optuna
+
+    from emu.tune import STUDY_NAME
+
+    try:
+        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+    except KeyError:  # not created yet
+        return {}
+    counts: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+    return counts
+
+
+def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_path):
+    trace = clikit.write_trace(tmp_path / "tiny.jsonl", clikit.tiny_requests())
+    out = tmp_path / "study"
+    storage = f"sqlite:///{out / 'study.db'}"
+    command = [sys.executable, "-m", "emu", "tune", "--workload", str(trace), *clikit.SMALL,
+               "--transport", "process", "--knobs", "mode,start_step,bubble_threshold",
+               "--executor", "ray", "--ray-address", two_nodes.address, "--out", str(out)]
+    with Placements(two_nodes) as seen:
+        proc = subprocess.Popen([*command, "--trials", "40"], cwd=tmp_path,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            counts: dict[str, int] = {}
+            while counts.get("COMPLETE", 0) + counts.get("PRUNED", 0) < 4 or not (
+                    {0, 1} <= set().union(*seen.runs.values())):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, (counts, seen.runs)
+                time.sleep(0.5)
+                if (out / "study.db").exists():
+                    counts = _finished(storage)
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 143, stderr
+    assert "dyntra-emu tune: interrupted by SIGTERM" in stderr
+    assert "run the same command again to resume it" in stderr
+    assert "Traceback" not in stderr
+    stopped = _finished(storage)
+    assert "RUNNING" not in stopped, stopped
+    finished = stopped.get("COMPLETE", 0) + stopped.get("PRUNED", 0)
+    # Two trials at a time, one per node; each run's ranks on one node.
+    assert all(len(nodes) == 1 for nodes in seen.runs.values()), seen.runs
+    # Whatever was under way was stopped: no rank is left writing an event log.
+    time.sleep(1.0)
+    processes = [p for r in two_nodes.raylets for p in r.children(recursive=True)]
+    assert event_logs_held(processes) == {}
+    states = [json.loads(p.read_text())["state"] for p in (out / "runs").glob("*/*/run.json")]
+    assert set(states) <= {"complete", "interrupted"}, states
+
+    resumed = subprocess.run([*command, "--trials", "2"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert resumed.returncode == 0, resumed.stderr
+    after = _finished(storage)
+    assert after.get("COMPLETE", 0) + after.get("PRUNED", 0) == finished + 2, (stopped, after)
+    assert "2 trial(s) at a time" in resumed.stderr
+    assert Path(out / "recommended.json").exists()
