@@ -99,6 +99,8 @@ ROWS = [
     Row("max_num_seqs", "16 (= 128 in flight / 8 ranks)", spec={"max_num_seqs": 16}),
     Row("max_num_seqs", "16, round_robin", spec={"max_num_seqs": 16, "router": "round_robin"}),
     Row("max_num_seqs", "32", spec={"max_num_seqs": 32}),
+    Row("kv_pool", "1,024 blocks per rank (131 k tokens)", spec={"num_gpu_blocks": 1024}),
+    Row("kv_pool", "512 blocks per rank (65 k tokens)", spec={"num_gpu_blocks": 512}),
     Row("kv_arrival", "prefill + KV transfer 200 ms", spec={"kv_latency_fixed_s": 0.2}),
     Row("kv_arrival", "prefill + KV transfer 1 s", spec={"kv_latency_fixed_s": 1.0}),
     Row("kv_arrival", "first 128 arrive over ~2 s (64 req/s)", trace={"rate": 64.0}),

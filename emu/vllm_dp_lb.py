@@ -1,7 +1,7 @@
 """vLLM 0.27.1's DP load balancer in the API server, as a router (``--router vllm``).
 
-A decode node with internal data parallelism serves every DP rank behind one API server.
-That server's engine client, ``DPLBAsyncMPClient``, picks the rank of each new request
+A decode node with internal data parallelism serves every DP rank behind its API
+server(s). Each server's engine client, ``DPLBAsyncMPClient``, picks the rank of each new request
 in ``get_core_engine_for_request`` (vllm/v1/engine/core_client.py), from two views of
 the engines:
 
@@ -25,8 +25,13 @@ The emulator feeds the router from the lockstep collective every rank already jo
 (``emu.rank.clock.LockstepClock`` carries each rank's queues, requests finished so far
 and KV usage): the client learns a finish at the next step's start, and the coordinator's
 publish clock runs on the step start times (virtual). Every rank holds the same router
-and sees the same numbers, so every rank agrees on every assignment. One API server:
-``client_count`` 1 (vLLM's default ``--api-server-count``).
+and sees the same numbers, so every rank agrees on every assignment.
+
+One API server (``client_count`` 1), what ``vllm serve --api-server-count 1`` runs. vLLM
+0.27.1's own default for internal DP load balancing is one server per DP rank
+(``ServeSubcommand.cmd``, vllm/entrypoints/cli/serve.py:103-126), each with its own
+in-flight counts and ``client_count`` = that number; several servers are not modelled
+(docs/fidelity.md says what that leaves open).
 """
 
 from __future__ import annotations
