@@ -156,6 +156,8 @@ def _other_study(path: Path) -> str:
                                 "mode, start_step, bubble_threshold"),
     (["--objectives", "throughput,cost"], "--objectives throughput,cost: unknown name 'cost'"),
     (["--trials", "0"], "--trials 0: an empty budget, no trial would run"),
+    (["--objectives", "throughput,tpot_p99", "--max-pause-ms", "60000"],
+     "--max-pause-ms: needs longest_pause among --objectives"),
     (["--seeds", "3"], "--seeds 3: needs a generated workload"),
     (["--storage", "sqlite:///{tmp}/notes.txt"], "--storage sqlite:///{tmp}/notes.txt: not an "
                                                   "Optuna storage this command can open"),
