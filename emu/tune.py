@@ -38,7 +38,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
@@ -606,13 +606,13 @@ def pareto_front(rows: list[dict], objectives: Sequence[str]) -> list[int]:
 
 
 def recommend(rows: list[dict], front: list[int], objectives: Sequence[str],
-              max_tpot_p99_ms: float | None) -> dict | None:
-    """The front's trial with the highest mean throughput gain (with ``max_tpot_p99_ms``,
-    among those whose mean TPOT p99 is within it), or the best by the first objective
-    when throughput is not one; None when no trial qualifies."""
-    candidates = [r for r in rows if r["number"] in front]
-    if max_tpot_p99_ms is not None:
-        candidates = [r for r in candidates if r["estimates"]["tpot_p99"][0] <= max_tpot_p99_ms]
+              limits: Mapping[str, float]) -> dict | None:
+    """The front's trial with the highest mean throughput gain, or the best by the first
+    objective when throughput is not one, among those whose mean of each objective in
+    ``limits`` is at most its limit (``--max-tpot-p99-ms``, ``--max-pause-ms``); None
+    when no trial qualifies."""
+    candidates = [r for r in rows if r["number"] in front and
+                  all(r["estimates"][name][0] <= limit for name, limit in limits.items())]
     if not candidates:
         return None
     name = "throughput" if "throughput" in objectives else objectives[0]

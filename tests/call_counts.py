@@ -35,13 +35,14 @@ def _reads(trace: Path, args: tuple, kwargs: dict) -> bool:
 
 # What one run works out, once: the additional config parsed (the summary's notes read
 # the config recorded in metrics.json, a result of the run, and are left out), the
-# device chosen, the trace file read. The run's logs read (emu.metrics.load_run) join
-# this list once a run's result carries them.
+# device chosen, the trace file read, the run's logs read (for the metrics and the plots
+# alike: the run carries what it read, RunResult.loaded).
 RESOLVED_ONCE = {
     "additional config parsed": Counted("dyntra_lb.config", "load_additional_config",
                                         not_from=("emu.no_effect",)),
     "device chosen": Counted("emu.cluster.device", "select_device"),
     "trace file read": Counted("emu.limits", "read_limited", counts=_reads),
+    "run's logs read": Counted("emu.metrics", "load_run"),
 }
 
 # What a vllm-ascend run works out once besides: its tree (each resolve runs

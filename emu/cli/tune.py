@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from emu.ab_seeds import write_ab_json
@@ -108,8 +109,7 @@ def cmd_tune(args) -> int:
     if args.trials == 0:
         raise UsageError("--trials 0: an empty budget, no trial would run; give 1 or more "
                          "(a resumed study adds that many)")
-    if args.max_tpot_p99_ms is not None and "tpot_p99" not in objectives:
-        raise UsageError("--max-tpot-p99-ms: needs tpot_p99 among --objectives")
+    limits = _limits(args, objectives)
     seeds, ab_seeds = _seeds(args)
     out_dir = out_dir_path(args.out, "tune")
     text, source = (read_config_arg(args.additional_config)
@@ -159,13 +159,29 @@ def cmd_tune(args) -> int:
             search.run(args.trials)
         rows = trial_rows(study, objectives)
         front = pareto_front(rows, objectives)
-        best = recommend(rows, front, objectives, args.max_tpot_p99_ms)
+        best = recommend(rows, front, objectives, limits)
         ab = None
         if best is not None and ab_seeds:
             with _resumable(storage, study):
                 ab = _ab(args, executor, bases, ab_seeds, base_config, best, out_dir)
     return _report(args, out_dir, storage, study, rows, front, best, ab, base_config,
-                   objectives, seeds, ab_seeds, search.runs)
+                   objectives, limits, seeds, ab_seeds, search.runs)
+
+
+# The flags that bound the recommendation, each by the objective it limits.
+LIMIT_FLAGS = {"tpot_p99": "max_tpot_p99_ms", "longest_pause": "max_pause_ms"}
+
+
+def _limits(args, objectives: Sequence[str]) -> dict[str, float]:
+    """The recommendation's bounds given on the command line, by objective; a bound
+    needs its objective among the study's."""
+    limits = {name: getattr(args, flag) for name, flag in LIMIT_FLAGS.items()
+              if getattr(args, flag) is not None}
+    for name in limits:
+        if name not in objectives:
+            raise UsageError(f"--{LIMIT_FLAGS[name].replace('_', '-')}: needs {name} among "
+                             "--objectives")
+    return limits
 
 
 def _seeds(args) -> tuple[list[int], list[int]]:
@@ -388,7 +404,7 @@ def confidence(best: dict | None, ab: dict | None, fixed_trace: bool) -> str:
 
 
 def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, base_config,
-            objectives, seeds, ab_seeds, runs: int) -> int:
+            objectives, limits, seeds, ab_seeds, runs: int) -> int:
     counts = _counts(study)
     table = front_table(rows, front, objectives, None if best is None else best["number"])
     recommended = None if best is None else with_lb(base_config, enabled=True, **best["values"])
@@ -407,7 +423,7 @@ def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, bas
     (out_dir / "tune.json").write_text(json.dumps({
         "workload": args.workload, "study_name": STUDY_NAME, "storage": storage,
         "seeds": seeds, "ab_seeds": ab_seeds, "objectives": list(objectives),
-        "trial_counts": counts, "runs": {"search": runs, "ab": ab_runs},
+        "limits": limits, "trial_counts": counts, "runs": {"search": runs, "ab": ab_runs},
         "trials": rows, "pareto_front": front,
         "recommended": None if best is None else {
             "trial": best["number"], "values": best["values"], "estimates": best["estimates"],
@@ -491,6 +507,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "in --out); the same storage again resumes the study")
     parser.add_argument("--max-tpot-p99-ms", type=positive_ms, metavar="MS",
                         help="recommend the front's best throughput with TPOT p99 <= MS")
+    parser.add_argument("--max-pause-ms", type=positive_ms, metavar="MS",
+                        help="recommend the front's best throughput whose longest pause "
+                             "(mean over the seeds) is <= MS")
     add_executor_options(parser, "the trials' runs")
     add_output_options(parser)
     parser.set_defaults(func=cmd_tune)

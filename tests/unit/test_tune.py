@@ -183,7 +183,7 @@ def test_a_study_prunes_runs_repeats_and_resumes(tmp_path):
         else:
             assert row["number"] not in ran  # a repeated config ran nothing
     front = pareto_front(rows, ALL)
-    best = recommend(rows, front, ALL, None)
+    best = recommend(rows, front, ALL, {})
     assert best["number"] in front
     assert best["estimates"]["throughput"][0] == max(
         r["estimates"]["throughput"][0] for r in by_state["complete"])
@@ -296,3 +296,23 @@ def test_a_new_sqlite_storage_appears_with_its_schema_whole(tmp_path, monkeypatc
     open_study(storage, _fingerprint(), ALL, seed=0)
     assert opened_at_path and all(opened_at_path), opened_at_path
     assert [p.name for p in tmp_path.iterdir()] == ["study.db"]  # no scratch file left
+
+
+def test_the_recommendation_keeps_within_every_limit():
+    """--max-tpot-p99-ms and --max-pause-ms bound the recommendation by the trials' means:
+    the best throughput among the front's trials within both, or none."""
+    def row(number, gain, tpot, pause):
+        return {"number": number, "state": "complete", "same_as": None,
+                "estimates": {"throughput": [gain, 1.0], "tpot_p99": [tpot, 1.0],
+                              "longest_pause": [pause, 1.0]}}
+
+    rows = [row(0, 6.0, 40.0, 300_000.0), row(1, 4.0, 45.0, 20_000.0),
+            row(2, 2.0, 35.0, 0.0)]
+    front = pareto_front(rows, ALL)
+    assert front == [0, 1, 2]
+    assert recommend(rows, front, ALL, {})["number"] == 0
+    assert recommend(rows, front, ALL, {"longest_pause": 60_000.0})["number"] == 1
+    assert recommend(rows, front, ALL, {"longest_pause": 60_000.0,
+                                        "tpot_p99": 40.0})["number"] == 2
+    assert recommend(rows, front, ALL, {"longest_pause": 60_000.0,
+                                        "tpot_p99": 30.0}) is None
