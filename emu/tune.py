@@ -32,13 +32,17 @@ recommendation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import os
+import signal
+import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
@@ -364,6 +368,37 @@ def _sampler(objectives: int, seed: int):
 # ----------------------------------------------------------------------- the search
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside wait for its end, then act as they would
+    have. A study's storage writes in transactions: a stop that cut one in half left the
+    SQLite file locked for the clean-up that marks the trials under way as failed, and
+    a trial asked for but not yet recorded as under way stayed RUNNING. Only the main
+    thread can hold signals; elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _: arrived.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if arrived and callable(previous[arrived[0]]):
+            previous[arrived[0]](arrived[0], None)
+
+
+def _uninterrupted(method):
+    """A method of the search that reads or writes the study, run with signals held."""
+    @functools.wraps(method)
+    def held(*args, **kwargs):
+        with _signals_held():
+            return method(*args, **kwargs)
+    return held
+
+
 @dataclasses.dataclass
 class Candidate:
     """One trial under way: its number, its knobs and, per seed run so far, the run's
@@ -410,13 +445,15 @@ class Search:
 
     def baselines(self) -> dict[int, dict]:
         """DyntraLB off on every seed: from the study, or run now and stored there."""
-        stored = self.study.user_attrs.get(BASELINES_ATTR)
+        with _signals_held():
+            stored = self.study.user_attrs.get(BASELINES_ATTR)
         if stored is not None:
             return {int(seed): m for seed, m in stored.items()}
         runs = [(None, seed, None) for seed in self.seeds]
         metrics = self._run(runs, [f"baseline/seed{seed} (DyntraLB off)" for seed in self.seeds])
         baselines = {seed: _kept(m) for seed, m in zip(self.seeds, metrics, strict=True)}
-        self.study.set_user_attr(BASELINES_ATTR, {str(s): m for s, m in baselines.items()})
+        with _signals_held():
+            self.study.set_user_attr(BASELINES_ATTR, {str(s): m for s, m in baselines.items()})
         return baselines
 
     def run(self, trials: int) -> None:
@@ -437,11 +474,13 @@ class Search:
                 for candidate in survivors:
                     self._complete(candidate, baselines)
         except BaseException:
-            for candidate in self._under_way:
-                self.study.tell(candidate.number, state=optuna.trial.TrialState.FAIL)
-            self._under_way.clear()
+            with _signals_held():
+                for candidate in self._under_way:
+                    self.study.tell(candidate.number, state=optuna.trial.TrialState.FAIL)
+                self._under_way.clear()
             raise
 
+    @_uninterrupted
     def _ask(self) -> Candidate:
         trial = self.study.ask()
         candidate = Candidate(trial, self.space.suggest(trial))
@@ -449,6 +488,7 @@ class Search:
         self._under_way.append(candidate)
         return candidate
 
+    @_uninterrupted
     def _repeat(self, candidate: Candidate) -> bool:
         """A config an earlier trial ran (the samplers may draw one again from a discrete
         range) takes that trial's outcome without running again."""
@@ -482,6 +522,7 @@ class Search:
         self.runs += len(runs)
         return metrics
 
+    @_uninterrupted
     def _pruned(self, candidate: Candidate, baselines: dict[int, dict]) -> bool:
         """Prune the candidate when its first seeds' intervals keep it off the front."""
         import optuna
@@ -503,6 +544,7 @@ class Search:
         values = [mean for mean, _ in attrs["estimates"].values()]
         self._finish(candidate, attrs, optuna.trial.TrialState.COMPLETE, values)
 
+    @_uninterrupted
     def _finish(self, candidate: Candidate, attrs: dict, state, values, same_as=None) -> None:
         for key in ("seeds", "estimates"):
             candidate.trial.set_user_attr(key, attrs[key])

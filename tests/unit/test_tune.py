@@ -6,11 +6,13 @@ first seeds, repeated configs that run nothing, and resuming a study."""
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
 from emu.tune import (
     KNOBS,
     OBJECTIVES,
+    STUDY_NAME,
     Fingerprint,
     Search,
     Space,
@@ -316,3 +318,33 @@ def test_the_recommendation_keeps_within_every_limit():
                                         "tpot_p99": 40.0})["number"] == 2
     assert recommend(rows, front, ALL, {"longest_pause": 60_000.0,
                                         "tpot_p99": 30.0}) is None
+
+
+@pytest.mark.parametrize("where", ["ask", "tell"])
+def test_a_stop_inside_a_storage_write_waits_for_it_and_leaves_no_trial_running(
+        tmp_path, monkeypatch, where):
+    """SIGINT delivered in the middle of the study's own storage calls (a trial just
+    asked for, a trial being told its result) acts once the call is done: the search
+    stops with KeyboardInterrupt and every trial is finished or failed, none RUNNING."""
+    import os
+    import signal
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = open_study(storage, _fingerprint(), ALL, seed=0)
+    real = getattr(study, where)
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append(where)
+        if len(calls) == 3:  # past the first trials, so the stop lands mid-study
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(study, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _search(study, _Fake(), trials=10)
+    states = [t.state.name for t in optuna.load_study(
+        study_name=STUDY_NAME, storage=storage).trials]
+    assert "RUNNING" not in states, states
+    assert len(calls) >= 3 and len(states) >= 3
