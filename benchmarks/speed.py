@@ -141,7 +141,11 @@ def instrumented_main(report: str, argv: list[str]) -> int:
             planners[fn] = timer(fn, "planner_s")
         return planners[fn]
 
-    make_engine = impl_module.make_engine
+    # Where a rank's engine is made: a method of the implementation since issue 43, a
+    # module function in the checkouts before it.
+    owner = getattr(impl_module, "Implementation", impl_module)
+    owner = owner if hasattr(owner, "make_engine") else impl_module
+    make_engine = owner.make_engine
 
     def make_timed_engine(*args, **kwargs):
         engine = make_engine(*args, **kwargs)
@@ -156,7 +160,7 @@ def instrumented_main(report: str, argv: list[str]) -> int:
             core._plans = timer(core._plans, "planner_s")
         return engine
 
-    impl_module.make_engine = make_timed_engine
+    owner.make_engine = make_timed_engine
     run_module.run_cluster = timer(run_module.run_cluster, "cluster_s")
     from emu.cli.main import main
 
