@@ -229,9 +229,7 @@ def main() -> int:
             results["impls"][impl] = {"plain": plain, "instrumented": inst}
             print_impl(impl, plain, inst)
         if args.ab_seeds:
-            samples = {name: [] for name in checkouts}
-            for name, checkout in checkouts.items():  # warm-up
-                ab_seeds_sample(checkout, 1, tmp / f"ab-{name}")
+            samples = {name: [] for name in checkouts}  # the run samples above warmed up
             for round_ in range(args.rounds):
                 order = list(checkouts) if round_ % 2 == 0 else list(checkouts)[::-1]
                 for name in order:
