@@ -26,12 +26,16 @@ STOP_GRACE_S = 90.0
 def _run_job(checked: CheckedRun, conn) -> None:
     """In a job process: the run (``run_spec``; ``emu.run_apart.start_job`` checked its
     spec), its outcome sent on ``conn``; nothing is sent when the batch stopped the run
-    (its run.json says so)."""
+    (its run.json says so), nor when the batch stopped listening: a run that ended just
+    as the batch was stopped finds the pipe closed, and its run.json is complete."""
     try:
         outcome = run_spec(checked)
     except KeyboardInterrupt:
         return
-    conn.send(outcome)
+    try:
+        conn.send(outcome)
+    except BrokenPipeError:
+        return
 
 
 class LocalExecutor:

@@ -285,3 +285,24 @@ def test_a_job_stopped_in_its_first_moments_stops_as_an_interrupted_run(
     assert job.exitcode == 0, "the job was killed at the end of the grace"
     assert isinstance(reported, Interrupted), reported
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
+
+
+def test_a_job_whose_batch_stopped_listening_ends_quietly(tmp_path, no_leftover_processes):
+    """A run that ends just as its batch was stopped finds the batch's end of the pipe
+    closed: the job exits cleanly (no BrokenPipeError traceback on the command's stderr,
+    as `tune` stopped by SIGINT once printed) and its run is complete on disk."""
+    from emu.executors.local import _run_job
+    from emu.run_apart import start_job, stop_jobs
+
+    out = tmp_path / "run"
+    out.mkdir()
+    short = RunSpec(trace=[TraceRequest("r0", 0.0, 64, 8)], dp_size=2, out_dir=out,
+                    device="cpu", transport="thread")
+    job, conn = start_job(_run_job, short, "the job")
+    conn.close()  # the batch stopped listening before the run ended
+    try:
+        job.join(120)
+        assert job.exitcode == 0, f"the job ended with {job.exitcode}"
+        assert json.loads((out / "run.json").read_text())["state"] == "complete"
+    finally:
+        stop_jobs([job], 5.0)
