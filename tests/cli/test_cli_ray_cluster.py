@@ -32,6 +32,7 @@ import pytest
 from emu.executors.ray_cluster import SYSTEM_CONFIG
 from tests.held_logs import event_logs_held
 from tests.ray_tmpdir import own_tmpdir, pymp_left
+from tests.study_states import finished, study_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -134,21 +135,6 @@ def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tm
     assert set.union(*seen.runs.values()) == {0, 1}, seen.runs  # both nodes ran runs
 
 
-def _finished(storage: str) -> dict[str, int]:
-    import optuna
-
-    from emu.tune import STUDY_NAME
-
-    try:
-        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    except KeyError:  # not created yet
-        return {}
-    counts: dict[str, int] = {}
-    for trial in study.get_trials(deepcopy=False):
-        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
-    return counts
-
-
 def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_path):
     trace = clikit.write_trace(tmp_path / "tiny.jsonl", clikit.tiny_requests())
     out = tmp_path / "study"
@@ -163,13 +149,13 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
         try:
             deadline = time.monotonic() + 600
             counts: dict[str, int] = {}
-            while counts.get("COMPLETE", 0) + counts.get("PRUNED", 0) < 4 or not (
+            while finished(counts) < 4 or not (
                     {0, 1} <= set().union(*seen.runs.values())):
                 assert proc.poll() is None, proc.communicate()
                 assert time.monotonic() < deadline, (counts, seen.runs)
                 time.sleep(0.5)
                 if (out / "study.db").exists():
-                    counts = _finished(storage)
+                    counts = study_states(storage)
             proc.send_signal(signal.SIGTERM)
             stdout, stderr = proc.communicate(timeout=240)
         finally:
@@ -180,9 +166,9 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
     assert "dyntra-emu tune: interrupted by SIGTERM" in stderr
     assert "run the same command again to resume it" in stderr
     assert "Traceback" not in stderr
-    stopped = _finished(storage)
+    stopped = study_states(storage)
     assert "RUNNING" not in stopped, stopped
-    finished = stopped.get("COMPLETE", 0) + stopped.get("PRUNED", 0)
+    done = finished(stopped)
     # Two trials at a time, one per node; each run's ranks on one node.
     assert all(len(nodes) == 1 for nodes in seen.runs.values()), seen.runs
     # Whatever was under way was stopped: no rank is left writing an event log.
@@ -195,7 +181,7 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
     resumed = subprocess.run([*command, "--trials", "2"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert resumed.returncode == 0, resumed.stderr
-    after = _finished(storage)
-    assert after.get("COMPLETE", 0) + after.get("PRUNED", 0) == finished + 2, (stopped, after)
+    after = study_states(storage)
+    assert finished(after) == done + 2, (stopped, after)
     assert "2 trial(s) at a time" in resumed.stderr
     assert Path(out / "recommended.json").exists()

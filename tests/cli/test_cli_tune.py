@@ -19,25 +19,13 @@ import optuna
 import pytest
 
 from emu.tune import STUDY_NAME
+from tests.study_states import finished, study_states
 
 pytestmark = pytest.mark.integration
 
 # A generated workload of 4 requests on 2 rank threads: a run takes about a second.
 TINY_RECIPE = ["--workload", "recipe:pr12292,n=4,rate=20", "--dp", "2", "--block-size", "2048",
                "--max-num-seqs", "2", "--device", "cpu"]
-
-
-def _study_states(storage: str) -> dict[str, int]:
-    """The study's trials by state, read as any other process would read them."""
-    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    counts: dict[str, int] = {}
-    for trial in study.get_trials(deepcopy=False):
-        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
-    return counts
-
-
-def _finished(counts: dict[str, int]) -> int:
-    return counts.get("COMPLETE", 0) + counts.get("PRUNED", 0)
 
 
 @pytest.mark.timeout(600)
@@ -52,15 +40,12 @@ def test_a_study_stopped_by_sigint_resumes_from_its_storage(cli, clikit, tmp_pat
     try:
         deadline = time.monotonic() + 300
         counts: dict[str, int] = {}
-        while _finished(counts) < 2:  # watched through the storage while it runs
+        while finished(counts) < 2:  # watched through the storage while it runs
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, f"no two trials finished: {counts}"
             time.sleep(0.5)
             if (out / "study.db").exists():
-                try:
-                    counts = _study_states(storage)
-                except (KeyError, optuna.exceptions.StorageInternalError):
-                    counts = {}  # the study is being created
+                counts = study_states(storage)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -72,20 +57,20 @@ def test_a_study_stopped_by_sigint_resumes_from_its_storage(cli, clikit, tmp_pat
     assert "run the same command again to resume it" in stderr
     assert "Traceback" not in stderr
     assert not (out / "tune.json").exists()  # no report of a partial study
-    stopped = _study_states(storage)
+    stopped = study_states(storage)
     assert "RUNNING" not in stopped, stopped  # the trials under way were marked failed
-    finished = _finished(stopped)
-    assert 2 <= finished < 30
+    done = finished(stopped)
+    assert 2 <= done < 30
 
     resumed = subprocess.run([*command, "--trials", "2"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming the study" in resumed.stderr
-    after = _study_states(storage)
-    assert _finished(after) == finished + 2, (stopped, after)
+    after = study_states(storage)
+    assert finished(after) == done + 2, (stopped, after)
     assert after.get("FAIL", 0) == stopped.get("FAIL", 0)
     report = json.loads((out / "tune.json").read_text())
-    assert report["trial_counts"]["complete"] + report["trial_counts"]["pruned"] == finished + 2
+    assert report["trial_counts"]["complete"] + report["trial_counts"]["pruned"] == done + 2
     # The baselines ran once, before the stop: the resumed command ran 2 trials of 2 seeds
     # (fewer if a trial was pruned or repeated one) and the A/B's 4 runs.
     assert report["runs"]["search"] <= 4 and report["runs"]["ab"] == 4
@@ -174,4 +159,4 @@ def test_bad_input_is_one_line_and_runs_nothing(cli, clikit, tmp_path, tiny_trac
                              .replace("{other}", other))
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "never").exists()
-    assert _study_states(other) == {}  # the other study is as it was
+    assert study_states(other) == {}  # the other study is as it was
