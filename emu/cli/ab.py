@@ -14,10 +14,12 @@ from dyntra_lb.config import unknown_keys
 from emu.ab_seeds import FILE_NAME as AB_FILE
 from emu.ab_seeds import write_ab_json
 from emu.cli.batch import (
+    FILL_CORES,
     add_executor_options,
     batch_executor,
     check_executor_flags,
     describe_executor,
+    jobs_filling_cores,
     run_batch,
 )
 from emu.cli.errors import PROG, UsageError
@@ -183,11 +185,12 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     specs = [checked.spec for pair in pairs for checked in pair]
     names = [f"seed{seed}/{name} ({label})" for seed in seeds
              for name, label in zip(RUN_DIRS, labels, strict=True)]
-    with batch_executor(args, specs) as executor:
+    with batch_executor(args, specs, jobs_filling_cores(specs)) as executor:
         prepare_out_dir(out_dir, args.overwrite,
                         tuple(f"seed{s}/{name}" for s in seeds for name in RUN_DIRS))
+        where = describe_executor(args, executor, specs[0])
         note(args, f"ab: {len(seeds)} seeds x 2 runs of {args.workload}, {specs[0].dp_size} "
-                   f"ranks, {describe_executor(args)}, {specs[0].transport} transport; "
+                   f"ranks, {where}, {specs[0].transport} transport; "
                    f"writing {out_dir}")
         metrics = run_batch(args, executor, specs, names, "ab --seeds",
                             f"{out_dir}/seed<s>/a and b/")
@@ -422,7 +425,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="with --workload recipe:NAME: run the A/B on N workload seeds "
                              "(--seed, --seed + 1, ...) and report each delta as a mean with a "
                              "95 %% confidence interval")
-    add_executor_options(parser, "the runs of --seeds")
+    add_executor_options(parser, "the runs of --seeds", FILL_CORES)
     add_run_options(parser)
     parser.set_defaults(func=cmd_ab)
     return parser

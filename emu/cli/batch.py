@@ -30,8 +30,10 @@ from emu.executors import (
 from emu.knobs import Int
 
 
-def add_executor_options(parser: argparse.ArgumentParser, what: str) -> None:
-    """--executor, --jobs and --ray-address; ``what`` names the batch's runs in help."""
+def add_executor_options(parser: argparse.ArgumentParser, what: str,
+                         jobs_default: str) -> None:
+    """--executor, --jobs and --ray-address; ``what`` names the batch's runs in help,
+    ``jobs_default`` says what the command runs at a time without --jobs."""
     parser.add_argument("--executor", choices=tuple(EXECUTORS), default="local",
                         help=f"where {what} run: local (job processes on this machine, "
                              "--jobs at a time) or ray (Ray tasks, on a local Ray or the "
@@ -39,11 +41,24 @@ def add_executor_options(parser: argparse.ArgumentParser, what: str) -> None:
                              "(default: local)")
     parser.add_argument("--jobs", type=Int(1).parse, metavar="N",
                         help=f"with --executor local: {what} at a time, one process each "
-                             "(default: 1; at most the number of cores)")
+                             f"(default: {jobs_default}; at most the number of cores)")
     parser.add_argument("--ray-address", metavar="ADDR",
                         help="with --executor ray: the Ray cluster's address (HOST:PORT of "
                              "its head node, or auto; default: start a local Ray for the "
                              "batch and shut it down after)")
+
+
+# --jobs' default for batches whose results do not depend on how many runs go at once.
+FILL_CORES = ("as many as keep the cores busy: one run per core on rank threads, one per "
+              "dp_size cores on rank processes")
+
+
+def jobs_filling_cores(specs: Sequence) -> int:
+    """How many of ``specs``' runs at a time keep this machine's cores busy without
+    sharing one: a run on rank threads is one busy process, a run on rank processes
+    ``dp_size`` of them. At least one, at most one per run."""
+    busy = specs[0].dp_size if specs[0].transport == "process" else 1
+    return max(1, min(len(specs), (os.cpu_count() or 1) // busy))
 
 
 def check_executor_flags(args) -> None:
@@ -60,10 +75,12 @@ def check_executor_flags(args) -> None:
 
 
 @contextlib.contextmanager
-def batch_executor(args, specs: Sequence):
+def batch_executor(args, specs: Sequence, default_jobs: int = 1):
     """The executor of the flags, checked against ``specs`` and entered for the length of
-    the block; its refusals are UsageErrors."""
-    executor = open_executor(args.executor, jobs=args.jobs or 1, address=args.ray_address)
+    the block; its refusals are UsageErrors. A local one runs ``--jobs`` runs at a time,
+    ``default_jobs`` without it."""
+    executor = open_executor(args.executor, jobs=args.jobs or default_jobs,
+                             address=args.ray_address)
     try:
         executor.check(specs)
         executor.__enter__()
@@ -75,10 +92,10 @@ def batch_executor(args, specs: Sequence):
         executor.__exit__(None, None, None)
 
 
-def describe_executor(args) -> str:
-    """How the status line names where the runs go."""
+def describe_executor(args, executor: Executor, spec) -> str:
+    """How the status line names where runs like ``spec`` go."""
     if args.executor == "local":
-        return f"{args.jobs or 1} job(s) at a time"
+        return f"{executor.slots(spec)} job(s) at a time"
     return f"on Ray ({args.ray_address or 'a local Ray'})"
 
 

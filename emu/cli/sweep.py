@@ -13,10 +13,12 @@ from pathlib import Path
 
 from dyntra_lb.config import DyntraLBConfig
 from emu.cli.batch import (
+    FILL_CORES,
     add_executor_options,
     batch_executor,
     check_executor_flags,
     describe_executor,
+    jobs_filling_cores,
     run_batch,
 )
 from emu.cli.errors import UsageError
@@ -141,13 +143,14 @@ def cmd_sweep(args) -> int:
                          "them all")
     specs = [point_spec(base, p, out_dir) for p in points]
     mode = "async" if base.async_scheduling else "synchronous"
-    with batch_executor(args, specs) as executor:
+    with batch_executor(args, specs, jobs_filling_cores(specs)) as executor:
         _check_out(out_dir, args.overwrite)
         for spec in specs:
             Path(spec.out_dir).mkdir(parents=True)
+        where = describe_executor(args, executor, specs[0])
         note(args, f"sweep: {n} configs + baseline on workload {base.workload} "
                    f"({len(base.trace)} requests), {base.dp_size} ranks, {mode} scheduling, "
-                   f"{describe_executor(args)}, thread transport; writing {out_dir}")
+                   f"{where}, thread transport; writing {out_dir}")
         start = time.monotonic()
         metrics = run_batch(args, executor, specs,
                             [f"{p.name} ({p.label})" for p in points], "the sweep",
@@ -219,7 +222,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
                         help="a dyntra_lb_config key and its values (repeatable; the grid "
                              f"is the product). Keys: {', '.join(GRID_KEYS)}")
-    add_executor_options(parser, "runs")
+    add_executor_options(parser, "runs", FILL_CORES)
     parser.add_argument("--objective", choices=OBJECTIVES,
                         help="what the best config optimises (default: throughput)")
     parser.add_argument("--max-tpot-p99-ms", type=positive_ms, metavar="MS",

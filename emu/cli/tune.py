@@ -141,9 +141,10 @@ def cmd_tune(args) -> int:
         _prepare_out(args, out_dir, storage, resuming)
         study = _open(storage, fingerprint, objectives, args.seed, space.start_params(lb))
         slots = executor.slots(bases[seeds[0]])
+        where = describe_executor(args, executor, bases[seeds[0]])
         note(args, f"tune: {'resuming the study' if resuming else 'a new study'} in "
                    f"{storage}: {args.trials} more trial(s) of {len(seeds)} seed(s) each on "
-                   f"{args.workload}, {launch.dp} ranks, {describe_executor(args)}, "
+                   f"{args.workload}, {launch.dp} ranks, {where}, "
                    f"{args.transport} transport, {slots} trial(s) at a time")
 
         def batch(runs, names):
@@ -510,7 +511,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-pause-ms", type=positive_ms, metavar="MS",
                         help="recommend the front's best throughput whose longest pause "
                              "(mean over the seeds) is <= MS")
-    add_executor_options(parser, "the trials' runs")
+    add_executor_options(parser, "the trials' runs",
+                         "1: a study's trials depend on how many are asked at once")
     add_output_options(parser)
     parser.set_defaults(func=cmd_tune)
     return parser

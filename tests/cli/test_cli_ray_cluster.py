@@ -3,17 +3,21 @@ raylets of 2 CPUs each, started as Ray's own cluster test utilities start them
 (``ray.cluster_utils.Cluster``), once for this module, with the setting a cluster for
 dyntra-emu needs (docs/executors.md: a worker's fork servers are not killed with it).
 
-- `ab --seeds 2` on rank processes (dp 2: one run fills a node) gives what the session's
-  local `ab --seeds 2` on rank threads gives, with runs on both nodes, each run's ranks
-  on one node;
-- `tune` on rank processes runs two trials at a time, one per node; SIGTERM mid-study
-  stops it (exit 143, every run under way stopped, the trials under way marked failed)
-  and the same command resumes it with --trials more;
+- `ab --seeds 2` on the cluster gives what the session's local `ab --seeds 2` gives, with
+  runs on both nodes. Both run on rank threads (a run is one Ray task of one CPU, so the
+  four runs fill the two nodes at once): the same runs on rank processes took four times
+  as long here (gloo's wake-ups on 2 cores), and rank processes on the cluster are
+  what the `tune` test below runs;
+- `tune` on rank processes (dp 2: one run fills a node) runs two trials at a time, one
+  per node, each run's ranks on one node; SIGTERM mid-study stops it (exit 143, every
+  run under way stopped, the trials under way marked failed) and the same command
+  resumes it with --trials more;
 - the cluster shut down, no worker's fork server left a ``pymp-*`` directory in its
   TMPDIR (tests/ray_tmpdir.py).
 
-Nodes are told apart by their raylet: a rank process (one holding a rank's event log
-open) descends from its node's raylet (raylet, Ray worker, fork server, rank)."""
+Nodes are told apart by their raylet: a process holding a rank's event log open (a rank
+process, or the Ray worker running a run's rank threads) descends from its node's raylet
+(raylet, Ray worker, fork server, rank)."""
 
 from __future__ import annotations
 
@@ -117,10 +121,10 @@ def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tm
     assert local.returncode == 0, local.stderr
     with Placements(two_nodes) as seen:
         ray = subprocess.run(
-            [sys.executable, "-m", "emu", *clikit.AB_OVER_SEEDS_AB, "--transport", "process",
-             "--executor", "ray", "--ray-address", two_nodes.address, "--out",
-             str(tmp_path / "ray")], cwd=tmp_path, capture_output=True, text=True,
-            timeout=800, stdin=subprocess.DEVNULL)
+            [sys.executable, "-m", "emu", *clikit.AB_OVER_SEEDS_AB, "--executor", "ray",
+             "--ray-address", two_nodes.address, "--out", str(tmp_path / "ray")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=800,
+            stdin=subprocess.DEVNULL)
     assert ray.returncode == 0, ray.stderr
     assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(reference))
     for seed in (3, 4):
@@ -131,7 +135,6 @@ def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tm
             assert {k: v for k, v in a.items() if k != "wall"} == \
                 {k: v for k, v in b.items() if k != "wall"}
     assert len(seen.runs) == 4, seen.runs  # every run seen under way
-    assert all(len(nodes) == 1 for nodes in seen.runs.values()), seen.runs  # STRICT_PACK
     assert set.union(*seen.runs.values()) == {0, 1}, seen.runs  # both nodes ran runs
 
 

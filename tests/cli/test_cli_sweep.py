@@ -123,3 +123,28 @@ def test_sweep_bad_input_is_one_line_and_nothing_runs(cli, clikit, tmp_path, tin
     clikit.assert_user_error(proc, fragment)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_without_jobs_a_sweep_runs_one_job_per_core(cli, clikit, tiny_trace, tmp_path,
+                                                    monkeypatch):
+    """Without --jobs a sweep (runs on rank threads: one busy process each) keeps every
+    core busy: as many jobs under way at once as the cores, at most one per run. Seen
+    as the jobs alive each time the executor starts one."""
+    from emu.executors import local
+
+    started, most_at_once = [], []
+
+    def counting_start(*args, **kwargs):
+        most_at_once.append(1 + sum(job.is_alive() for job, _ in started))
+        started.append(start(*args, **kwargs))
+        return started[-1]
+
+    start = local.start_job
+    monkeypatch.setattr(local, "start_job", counting_start)
+    proc = cli("sweep", "--workload", tiny_trace, *clikit.SMALL, "--grid",
+               "bubble_threshold=1,5", "--out", tmp_path / "sw")
+    assert proc.returncode == 0, proc.stderr
+    runs = 3  # the baseline and two points
+    assert len(started) == runs
+    assert max(most_at_once) == min(runs, os.cpu_count() or 1), most_at_once
+    assert f"{min(runs, os.cpu_count() or 1)} job(s) at a time" in proc.stderr

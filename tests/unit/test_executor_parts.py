@@ -57,3 +57,19 @@ def test_open_executor_makes_each_by_name_without_starting_it():
     assert isinstance(local, LocalExecutor) and local.jobs == 3
     ray = open_executor("ray", address="10.0.0.1:6379")
     assert isinstance(ray, RayExecutor) and ray.address == "10.0.0.1:6379"
+
+
+@pytest.mark.parametrize("transport,dp,runs,cores,jobs", [
+    ("thread", 8, 20, 2, 2),     # one busy process per run on rank threads
+    ("thread", 8, 3, 16, 3),     # never more jobs than runs
+    ("process", 2, 20, 8, 4),    # a run on rank processes keeps dp_size cores busy
+    ("process", 8, 20, 2, 1),    # a run larger than the machine: one at a time
+    ("thread", 2, 5, None, 1),   # cores unknown
+])
+def test_the_default_jobs_fill_the_cores(monkeypatch, transport, dp, runs, cores, jobs):
+    from emu.cli.batch import jobs_filling_cores
+    from emu.spec import RunSpec
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    spec = RunSpec(trace=[], dp_size=dp, out_dir="unused", transport=transport)
+    assert jobs_filling_cores([spec] * runs) == jobs
