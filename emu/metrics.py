@@ -15,7 +15,7 @@ import gc
 import json
 import re
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -93,9 +93,15 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
                        f"0..{len(ranks) - 1} without gaps")
     # The records hold no cycles: the garbage collector rests while tens of thousands of
     # them are made (a collection every few hundred new dicts would cost more than the
-    # parse), and looks at them once afterwards.
+    # parse), and then they are frozen (gc.freeze): out of every later collection's
+    # sight, freed by reference counting as before. Left in sight, the metrics and plots
+    # that follow set off full collections that went through all of them (1.1 s of
+    # the 10.6 s of `dyntra-emu run` on the PR recipe, dp 8; benchmarks/RESULTS.md,
+    # "Speed"). Freezing takes every object alive at that moment: `dyntra-emu` thaws
+    # them at the end of each command (emu.cli.main).
     with _gc_paused():
         steps, requests, wall = _read_logs(out_dir, ranks, partial)
+        gc.freeze()
     if partial:
         common = min(len(rank_steps) for rank_steps in steps)
         steps = [rank_steps[:common] for rank_steps in steps]
@@ -187,11 +193,7 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
             for r in run.requests if r["token_times_s"]]
     queue = [(r["first_scheduled_s"] - r["arrival_s"]) * 1e3
              for r in run.requests if r.get("first_scheduled_s") is not None]
-    # With speculative decoding a step emits several tokens at once; vLLM's serving
-    # benchmark receives them as one streamed chunk and counts one ITL per chunk, so a
-    # zero gap (same step) is no inter-token latency. Without it every gap is > 0.
-    itl = [(b - a) * 1e3 for r in run.requests
-           for a, b in pairwise(r["token_times_s"]) if b != a]
+    itl = _itl_ms(run.requests)
     e2e = [(r["finish_s"] - r["arrival_s"]) * 1e3 for r in finished]
 
     per_rank = []
@@ -243,15 +245,34 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     }
 
 
+def _itl_ms(requests: list[dict]) -> np.ndarray:
+    """Inter-token latencies: each request's gaps between consecutive token times, in
+    milliseconds, request after request. With speculative decoding a step emits several
+    tokens at once; vLLM's serving benchmark receives them as one streamed chunk and
+    counts one ITL per chunk, so a zero gap (same step) is no inter-token latency.
+    Without it every gap is > 0. (A run holds about a million token times: the gaps are
+    taken over all of them at once, and those across two requests dropped.)"""
+    times = [r["token_times_s"] for r in requests]
+    lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
+    flat = np.fromiter(chain.from_iterable(times), dtype=float, count=int(lengths.sum()))
+    before, after = flat[:-1], flat[1:]
+    keep = after != before
+    # the gap from a request's last token to the next request's first
+    across = np.cumsum(lengths)[:-1] - 1
+    keep[across[(across >= 0) & (across < keep.size)]] = False
+    return (after[keep] - before[keep]) * 1e3
+
+
 def write_metrics(metrics: dict, path) -> None:
     """Write metrics.json: sorted keys, two-space indent, trailing newline."""
     Path(path).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 
 
 def distribution(values) -> dict:
-    """`count`, `mean`, `p50`, `p90`, `p99` and `max` of `values` (percentiles by linear
-    interpolation, numpy's default); statistics are null when there are no values."""
-    arr = np.asarray(list(values), dtype=float)
+    """`count`, `mean`, `p50`, `p90`, `p99` and `max` of `values`, a list or an array
+    (percentiles by linear interpolation, numpy's default); statistics are null when
+    there are no values."""
+    arr = np.asarray(values, dtype=float)
     if arr.size == 0:
         return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
@@ -455,12 +476,26 @@ def _wall(wall: list[list[dict]] | None) -> dict | None:
     records = [rec for rank in wall for rec in rank]
     out: dict = {"records": len(records)}
     for name, fields in _WALL_FIELDS:
-        values = [v for rec in records
-                  if (v := next((rec[f] for f in fields if rec.get(f) is not None), None))
-                  is not None]
-        out[name] = distribution(v * 1e3 for v in values)
+        values = _first_of(records, fields)
+        out[name] = distribution(np.asarray(values, dtype=float) * 1e3)
         out[name.replace("_ms", "_total_s")] = sum(values)
     return out
+
+
+def _first_of(records: list[dict], fields: tuple[str, ...]) -> list[float]:
+    """Per record, the first of ``fields`` it holds a value for (records with none are
+    left out)."""
+    first, *others = fields
+    values = []
+    for rec in records:
+        value = rec.get(first)
+        for field in others:
+            if value is not None:
+                break
+            value = rec.get(field)
+        if value is not None:
+            values.append(value)
+    return values
 
 
 def _read_jsonl(path: Path, partial: bool = False):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import signal
 import sys
 
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
         name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
         print(f"\n{prog}: interrupted by {name}; no cluster was running", file=sys.stderr)
         return 143 if name == "SIGTERM" else 130
+    finally:
+        gc.unfreeze()  # what reading a run's logs froze (emu.metrics.load_run)
 
 
 def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> None:

@@ -136,10 +136,23 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit, monkeyp
 
 def test_run_reads_each_event_log_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):
     """The metrics and the plots come from one reading of the logs: the run as read
-    for the metrics (``RunResult.loaded``) is the one the plots draw."""
+    for the metrics (``RunResult.loaded``) is the one the plots draw. The records are
+    out of the garbage collector's sight while the metrics are computed (frozen), and
+    back in it when the command ends."""
     import builtins
+    import gc
     import io
 
+    import emu.run
+
+    frozen_while_measuring = []
+    compute = emu.run.compute_metrics
+
+    def watched_compute(*args, **kwargs):
+        frozen_while_measuring.append(gc.get_freeze_count())
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(emu.run, "compute_metrics", watched_compute)
     reads: list[str] = []
     real_open = io.open
 
@@ -157,6 +170,8 @@ def test_run_reads_each_event_log_once(cli, tiny_trace, tmp_path, clikit, monkey
     assert proc.returncode == 0, proc.stderr
     assert (out / "load.png").exists() and (out / "metrics.json").exists()
     assert sorted(reads) == ["rank0.events.jsonl", "rank1.events.jsonl"]
+    assert len(frozen_while_measuring) == 1 and frozen_while_measuring[0] > 0
+    assert gc.get_freeze_count() == 0
 
 
 @pytest.mark.parametrize("command", [None, "run", "ab", "validate"])
