@@ -20,10 +20,15 @@ round), two samples of the command:
   the emulated cluster cannot do without: each rank's scheduler (``schedule()`` and
   ``update_from_output()``; for the kit these include its draft-acceptance rule) and
   the planner (the plans; run once per step, the ranks share them), and around the
-  whole cluster (``run_cluster``: rank start-up and the rank loop). The harness is the
-  cluster's time minus the floor: engine loop, collectives, clock, recorder, logs,
-  control-plane pricing. Its share is of the instrumented sample's wall time; the rest
-  of the wall time is start-up, metrics and plots.
+  whole cluster (``run_cluster``: rank start-up and the rank loop). Two parts of the
+  cluster are taken out of it: the import of the thread transport (``emu.cluster.
+  threads``: torch and torch.distributed, about 1 s), which the sample makes before the
+  command starts and times (``imports_s``), and the ranks' engine builds
+  (``Implementation.make_engine``, ``build_s``: for vllm-ascend, importing vLLM and the
+  tree is most of it). The harness is the cluster's time minus the floor and the
+  builds: engine loop, collectives, clock, recorder, logs, control-plane pricing. Its
+  share is of the instrumented sample's wall time; the rest of the wall time is
+  start-up (the import above included), metrics and plots.
 
 Medians over the rounds; the ratio of a checkout to the baseline is the median of the
 per-round ratios (the samples of a round run back to back, so a change in the
@@ -41,6 +46,7 @@ figures are only as good as it was quiet.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import pathlib
@@ -107,7 +113,7 @@ def instrumented_sample(checkout: pathlib.Path, impl: str, tree: pathlib.Path,
                     checkout)
     parts = json.loads(report.read_text())
     floor = parts["schedule_s"] + parts["update_s"] + parts["planner_s"]
-    harness = parts["cluster_s"] - floor
+    harness = parts["cluster_s"] - floor - parts["build_s"]
     return {"wall_s": wall, **parts, "floor_s": floor, "harness_s": harness,
             "harness_share": harness / wall, "floor_share": floor / wall,
             "outside_cluster_s": wall - parts["cluster_s"], "load": os.getloadavg()[0]}
@@ -119,11 +125,16 @@ def instrumented_sample(checkout: pathlib.Path, impl: str, tree: pathlib.Path,
 def instrumented_main(report: str, argv: list[str]) -> int:
     """In the checkout's own interpreter: ``dyntra-emu`` with ``argv``, timers around
     the schedulers, the planner and the cluster; their totals into ``report``."""
+    importlib.import_module("emu.cli")  # first, as the command: it sets the bytecode cache
     from emu import impl as impl_module
     from emu import run as run_module
 
-    totals = {"schedule_s": 0.0, "update_s": 0.0, "planner_s": 0.0, "cluster_s": 0.0}
+    totals = {"schedule_s": 0.0, "update_s": 0.0, "planner_s": 0.0, "cluster_s": 0.0,
+              "build_s": 0.0}
     clock = time.perf_counter
+    start = clock()
+    importlib.import_module("emu.cluster.threads")  # what the cluster would import first
+    totals["imports_s"] = clock() - start
 
     def timer(fn, name):
         def timed_call(*args, **kwargs):
@@ -148,7 +159,9 @@ def instrumented_main(report: str, argv: list[str]) -> int:
     make_engine = owner.make_engine
 
     def make_timed_engine(*args, **kwargs):
+        start = clock()
         engine = make_engine(*args, **kwargs)
+        totals["build_s"] += clock() - start
         scheduler = engine.scheduler
         scheduler.schedule = timer(scheduler.schedule, "schedule_s")
         scheduler.update_from_output = timer(scheduler.update_from_output, "update_s")
@@ -225,7 +238,8 @@ def main() -> int:
                     print(f"  {impl} {name} round {round_}: {p['wall_s']:.2f} s wall, "
                           f"{p['cpu_s']:.2f} s CPU, {p['x_real_time']:.1f}x; instrumented "
                           f"{i['wall_s']:.2f} s, floor {i['floor_s']:.2f} s, cluster "
-                          f"{i['cluster_s']:.2f} s (load {p['load']:.2f})", flush=True)
+                          f"{i['cluster_s']:.2f} s of which builds {i['build_s']:.2f} s, "
+                          f"import {i['imports_s']:.2f} s (load {p['load']:.2f})", flush=True)
             results["impls"][impl] = {"plain": plain, "instrumented": inst}
             print_impl(impl, plain, inst)
         if args.ab_seeds:
@@ -252,15 +266,17 @@ def main() -> int:
 
 def print_impl(impl: str, plain: dict, inst: dict) -> None:
     print(f"\n{impl}: median of {len(plain['this'])} rounds")
-    print("| checkout | wall s | CPU s | x real time | floor s | cluster s | harness share "
-          "| floor share | outside the cluster s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| checkout | wall s | CPU s | x real time | floor s | builds s | cluster s "
+          "| harness share | floor share | outside the cluster s | of which torch's import s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in plain:
         p, i = plain[name], inst[name]
         print(f"| {name} | {median(p, 'wall_s'):.2f} | {median(p, 'cpu_s'):.2f} | "
               f"{median(p, 'x_real_time'):.1f} | {median(i, 'floor_s'):.2f} | "
+              f"{median(i, 'build_s'):.2f} | "
               f"{median(i, 'cluster_s'):.2f} | {median(i, 'harness_share'):.0%} | "
-              f"{median(i, 'floor_share'):.0%} | {median(i, 'outside_cluster_s'):.2f} |")
+              f"{median(i, 'floor_share'):.0%} | {median(i, 'outside_cluster_s'):.2f} | "
+              f"{median(i, 'imports_s'):.2f} |")
     print(f"this / baseline: wall {ratio(plain, 'this', 'baseline'):.2f}, CPU "
           f"{ratio(plain, 'this', 'baseline', 'cpu_s'):.2f}")
 
