@@ -50,7 +50,7 @@ def add_executor_options(parser: argparse.ArgumentParser, what: str,
 
 # --jobs' default for batches whose results do not depend on how many runs go at once.
 FILL_CORES = ("as many as keep the cores busy: one run per core on rank threads, one per "
-              "dp_size cores on rank processes")
+              "--dp cores on rank processes")
 
 
 def jobs_filling_cores(specs: Sequence) -> int:
