@@ -386,10 +386,12 @@ def test_headroom_of_a_run_without_steps(tmp_path):
 def test_itl_takes_gaps_within_requests_only():
     """Requests without tokens first, between and last, same-step tokens (no ITL),
     and a request whose first token comes before the previous one's last."""
+    from itertools import pairwise
+
     from emu.metrics import _itl_ms
 
     times = [[], [1.0, 1.5, 1.5, 2.0], [], [0.5], [0.25, 3.0], []]
     requests = [{"token_times_s": t} for t in times]
-    expected = [(b - a) * 1e3 for t in times for a, b in zip(t, t[1:]) if b != a]
+    expected = [(b - a) * 1e3 for t in times for a, b in pairwise(t) if b != a]
     assert _itl_ms(requests).tolist() == expected == [500.0, 500.0, 2750.0]
     assert _itl_ms([]).tolist() == []
