@@ -28,6 +28,7 @@ from emu.executors import (
     open_executor,
 )
 from emu.knobs import Int
+from emu.spec import RunSpec
 
 
 def add_executor_options(parser: argparse.ArgumentParser, what: str,
@@ -53,7 +54,7 @@ FILL_CORES = ("as many as keep the cores busy: one run per core on rank threads,
               "--dp cores on rank processes")
 
 
-def jobs_filling_cores(specs: Sequence) -> int:
+def jobs_filling_cores(specs: Sequence[RunSpec]) -> int:
     """How many of ``specs``' runs at a time keep this machine's cores busy without
     sharing one: a run on rank threads is one busy process, a run on rank processes
     ``dp_size`` of them. At least one, at most one per run."""
@@ -92,7 +93,7 @@ def batch_executor(args, specs: Sequence, default_jobs: int = 1):
         executor.__exit__(None, None, None)
 
 
-def describe_executor(args, executor: Executor, spec) -> str:
+def describe_executor(args, executor: Executor, spec: RunSpec) -> str:
     """How the status line names where runs like ``spec`` go."""
     if args.executor == "local":
         return f"{executor.slots(spec)} job(s) at a time"
