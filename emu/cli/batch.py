@@ -25,6 +25,7 @@ from emu.executors import (
     ExecutorError,
     RunFailed,
     RunsInterrupted,
+    cpus_needed,
     open_executor,
 )
 from emu.knobs import Int
@@ -56,9 +57,9 @@ FILL_CORES = ("as many as keep the cores busy: one run per core on rank threads,
 
 def jobs_filling_cores(specs: Sequence[RunSpec]) -> int:
     """How many of ``specs``' runs at a time keep this machine's cores busy without
-    sharing one: a run on rank threads is one busy process, a run on rank processes
-    ``dp_size`` of them. At least one, at most one per run."""
-    busy = specs[0].dp_size if specs[0].transport == "process" else 1
+    sharing one, each run holding the CPUs ``cpus_needed`` says (as on Ray). At least
+    one, at most one per run."""
+    busy = max(map(cpus_needed, specs))
     return max(1, min(len(specs), (os.cpu_count() or 1) // busy))
 
 

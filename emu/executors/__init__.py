@@ -27,12 +27,13 @@ from emu.executors.base import (
     ExecutorError,
     RunFailed,
     RunsInterrupted,
+    cpus_needed,
 )
 from emu.executors.local import LocalExecutor
 from emu.executors.ray_cluster import RayExecutor
 
 __all__ = ["EXECUTORS", "Executor", "ExecutorError", "RunFailed", "RunsInterrupted",
-           "open_executor"]
+           "cpus_needed", "open_executor"]
 
 # Each executor by name, made from the batch's flags: jobs (local) and the Ray address.
 EXECUTORS: dict[str, Callable[[int, str | None], Executor]] = {

@@ -95,6 +95,12 @@ class Executor(Protocol):
         tune`` asks that many trials of its study at a time)."""
 
 
+def cpus_needed(spec: RunSpec) -> int:
+    """The CPUs a run holds at once: one per rank on the process transport, one on the
+    thread transport."""
+    return spec.dp_size if spec.transport == "process" else 1
+
+
 def run_spec(spec: RunSpec | CheckedRun, *, apart: bool = False) -> dict:
     """In a job process or on a Ray worker: one run of the batch (``emu.run.run``, which
     writes its metrics.json, and error.txt when a rank fails; in a fresh process of its

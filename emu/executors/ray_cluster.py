@@ -25,7 +25,13 @@ import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from emu.executors.base import ExecutorError, RunFailed, RunsInterrupted, SignalsSeen
+from emu.executors.base import (
+    ExecutorError,
+    RunFailed,
+    RunsInterrupted,
+    SignalsSeen,
+    cpus_needed,
+)
 from emu.executors.ray_task import StopBoard, run_task, unpack
 from emu.spec import RunSpec
 
@@ -51,12 +57,6 @@ SYSTEM_CONFIG = {"kill_child_processes_on_worker_exit": False,
 def local_cpus() -> int:
     """The CPUs of the one node of a local Ray started for a batch: this machine's."""
     return os.cpu_count() or 1
-
-
-def cpus_needed(spec: RunSpec) -> int:
-    """The CPUs a run holds at once: one per rank on the process transport, one on the
-    thread transport."""
-    return spec.dp_size if spec.transport == "process" else 1
 
 
 class RayExecutor:
