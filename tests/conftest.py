@@ -1,5 +1,6 @@
 """Hypothesis profiles, loaded before any test module builds its ``@settings``; the
-compiled planner's cache, built once per session; soak tests first.
+compiled planner's cache, built once per session; each xdist worker on cores of its
+own; soak tests first.
 
 ``ci`` (the default): derandomized, so every run (CI or local) tests the same examples
 and a failure reproduces by rerunning; no example database, so earlier runs cannot
@@ -28,11 +29,32 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def pytest_configure(config):
     """Before any test (and, under xdist, before the workers start): compile the numba
     planner into its disk cache once, so that no rank of a test compiles it (tens of
-    seconds) while its peers wait in a collective."""
-    if not hasattr(config, "workerinput"):
+    seconds) while its peers wait in a collective. In an xdist worker: keep to its own
+    cores."""
+    if hasattr(config, "workerinput"):
+        keep_to_own_cores(config.workerinput["workerid"], config.workerinput["workercount"])
+    else:
         from dyntra_lb.planner import front as planner
 
         planner.warm_up()
+
+
+def keep_to_own_cores(worker_id: str, worker_count: int) -> None:
+    """Give xdist worker ``gw<i>`` of ``worker_count`` its share of the cores this
+    process may use (every ``worker_count``-th from the i-th; one core when there are
+    fewer cores than workers), inherited by every thread and process it starts from now
+    on: the ranks of its tests, their fork servers, the commands it runs, a Ray it
+    starts. The workers then no longer compete for a core, and rank processes that wake
+    each other at every collective stay on one core where there are as few cores as
+    workers: on a 2-core VM, gloo's wake-ups across cores cost more CPU than the steps
+    themselves (benchmarks/RESULTS.md, "CI")."""
+    index = int(worker_id.removeprefix("gw"))
+    os.sched_setaffinity(0, core_share(sorted(os.sched_getaffinity(0)), index, worker_count))
+
+
+def core_share(cores: list[int], index: int, worker_count: int) -> list[int]:
+    """The cores of worker ``index`` of ``worker_count``, out of ``cores``."""
+    return cores[index::worker_count] or [cores[index % len(cores)]]
 
 
 def pytest_collection_modifyitems(items):
