@@ -47,7 +47,10 @@ def keep_to_own_cores(worker_id: str, worker_count: int) -> None:
     starts. The workers then no longer compete for a core, and rank processes that wake
     each other at every collective stay on one core where there are as few cores as
     workers: on a 2-core VM, gloo's wake-ups across cores cost more CPU than the steps
-    themselves (benchmarks/RESULTS.md, "CI")."""
+    themselves (benchmarks/RESULTS.md, "CI"). Linux only (where Python has
+    ``os.sched_setaffinity``); elsewhere the workers share every core."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
     index = int(worker_id.removeprefix("gw"))
     os.sched_setaffinity(0, core_share(sorted(os.sched_getaffinity(0)), index, worker_count))
 

@@ -24,6 +24,7 @@ def test_core_share(cores, index, count, share):
     assert core_share(cores, index, count) == share
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
 def test_a_process_the_worker_starts_runs_on_the_workers_share(request):
     """The share is taken from the cores the pytest process that started the worker may
     use (the worker's parent); without xdist nothing is changed."""
