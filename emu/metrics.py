@@ -14,6 +14,7 @@ import contextlib
 import gc
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -69,6 +70,34 @@ class StepSeries:
     lb_active: list[bool]  # a plan was applied on some rank in this step
 
 
+# How many `frozen_runs` scopes are open that freeze what `load_run` reads.
+_freezing = 0
+
+
+@contextlib.contextmanager
+def frozen_runs() -> Iterator[None]:
+    """The scope of a process's owner, a `dyntra-emu` command or a batch's run
+    (``emu.executors.base.run_spec``): each run `load_run` reads within it is frozen
+    (gc.freeze) once read, out of every later collection's sight and freed by reference
+    counting as before; when the scope ends, everything frozen is thawed. Left in sight,
+    the records cost the metrics and plots that follow full collections that went
+    through all of them (1.1 s of the 10.6 s of `dyntra-emu run` on the PR recipe, dp 8;
+    benchmarks/RESULTS.md, "Speed"). Freezing takes every object alive at that moment,
+    so outside such a scope (the pytest fixture, a library caller) nothing is frozen,
+    and a process that already holds frozen objects, its owner's, is left as it is."""
+    global _freezing
+    if gc.get_freeze_count():
+        yield
+        return
+    _freezing += 1
+    try:
+        yield
+    finally:
+        _freezing -= 1
+        if not _freezing:
+            gc.unfreeze()
+
+
 def load_run(out_dir, *, allow_partial: bool = False) -> Run:
     """Read every `rank<r>.events.jsonl` (and `rank<r>.wall.jsonl` if present) under
     `out_dir`. Ranks must be 0..dp-1 with identical iteration sequences (lockstep).
@@ -97,15 +126,11 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
                        f"0..{len(ranks) - 1} without gaps")
     # The records hold no cycles: the garbage collector rests while tens of thousands of
     # them are made (a collection every few hundred new dicts would cost more than the
-    # parse), and then they are frozen (gc.freeze): out of every later collection's
-    # sight, freed by reference counting as before. Left in sight, the metrics and plots
-    # that follow set off full collections that went through all of them (1.1 s of
-    # the 10.6 s of `dyntra-emu run` on the PR recipe, dp 8; benchmarks/RESULTS.md,
-    # "Speed"). Freezing takes every object alive at that moment: `dyntra-emu` thaws
-    # them at the end of each command (emu.cli.main).
+    # parse); within `frozen_runs` they are then frozen.
     with _gc_paused():
         steps, requests, wall = _read_logs(out_dir, ranks, partial)
-        gc.freeze()
+        if _freezing:
+            gc.freeze()
     if partial:
         common = min(len(rank_steps) for rank_steps in steps)
         steps = [rank_steps[:common] for rank_steps in steps]
@@ -496,16 +521,13 @@ def _wall(wall: list[list[dict]] | None) -> dict | None:
 def _first_of(records: list[dict], fields: tuple[str, ...]) -> list[float]:
     """Per record, the first of ``fields`` it holds a value for (records with none are
     left out)."""
-    first, *others = fields
     values = []
     for rec in records:
-        value = rec.get(first)
-        for name in others:
-            if value is not None:
-                break
+        for name in fields:
             value = rec.get(name)
-        if value is not None:
-            values.append(value)
+            if value is not None:
+                values.append(value)
+                break
     return values
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import gc
 import signal
 import sys
 
@@ -34,6 +33,7 @@ from emu.cli.errors import (
     raise_terminated,
 )
 from emu.cli.flags import Formatter, wrap
+from emu.metrics import frozen_runs
 
 EPILOG = """\
 examples:
@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        return args.func(args)
+        with frozen_runs():
+            return args.func(args)
     except UsageError as exc:
         _print_problems(prog, exc.problems)
         return EXIT_USAGE
@@ -102,8 +103,6 @@ def main(argv=None) -> int:
         name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
         print(f"\n{prog}: interrupted by {name}; no cluster was running", file=sys.stderr)
         return 143 if name == "SIGTERM" else 130
-    finally:
-        gc.unfreeze()  # what reading a run's logs froze (emu.metrics.load_run)
 
 
 def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> None:

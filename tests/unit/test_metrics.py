@@ -1,6 +1,7 @@
 """Metrics from hand-written event logs (emu/metrics.py); every expected number below is
 worked out by hand from the records in `tiny_run`."""
 
+import gc
 import json
 
 import pytest
@@ -10,6 +11,7 @@ from emu.metrics import (
     RunError,
     compute_metrics,
     distribution,
+    frozen_runs,
     load_run,
     step_series,
     tpot_values_ms,
@@ -209,6 +211,14 @@ def test_wall_clock_sections(m, tmp_path):
     assert m["wall"]["step_wall_ms"]["count"] == 0
     no_wall = compute_metrics(load_run(_write_run(tmp_path / "nw", [RANK0, RANK1])))
     assert no_wall["wall"] is None
+    # The ranks' own field name for the collectives, read where lb_comm_s is absent; a
+    # record with neither is left out.
+    wall = {0: [{"iter": 2, "dyntra_lb_collectives_s": 0.005},
+                {"iter": 3, "lb_comm_s": 0.001, "dyntra_lb_collectives_s": 0.009},
+                {"iter": 4, "planner_s": 0.002}]}
+    kit = compute_metrics(load_run(_write_run(tmp_path / "kit", [RANK0, RANK1], wall)))
+    assert kit["wall"]["lb_comm_ms"]["count"] == 2
+    assert kit["wall"]["lb_comm_total_s"] == approx(0.006)
 
 
 def test_wall_clock_engine_field_names(tmp_path):
@@ -395,3 +405,33 @@ def test_itl_takes_gaps_within_requests_only():
     expected = [(b - a) * 1e3 for t in times for a, b in pairwise(t) if b != a]
     assert _itl_ms(requests).tolist() == expected == [500.0, 500.0, 2750.0]
     assert _itl_ms([]).tolist() == []
+
+
+def test_runs_are_frozen_only_within_a_scope_that_thaws_them(tmp_path):
+    """`load_run` on its own (the pytest fixture, a library caller) freezes nothing;
+    within `frozen_runs` the records are frozen once read and thawed when it ends."""
+    logs = _write_run(tmp_path / "run", [RANK0, RANK1])
+    assert gc.get_freeze_count() == 0  # nothing left frozen by an earlier test
+    run = load_run(logs)
+    assert gc.get_freeze_count() == 0
+    with frozen_runs():
+        with frozen_runs():  # nested: the outer scope thaws
+            frozen = load_run(logs)
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    assert frozen.steps == run.steps and frozen.requests == run.requests
+
+
+def test_a_process_already_holding_frozen_objects_is_left_as_it_is(tmp_path):
+    logs = _write_run(tmp_path / "run", [RANK0, RANK1])
+    gc.freeze()  # its owner's
+    try:
+        before = gc.get_freeze_count()
+        with frozen_runs():
+            load_run(logs)
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+
