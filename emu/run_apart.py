@@ -15,18 +15,18 @@ runner) reaches the run as SIGTERM, so it stops its ranks and records itself as
 interrupted before this process goes on; Ctrl-C reaches both processes from the
 terminal. The run's process dies with this one (Linux's parent-death signal).
 
-``start_job`` and ``stop_jobs`` are that process on its own, which the local executor's
-jobs (``emu.executors.local``) are too: tied to this process by the parent-death signal
-(a batch killed with SIGKILL leaves no run going on), its outcome sent back through a
-pipe. A job is a fork of the fork server its run's ranks come from, which has imported
-what the run needs and has run nothing (``emu.cluster.rank_start``: one server per
-implementation and tree), so it starts at once, where a fresh interpreter would import
-torch and the kit, or vLLM and a tree, all over again (benchmarks/RESULTS.md, "Start-up
-and teardown costs"); nothing of one run reaches the next. The job's ranks are forks of
-the same server, not of a server of the job's own
-(``emu.cluster.rank_start.use_parent_server``). The job imports its own side (this
-module, the target's) as it starts, at once: what they need is loaded. A run that may
-touch an NPU gets a spawned interpreter instead, as its ranks would.
+``start_job`` is that process on its own (``emu.cluster.rank_start.stop_processes``
+stops it), which the local executor's jobs (``emu.executors.local``) are too: tied to
+this process by the parent-death signal (a batch killed with SIGKILL leaves no run going
+on), its outcome sent back through a pipe. A job is a fork of the fork server its run's
+ranks come from, which has imported what the run needs and has run nothing
+(``emu.cluster.rank_start``: one server per implementation and tree), so it starts at
+once, where a fresh interpreter would import torch and the kit, or vLLM and a tree, all
+over again (benchmarks/RESULTS.md, "Start-up and teardown costs"); nothing of one run
+reaches the next. The job's ranks are forks of the same server, not of a server of the
+job's own (``emu.cluster.rank_start.use_parent_server``). The job imports its own side
+(this module, the target's) as it starts, at once: what they need is loaded. A run that
+may touch an NPU gets a spawned interpreter instead, as its ranks would.
 """
 
 from __future__ import annotations
@@ -35,20 +35,16 @@ import dataclasses
 import importlib.util
 import os
 import signal
-import time
 import traceback
 from multiprocessing import resource_tracker
-from multiprocessing.connection import wait
 
-from emu.cluster.rank_start import rank_starter
+from emu.cluster.rank_start import rank_starter, stop_processes
 from emu.metrics import load_run
 from emu.run import RunResult, run
 from emu.spec import CheckedRun, RunSpec, as_checked
 
 # How long an interrupted run may take to stop its ranks and record itself.
 STOP_GRACE_S = 60.0
-# How often a job being stopped is sent SIGTERM again (see stop_jobs).
-RESEND_S = 0.5
 
 
 def start_job(target, spec: RunSpec | CheckedRun, name: str):
@@ -85,30 +81,6 @@ def _device_kind(spec: RunSpec) -> str:
     return "npu"
 
 
-def stop_jobs(jobs, grace_s: float) -> None:
-    """SIGTERM the jobs together (a run in one stops its ranks and records itself as
-    interrupted), SIGKILL those still alive ``grace_s`` later; all joined.
-
-    SIGTERM is sent again every ``RESEND_S`` while a job lives. A job ignores SIGTERM
-    outside its launch (``_job_main``), which catches it only once under way
-    (``emu.cluster.launch_scope.StopSignals``), so a single SIGTERM in a job's first
-    moments was lost and the job ran on for the whole grace. A launch counts only the
-    first SIGTERM it catches, and a job past its launch ignores the rest."""
-    end = time.monotonic() + grace_s
-    while True:
-        alive = [job for job in jobs if job.is_alive()]
-        left = end - time.monotonic()
-        if not alive or left <= 0:
-            break
-        for job in alive:
-            job.terminate()
-        wait([job.sentinel for job in alive], min(RESEND_S, left))
-    for job in jobs:
-        if job.is_alive():
-            job.kill()
-        job.join()
-
-
 def _job_main(target, checked: CheckedRun, conn, parent_pid: int, environ: dict[str, str],
               preload, server: dict | None) -> None:
     from emu.cluster.rank_boot import die_with_parent, forked_by_fork_server, leave_fork_server
@@ -119,7 +91,7 @@ def _job_main(target, checked: CheckedRun, conn, parent_pid: int, environ: dict[
         leave_fork_server(environ)
     # Outside its launch a job ignores SIGTERM, as its fork server does (a forked job
     # ignores it until this line anyway): the launch catches it and stops the run
-    # (emu.cluster.launch_scope.StopSignals), and stop_jobs sends it until the launch
+    # (emu.cluster.launch_scope.StopSignals), and stop_processes sends it until the launch
     # has it. A SIGTERM after the launch must not kill the job before it reports.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if server is not None:  # the run's ranks are forks of the server this job came from
@@ -144,7 +116,7 @@ def run_apart(spec: RunSpec | CheckedRun) -> RunResult:
     try:
         outcome = _receive(receive, job)
     except BaseException as exc:  # SIGINT / SIGTERM here: the run stops, then reports
-        stop_jobs([job], STOP_GRACE_S)
+        stop_processes([job], STOP_GRACE_S)
         reported = receive.recv() if receive.poll() else None
         if isinstance(reported, KeyboardInterrupt):
             raise reported from None  # emu.cluster.supervision.Interrupted

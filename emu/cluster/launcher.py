@@ -35,7 +35,7 @@ from emu.cluster import rank_boot
 from emu.cluster.device import check_kind
 from emu.cluster.launch_scope import LaunchFiles, StopSignals
 from emu.cluster.rank_spec import RankSpec
-from emu.cluster.rank_start import rank_starter
+from emu.cluster.rank_start import rank_starter, stop_processes
 from emu.cluster.rendezvous import store_listener
 from emu.cluster.supervision import supervise
 from emu.knobs import is_int
@@ -170,17 +170,11 @@ class _RankProcesses:
 
     def stop(self, reason: str) -> None:
         """Stop every rank still alive: SIGTERM (stack dump), then SIGKILL after a grace
-        period; join all of them and take their last messages."""
+        period (``stop_processes``); join all of them and take their last messages."""
         alive = [r for r in self.handles if r.process.is_alive()]
         for r in alive:
             r.stopped = True
-            r.process.terminate()
-        end = time.monotonic() + _STOP_GRACE_S
-        for r in alive:
-            r.process.join(max(0.0, end - time.monotonic()))
-        for r in alive:
-            if r.process.is_alive():
-                r.process.kill()
+        stop_processes([r.process for r in alive], _STOP_GRACE_S)
         for r in self.handles:
             r.process.join()
             r.drain()

@@ -33,13 +33,16 @@ import os
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from multiprocessing import connection, forkserver, util
 
 from dyntra_lb.planner import front as planner
 from emu.rank.context import Preload
 
 MAX_SERVERS = 3
+# How often a process being stopped is sent SIGTERM again (see stop_processes).
+RESEND_S = 0.1
 # How ranks start, per device kind (see the module docstring).
 START_METHOD = {"cpu": "forkserver", "npu": "spawn"}
 
@@ -158,8 +161,10 @@ def _server(preload: Preload) -> forkserver.ForkServer:
         server = _ForkedServer(preload)
     elif server is None:
         server = forkserver.ForkServer()
-        # "__main__" as in multiprocessing's default: a rank need not import the launching
-        # script (e.g. the dyntra-emu console script) again.
+        # "__main__" as in multiprocessing's default: a rank need not run the launching
+        # script (e.g. the dyntra-emu console script) again. CPython before 3.13 never
+        # hands the server the script's path (its gh-126631), so there each rank runs the
+        # script again (40 ms for dyntra-emu), ignoring SIGTERM meanwhile (stop_processes).
         server.set_forkserver_preload(
             ["__main__", "emu.cluster.rank_preload", *preload.modules])
     with _environment(dict(preload.environ)):
@@ -220,6 +225,30 @@ class _ForkedServer(forkserver.ForkServer):
         with contextlib.suppress(FileNotFoundError):  # it removes its socket as it exits
             os.unlink(self._forkserver_address)
         self._forkserver_address = None
+
+
+def stop_processes(processes: Sequence[multiprocessing.process.BaseProcess],
+                   grace_s: float) -> None:
+    """Stop ``processes`` (a launch's ranks, a batch's jobs) and join them: SIGTERM, sent
+    again every ``RESEND_S`` while one lives, then SIGKILL to those still alive
+    ``grace_s`` later. Why again: a fork of a fork server ignores SIGTERM until it has
+    left the server (``emu.cluster.rank_boot.leave_fork_server``; the server ignores
+    it, ``emu.cluster.rank_preload``), and a job outside its launch (``emu.run_apart``),
+    so one SIGTERM in those first moments was lost and the process ran on for the whole
+    grace: a run stopped while its ranks started took 3 s more to end."""
+    end = time.monotonic() + grace_s
+    while True:
+        alive = [p for p in processes if p.is_alive()]
+        left = end - time.monotonic()
+        if not alive or left <= 0:
+            break
+        for process in alive:
+            process.terminate()
+        connection.wait([p.sentinel for p in alive], min(RESEND_S, left))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join()
 
 
 def _serve(preload: Preload, listener: socket.socket, alive: connection.Connection) -> None:

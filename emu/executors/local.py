@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 
+from emu.cluster.rank_start import stop_processes
 from emu.executors.base import RunFailed, RunsInterrupted, SignalsSeen, run_spec
-from emu.run_apart import start_job, stop_jobs
+from emu.run_apart import start_job
 from emu.spec import CheckedRun, RunSpec
 
 # How long the jobs under way get to stop their runs' ranks and exit.
@@ -104,7 +105,7 @@ class LocalExecutor:
 def _stop(running: dict[int, tuple]) -> None:
     """Terminate the jobs under way (their runs stop as on SIGTERM) and wait for them;
     kill one still alive after STOP_GRACE_S."""
-    stop_jobs([job for job, _ in running.values()], STOP_GRACE_S)
+    stop_processes([job for job, _ in running.values()], STOP_GRACE_S)
     for _, conn in running.values():
         conn.close()
     running.clear()

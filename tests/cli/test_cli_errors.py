@@ -182,7 +182,11 @@ def test_run_timeout_stops_the_cluster(cli, tmp_path, tiny_trace, clikit):
     assert ("dyntra-emu run: error: the cluster failed: run exceeded run_timeout_s=0.2 "
             "and was stopped") in proc.stderr
     assert f"Every rank's report: {out / 'error.txt'}" in proc.stderr
-    assert "--- rank 0 ---" in (out / "error.txt").read_text()
+    report = (out / "error.txt").read_text()
+    assert "--- rank 0 ---" in report
+    # each rank died of the launcher's SIGTERM, none was left to the SIGKILL after the
+    # grace (emu.cluster.rank_start.stop_processes)
+    assert report.count("killed by signal SIGTERM") == 2, report
 
 
 @pytest.mark.integration

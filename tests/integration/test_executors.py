@@ -237,8 +237,9 @@ def test_a_jobs_ranks_come_from_the_batchs_fork_server_and_die_with_the_job(
     server of the job's own, which would import torch and the engine again), so their
     parent outlives the job; killed with SIGKILL, the job still takes its ranks along
     while the batch's process and that server go on."""
+    from emu.cluster.rank_start import stop_processes
     from emu.executors.local import _run_job
-    from emu.run_apart import start_job, stop_jobs
+    from emu.run_apart import start_job
 
     out = tmp_path / "run"
     job, conn = start_job(_run_job, spec(out, dp_size=2, transport="process"), "the job")
@@ -260,7 +261,7 @@ def test_a_jobs_ranks_come_from_the_batchs_fork_server_and_die_with_the_job(
         assert alive == [], "a rank outlived its job killed by SIGKILL"
         assert server.is_running()
     finally:
-        stop_jobs([job], 5.0)
+        stop_processes([job], 5.0)
         conn.close()
 
 
@@ -270,14 +271,15 @@ def test_a_job_stopped_in_its_first_moments_stops_as_an_interrupted_run(
     stopped at once after it starts (a batch stopped as a run begins), the job used to
     miss the signal and run on until it was killed at the end of the grace, its run
     recorded as neither interrupted nor anything else."""
+    from emu.cluster.rank_start import stop_processes
     from emu.cluster.supervision import Interrupted
-    from emu.run_apart import _job, start_job, stop_jobs
+    from emu.run_apart import _job, start_job
 
     out = tmp_path / "run"
     reported = None
     job, conn = start_job(_job, spec(out, dp_size=2, transport="thread"), "the job")
     try:
-        stop_jobs([job], 60.0)
+        stop_processes([job], 60.0)
         with contextlib.suppress(EOFError):  # a job killed reported nothing
             reported = conn.recv()
     finally:
@@ -291,8 +293,9 @@ def test_a_job_whose_batch_stopped_listening_ends_quietly(tmp_path, no_leftover_
     """A run that ends just as its batch was stopped finds the batch's end of the pipe
     closed: the job exits cleanly (no BrokenPipeError traceback on the command's stderr,
     as `tune` stopped by SIGINT once printed) and its run is complete on disk."""
+    from emu.cluster.rank_start import stop_processes
     from emu.executors.local import _run_job
-    from emu.run_apart import start_job, stop_jobs
+    from emu.run_apart import start_job
 
     out = tmp_path / "run"
     out.mkdir()
@@ -305,4 +308,4 @@ def test_a_job_whose_batch_stopped_listening_ends_quietly(tmp_path, no_leftover_
         assert job.exitcode == 0, f"the job ended with {job.exitcode}"
         assert json.loads((out / "run.json").read_text())["state"] == "complete"
     finally:
-        stop_jobs([job], 5.0)
+        stop_processes([job], 5.0)

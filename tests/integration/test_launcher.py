@@ -274,6 +274,34 @@ def test_run_timeout_stops_every_rank_and_dumps_stacks(no_leftover_processes):
         assert err.details[rank].startswith("stopped by the launcher")
 
 
+def test_ranks_stopped_as_they_start_die_of_sigterm(tmp_path, no_leftover_processes):
+    """Launched from a script, as by the dyntra-emu console script, and stopped in their
+    first moments (a run timeout of 10 ms; Ctrl-C during start-up alike): a rank re-runs
+    the launching script before it leaves its fork server, ignoring SIGTERM as the
+    server does. One SIGTERM was lost there, and every rank was killed at the end of the
+    grace, with no stack."""
+    script = tmp_path / "launch.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path[:0] = [{ROOT!r}, {HERE!r}]
+        from emu.cluster.launcher import launch
+        from emu.cluster.supervision import ClusterError
+        from test_launcher import sleep_target
+        if __name__ == "__main__":
+            try:
+                launch(sleep_target, None, dp_size=2, device="cpu", run_timeout_s=0.01)
+            except ClusterError as err:
+                print(json.dumps(err.details))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    details = json.loads(proc.stdout)
+    for rank in ("0", "1"):
+        assert details[rank].startswith(
+            "stopped by the launcher (killed by signal SIGTERM)"), details[rank]
+
+
 def test_collective_timeout_is_configurable_and_names_the_waiting_rank(
         no_leftover_processes):
     with pytest.raises(ClusterError) as info:
