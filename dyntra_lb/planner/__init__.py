@@ -12,3 +12,21 @@ between calls) and exact (all ranks must agree). Its modules:
 - ``compiled`` (with ``compiled_steps`` and ``compiled_card``): the same decisions
   compiled with numba into one loop, disk-cached per environment.
 """
+
+from __future__ import annotations
+
+import importlib
+
+# ``front``'s public names, also here: this package was the module
+# ``dyntra_lb/planner.py`` until the planner became a package, and callers import
+# ``dyntra_lb.planner.balance_load``. Loaded on first use (``front`` loads the compiled
+# planner), so the other modules of the package import without it.
+_FRONT = ("balance_load", "Plan", "IMPLEMENTATION", "THROUGHPUT_FIXED",
+          "THROUGHPUT_PER_BLOCK", "warm_up", "balance_load_native", "balance_load_python")
+__all__ = list(_FRONT)
+
+
+def __getattr__(name: str):
+    if name not in _FRONT:
+        raise AttributeError(f"module 'dyntra_lb.planner' has no attribute {name!r}")
+    return getattr(importlib.import_module("dyntra_lb.planner.front"), name)
