@@ -106,7 +106,7 @@ class RunSpec:
         "kit", Choice(tuple(IMPLS)),
         "which DyntraLB runs in the ranks: kit (ours, dyntra_lb/, in the stub engine) or "
         "vllm-ascend (vllm-ascend's own, unmodified, on vLLM's engine loop and scheduler; "
-        "needs vLLM, see README)")
+        "needs vLLM, see docs/vllm-ascend.md)")
     vllm_ascend: str | None = knob(
         None, Text("PATH"), "vllm-ascend source tree for --impl vllm-ascend",
         shown_default=impls.get("vllm-ascend").tree_default)

@@ -146,8 +146,8 @@ def _check_vllm(root: pathlib.Path) -> str:
     version = installed_vllm()
     if version is None:
         raise TreeError(
-            f"vLLM {pinned} is not installed (on a CPU machine: see the README's "
-            "'vllm-ascend's own DyntraLB' section)")
+            f"vLLM {pinned} is not installed (on a CPU machine: see "
+            "docs/vllm-ascend.md, its environment)")
     if version.split("+")[0] != pinned:
         raise TreeError(f"this vllm-ascend pins vLLM {pinned}, but vLLM {version} is "
                         "installed")
