@@ -51,9 +51,8 @@ class Run:
     # run.json's state ("complete", "interrupted", ...; None: no run.json). A partial
     # run's request records include those of requests still in flight (`unfinished`).
     state: str | None = None
-    # step_series(self), made by its first caller: the metrics and three of the plots
-    # read it (0.09 s each on the PR recipe at dp 8). The records are not changed after
-    # loading.
+    # step_series(self), made by its first caller, once: the metrics and three of the
+    # plots read it. The records are not changed after loading.
     _series: StepSeries | None = field(default=None, init=False, repr=False, compare=False)
 
 
@@ -81,10 +80,10 @@ def frozen_runs() -> Iterator[None]:
     (gc.freeze) once read, out of every later collection's sight and freed by reference
     counting as before; when the scope ends, everything frozen is thawed. Left in sight,
     the records cost the metrics and plots that follow full collections that went
-    through all of them (1.1 s of the 10.6 s of `dyntra-emu run` on the PR recipe, dp 8;
-    benchmarks/RESULTS.md, "Speed"). Freezing takes every object alive at that moment,
-    so outside such a scope (the pytest fixture, a library caller) nothing is frozen,
-    and a process that already holds frozen objects, its owner's, is left as it is."""
+    through all of them (their share of `dyntra-emu run`: benchmarks/RESULTS.md,
+    "Speed"). Freezing takes every object alive at that moment, so outside such a scope
+    (the pytest fixture, a library caller) nothing is frozen, and a process that already
+    holds frozen objects, its owner's, is left as it is."""
     global _freezing
     if gc.get_freeze_count():
         yield
@@ -536,7 +535,8 @@ def _read_jsonl(path: Path, partial: bool = False):
     last line without its newline (cut off when the writer was stopped) is skipped.
 
     A run's logs hold tens of thousands of records, so each line is parsed by orjson
-    (several times faster than json, and to the same objects); a line it refuses goes
+    (faster than json, to the same objects: benchmarks/RESULTS.md, "Start-up and
+    teardown costs"); a line it refuses goes
     through json, which accepts a little more (NaN, a lone surrogate) and words the
     error."""
     with open(path, "rb") as f:

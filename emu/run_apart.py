@@ -126,8 +126,8 @@ def run_apart(spec: RunSpec | CheckedRun) -> RunResult:
     job.join()
     if isinstance(outcome, BaseException):
         raise outcome
-    # The run's records come back by reading its logs here, several times faster than
-    # unpickling them from the pipe.
+    # The run's records come back by reading its logs here, cheaper than pickling them
+    # through the pipe (benchmarks/RESULTS.md, "Start-up and teardown costs").
     return dataclasses.replace(outcome, loaded=load_run(outcome.out_dir))
 
 

@@ -19,8 +19,8 @@ are in ``dyntra_lb/planner/compiled_steps.py``). This module holds the Python si
 (:func:`plan`: the rows flattened into arrays, the result split back into lists) and the
 one kernel it calls, ``_balance``: parsing, the fill, the main loop and cancellation.
 
-Compile time: the first call compiles ``_balance`` and all it calls (tens of seconds of
-CPU: benchmarks/RESULTS.md, "Planner speed"; later processes load numba's disk cache).
+Compile time: the first call compiles ``_balance`` and all it calls (its CPU time:
+benchmarks/RESULTS.md, "Planner speed"; later processes load numba's disk cache).
 Two habits keep it from growing: the kernels copy into slices element by element (a
 slice assignment brings numba's shape check and its error message formatting into the
 compile), and the swap search's direction is a runtime value (numba compiles a function

@@ -7,10 +7,14 @@ Commands:
 - ``ab``: the same workload and seed twice, DyntraLB off and on (or two configs), with
   every metric side by side and overlay plots;
 - ``validate``: check a config and a trace for a DP size, list every problem;
+- ``inspect``: a workload's request block counts, DyntraLB's thresholds on them
+  (emu/block_counts.py);
 - ``fit-cost``: a step-cost profile fitted to step times measured on a node;
-- ``sweep``: a grid of DyntraLB configs on the thread transport (emu/sweep.py);
 - ``replay`` / ``explain``: offline tools over diagnostics logs (emu/offline/replay.py,
   emu/offline/explain.py underneath);
+- ``sweep``: a grid of DyntraLB configs on the thread transport (emu/sweep.py);
+- ``tune``: an Optuna study of DyntraLB's knobs on one workload, resumable, and its
+  recommendation's A/B on fresh seeds (``emu.tune``);
 - ``diff``: kit against vllm-ascend (or two vllm-ascend trees, or two run directories)
   step by step (emu/cli/diff.py, emu/offline/diff.py);
 - ``gate``: a run's metrics against a baseline's within per-metric tolerances, for
@@ -22,7 +26,8 @@ and ``python -m emu``; there is no other entry point). Each command is a module 
 ``add_parser(subparsers)`` and its ``cmd_*`` function; the flags they share are made in
 ``emu.cli.flags``, mostly from RunSpec's fields. A command reads its inputs, builds each
 run's RunSpec once from the flags (``emu.cli.inputs``), has ``emu.spec`` judge it, and
-runs it with ``emu.run.run``; nothing below the CLI imports it.
+runs it with ``emu.run.run``; nothing below the CLI imports it. ``emu.cli.docgen``
+writes docs/cli.md, every command's flags, from the same parsers.
 
 Every user error (bad flag, bad file, contradictory settings) is one message naming the
 flag or file:line and what was expected, exit code 2, and nothing is started; a spec's

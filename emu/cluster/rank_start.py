@@ -164,7 +164,7 @@ def _server(preload: Preload) -> forkserver.ForkServer:
         # "__main__" as in multiprocessing's default: a rank need not run the launching
         # script (e.g. the dyntra-emu console script) again. CPython before 3.13 never
         # hands the server the script's path (its gh-126631), so there each rank runs the
-        # script again (40 ms for dyntra-emu), ignoring SIGTERM meanwhile (stop_processes).
+        # script again, ignoring SIGTERM meanwhile (stop_processes).
         server.set_forkserver_preload(
             ["__main__", "emu.cluster.rank_preload", *preload.modules])
     with _environment(dict(preload.environ)):
@@ -235,7 +235,8 @@ def stop_processes(processes: Sequence[multiprocessing.process.BaseProcess],
     left the server (``emu.cluster.rank_boot.leave_fork_server``; the server ignores
     it, ``emu.cluster.rank_preload``), and a job outside its launch (``emu.run_apart``),
     so one SIGTERM in those first moments was lost and the process ran on for the whole
-    grace: a run stopped while its ranks started took 3 s more to end."""
+    grace: a run stopped while its ranks started ended only with the SIGKILL
+    (benchmarks/RESULTS.md, "Start-up and teardown costs")."""
     end = time.monotonic() + grace_s
     while True:
         alive = [p for p in processes if p.is_alive()]

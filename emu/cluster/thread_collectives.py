@@ -173,9 +173,11 @@ class Hub:
 
 
 class PlanMemo:
-    """The plans of the last snapshot planned on a group, shared by its ranks (the
-    ``plan_memo`` of a ``DyntraLBCoordinator``, from the rank's context). Called by each
-    rank right after its all-gather: the first rank with a new key computes, the others
+    """The plans of the last snapshot planned on a group, shared by its ranks: the
+    ``plan_memo`` of each rank's host (``emu.rank.context.RankContext.host``), through
+    which the kit's engine wraps its coordinator's planner (``emu.impl.kit.engine``) and
+    vllm-ascend's ranks their ``_balance_load`` (``emu.impl.vllm_ascend.engine``). Called
+    by each rank right after its all-gather: the first rank with a new key computes, the others
     find the key. One entry is enough: no rank can plan the next snapshot before every
     rank has joined its all-gather, i.e. finished planning this one. No lock: a rank
     does not give way to another while it plans (it parks only in collectives)."""

@@ -39,3 +39,10 @@ def test_every_command_and_flag_is_on_the_page():
             for option in action.option_strings:
                 if option not in ("-h", "--help"):
                     assert f"`{option}" in section or f", {option}" in section, (name, option)
+
+
+def test_the_cli_packages_docstring_names_every_command():
+    import emu.cli
+
+    names = docgen._subparsers(docgen.build_parser()).choices
+    assert [n for n in names if f"``{n}``" not in emu.cli.__doc__] == []

@@ -1,4 +1,4 @@
-"""The architecture's one-way arrows (design.md): dyntra_lb never imports emu; inside
+"""The architecture's one-way arrows (docs/architecture.md): dyntra_lb never imports emu; inside
 dyntra_lb only coordinator.py may import torch; and inside emu every import runs down
 its floors (``FLOORS``) and no import circle exists.
 
