@@ -1,17 +1,20 @@
-"""Run one emulated DP cluster: ``run(checked) -> RunResult``, measured and recorded.
+"""Run one emulated DP cluster: ``run(spec) -> RunResult``, measured and recorded.
 
-The one entry point the CLI, the sweep, the pytest plugin and the benchmarks use to run
-a spec: ``run`` runs the cluster (``run_cluster``, which tests that only need the ranks'
-files call directly), computes its metrics and writes them to ``metrics.json`` with the
-recorded config (``recorded_config``: everything that produced the run, read from the
-checked run alone, so the same spec is recorded the same way whoever ran it). Under
-torchrun, each rank process calls ``join_cluster`` instead, and rank 0 then calls
-``measure``.
+The one way the CLI, the batches, the pytest plugin and the benchmarks run a spec:
+``run_checked`` runs the cluster (``run_cluster``'s part, which tests that only need
+the ranks' files call directly), computes its metrics and writes them to
+``metrics.json`` with the recorded config (``recorded_config``: everything that produced
+the run, read from the checked run alone, so the same spec is recorded the same way
+whoever ran it). Under torchrun, each rank process calls ``join_cluster`` instead, and
+rank 0 then calls ``measure``.
 
-Each takes a checked run (``emu.spec.check``: the spec judged, and what it needs worked
-out once) or a ``RunSpec``, which it checks here, in the calling process, before any rank
-starts: a bad spec is one ``emu.spec.SpecError`` (a ValueError) listing every problem.
-Then the spec's transport (``emu.cluster.transport``: rank processes, or rank threads
+Each entry takes one type. ``run``, ``run_cluster`` and ``join_cluster`` take a
+``RunSpec``, what a caller builds, and check it here, in the calling process, before any
+rank starts: a bad spec is one ``emu.spec.SpecError`` (a ValueError) listing every
+problem. ``run_checked`` and ``join_checked`` take the checked run (``emu.spec.check``:
+the spec judged, and what it needs worked out once) of a caller that checked it already:
+a command, which words the problems with its flags, and a batch's jobs. Then the spec's
+transport (``emu.cluster.transport``: rank processes, or rank threads
 with ``transport="thread"``) runs ``dp_size`` ranks, each handed the run's engine spec
 (``emu.rank.engine_spec.EngineSpec``) and running the implementation's engine over the
 whole trace (``emu.impl.Implementation.run_rank``), and the result lists every rank's
@@ -43,7 +46,7 @@ from emu.cluster.transport import (
 from emu.metrics import Run, compute_metrics, load_run, read_events, write_metrics
 from emu.rank.context import RankSummary
 from emu.run_status import write_status
-from emu.spec import CheckedRun, RunSpec, as_checked, check
+from emu.spec import CheckedRun, RunSpec, check
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,16 @@ class RunResult:
         return read_events(self.event_logs[rank])
 
 
-def run(spec: RunSpec | CheckedRun) -> RunResult:
-    """Run ``spec`` (checked here if it is a RunSpec) to completion, measure it and record
-    what ran: ``run_cluster``, then ``measure``; returns the result with its ``metrics``
-    and the ``loaded`` run. Raises as ``run_cluster`` does (nothing is measured then)."""
-    checked = as_checked(spec)
-    result = run_cluster(checked)
+def run(spec: RunSpec) -> RunResult:
+    """Check ``spec`` and run it as ``run_checked`` does."""
+    return run_checked(check(spec))
+
+
+def run_checked(checked: CheckedRun) -> RunResult:
+    """Run ``checked`` to completion, measure it and record what ran: its cluster, then
+    ``measure``; returns the result with its ``metrics`` and the ``loaded`` run. Raises
+    as ``run_cluster`` does (nothing is measured then)."""
+    result = _run_cluster(checked)
     loaded = load_run(result.out_dir)
     return dataclasses.replace(result, metrics=measure(checked, loaded), loaded=loaded)
 
@@ -113,12 +120,15 @@ def recorded_config(checked: CheckedRun) -> dict:
     }
 
 
-def run_cluster(spec: RunSpec | CheckedRun) -> RunResult:
-    """Run ``spec`` (checked here if it is a RunSpec) to completion and return its result.
+def run_cluster(spec: RunSpec) -> RunResult:
+    """Check ``spec`` and run its cluster to completion, unmeasured; returns its result.
     Raises ValueError before anything starts (``emu.spec.SpecError``: a bad spec, an
     unusable device) and ``emu.cluster.supervision.ClusterError`` when a rank fails
     (every rank is stopped)."""
-    checked = as_checked(spec)
+    return _run_cluster(check(spec))
+
+
+def _run_cluster(checked: CheckedRun) -> RunResult:
     spec, implementation = checked.spec, checked.implementation
     if spec.transport == "thread":
         implementation.check_rank_threads()
@@ -139,12 +149,16 @@ def run_cluster(spec: RunSpec | CheckedRun) -> RunResult:
     )
 
 
-def join_cluster(spec: RunSpec | CheckedRun) -> RankSummary:
-    """Run this process as one rank of ``spec``'s cluster, started by torchrun (or any
+def join_cluster(spec: RunSpec) -> RankSummary:
+    """Check ``spec`` for this machine's ranks (ValueError before any group is made) and
+    join its cluster as ``join_checked`` does."""
+    return join_checked(check(spec, local_ranks=_local_ranks()))
+
+
+def join_checked(checked: CheckedRun) -> RankSummary:
+    """Run this process as one rank of ``checked``'s cluster, started by torchrun (or any
     launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); returns
-    this rank's summary. A RunSpec is checked first, for this machine's ranks
-    (ValueError before any group is made); rank 0 records ``run.json``."""
-    checked = spec if isinstance(spec, CheckedRun) else check(spec, local_ranks=_local_ranks())
+    this rank's summary; rank 0 records ``run.json``."""
     spec = checked.spec
     if spec.transport != "process":
         raise ValueError(f"RunSpec.transport {spec.transport!r}: under torchrun every rank "

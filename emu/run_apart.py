@@ -1,11 +1,12 @@
-"""``run_apart(spec)``: ``emu.run.run(spec)`` in a process of its own; and
-``run_here_or_apart``, the one place that chooses between the two.
+"""``run_apart(checked)``: ``emu.run.run_checked(checked)`` in a process of its own; and
+``run_here_or_apart``, the one place that chooses between the two. Each takes the
+checked run (``emu.spec.check``), checked once by its caller.
 
 Called by ``dyntra-emu ab --vllm-ascend-a A --vllm-ascend-b B`` for every run whose ranks
 are threads: rank threads import their vllm-ascend tree into the process that hosts them,
 and a tree's patches replace vLLM's classes on import, so one process holds one tree
 (``emu.impl.vllm_ascend.rank_state``). A run of tree B must never find tree A imported,
-so each run gets a process of its own, runs the spec as ``run`` does (writing the same
+so each run gets a process of its own, runs the spec as ``run_checked`` does (writing the same
 files and metrics.json) and hands back its result.
 
 What goes wrong in that process comes back as it happened: a failed cluster as its
@@ -40,19 +41,17 @@ from multiprocessing import resource_tracker
 
 from emu.cluster.rank_start import rank_starter, stop_processes
 from emu.metrics import load_run
-from emu.run import RunResult, run
-from emu.spec import CheckedRun, RunSpec, as_checked
+from emu.run import RunResult, run_checked
+from emu.spec import CheckedRun, RunSpec
 
 # How long an interrupted run may take to stop its ranks and record itself.
 STOP_GRACE_S = 60.0
 
 
-def start_job(target, spec: RunSpec | CheckedRun, name: str):
+def start_job(target, checked: CheckedRun, name: str):
     """Start ``target(checked, conn)`` in a process of its own (see the module docstring)
-    that dies with this one, ``checked`` being ``spec`` checked (here, if it is a
-    RunSpec: ``emu.spec.check`` raises before anything starts); ``conn`` is the job's
-    end of a pipe for its outcome. Returns (the process, this end of the pipe)."""
-    checked = as_checked(spec)
+    that dies with this one; ``conn`` is the job's end of a pipe for its outcome.
+    Returns (the process, this end of the pipe)."""
     resource_tracker.ensure_running()  # starting it unblocks SIGINT: before the block
     # A fork server started now blocks SIGINT for good (a Ctrl-C must not end it in the
     # middle of its imports); a job unblocks it (_job_main).
@@ -100,18 +99,16 @@ def _job_main(target, checked: CheckedRun, conn, parent_pid: int, environ: dict[
     target(checked, conn)
 
 
-def run_here_or_apart(spec: RunSpec | CheckedRun, *, apart: bool) -> RunResult:
-    """``emu.run.run(spec)``: in this process, or in a process of its own when ``apart``
-    (``run_apart``). A command's run (``emu.cli.running``) and a batch's
+def run_here_or_apart(checked: CheckedRun, *, apart: bool) -> RunResult:
+    """``emu.run.run_checked(checked)``: in this process, or in a process of its own when
+    ``apart`` (``run_apart``). A command's run (``emu.cli.running``) and a batch's
     (``emu.executors``) choose here."""
-    return run_apart(spec) if apart else run(spec)
+    return run_apart(checked) if apart else run_checked(checked)
 
 
-def run_apart(spec: RunSpec | CheckedRun) -> RunResult:
-    """Run ``spec`` in a process of its own and return its result; raises what the run
-    raised there (``ClusterError``, ``Interrupted`` ...), or here, before it starts, a
-    RunSpec's ``SpecError``."""
-    checked = as_checked(spec)
+def run_apart(checked: CheckedRun) -> RunResult:
+    """Run ``checked`` in a process of its own and return its result; raises what the run
+    raised there (``ClusterError``, ``Interrupted`` ...)."""
     job, receive = start_job(_job, checked, f"dyntra-emu run {checked.spec.out_dir}")
     try:
         outcome = _receive(receive, job)
@@ -145,7 +142,7 @@ def _receive(receive, job):
 def _job(checked: CheckedRun, send) -> None:
     """The run's process: the run, and its result or exception sent back."""
     try:
-        outcome = dataclasses.replace(run(checked), loaded=None)  # run_apart reads it there
+        outcome = dataclasses.replace(run_checked(checked), loaded=None)  # run_apart reads it there
     except BaseException as exc:  # reported to the launching process, never printed here
         outcome = exc
     try:

@@ -6,9 +6,10 @@ tests and the benchmarks build a RunSpec; ``check`` judges it in the calling pro
 before any rank starts, and works out once what the run needs: the parsed additional
 config, the implementation (``emu.impl.Implementation``: for vllm-ascend its tree, git
 commit and, when the run is recorded, content hash), the device and the ranks' engine
-spec (``emu.rank.engine_spec.EngineSpec``). ``emu.run.run`` (or ``run_cluster``) takes
-the checked run, or a RunSpec it checks first; everything downstream (the transports,
-the ranks, metrics.json's ``config``) reads what the checked run holds.
+spec (``emu.rank.engine_spec.EngineSpec``). ``emu.run.run_checked`` runs the checked
+run (``emu.run.run`` and ``run_cluster`` check a RunSpec first); everything downstream
+(the batches' jobs, the transports, the ranks, metrics.json's ``config``) is handed the
+checked run and reads what it holds, so a spec is checked once.
 
 Most fields are engine knobs declared with ``emu.knobs.knob``: their kind checks them
 here and, with a help text, the CLI makes them a flag (``emu.cli.flags``). This module
@@ -27,7 +28,7 @@ from __future__ import annotations
 import functools
 import pathlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -280,6 +281,15 @@ class CheckedRun:
         hash, computed here, once)."""
         return self.implementation.describe(self.engine_spec)
 
+    def at(self, out_dir: str | pathlib.Path) -> CheckedRun:
+        """The same run writing into ``out_dir``, without checking it again: no rule reads
+        the output directory beyond its being given, and nothing the check worked out
+        depends on it. A Ray task moves its run into a directory of its worker's node."""
+        moved = replace(self, spec=replace(self.spec, out_dir=out_dir))
+        if "description" in self.__dict__:  # worked out once, wherever the run goes
+            moved.__dict__["description"] = self.__dict__["description"]
+        return moved
+
 
 def check(spec: RunSpec, names: Names | None = None, *,
           local_ranks: int | None = None) -> CheckedRun:
@@ -310,12 +320,6 @@ def check(spec: RunSpec, names: Names | None = None, *,
     if problems:
         raise SpecError(problems)
     return CheckedRun(spec, config, implementation, device, _engine_spec(spec, config))
-
-
-def as_checked(run: RunSpec | CheckedRun) -> CheckedRun:
-    """``run`` when it is checked already, else ``check(run)``: for the entries that take
-    either (``emu.run.run``, ``emu.run_apart``)."""
-    return run if isinstance(run, CheckedRun) else check(run)
 
 
 def _engine_spec(spec: RunSpec, config: AdditionalConfig) -> EngineSpec:

@@ -23,9 +23,9 @@ The best config is printed as a ready ``--additional-config`` JSON.
 
 This module is the sweep itself, below the CLI: the grid, each point's RunSpec (the
 base spec with the point's config), the table and the plots. The command
-(``emu.cli.sweep``) checks the specs and runs them as a batch (``emu.cli.batch``: each
-one ``emu.run.run`` on the executor, so each run records its config as any other run of
-that spec).
+(``emu.cli.sweep``) checks each spec once and runs the checked runs as a batch
+(``emu.cli.batch``: each one ``emu.run.run_checked`` on the executor, so each run
+records its config as any other run of that spec).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ and ``python -m emu``; there is no other entry point). Each command is a module 
 ``add_parser(subparsers)`` and its ``cmd_*`` function; the flags they share are made in
 ``emu.cli.flags``, mostly from RunSpec's fields. A command reads its inputs, builds each
 run's RunSpec once from the flags (``emu.cli.inputs``), has ``emu.spec`` judge it, and
-runs it with ``emu.run.run``; nothing below the CLI imports it. ``emu.cli.docgen``
-writes docs/cli.md, every command's flags, from the same parsers.
+runs the checked run with ``emu.run.run_checked`` (a batch, on an executor: each run's
+spec checked once); nothing below the CLI imports it. ``emu.cli.docgen`` writes
+docs/cli.md, every command's flags, from the same parsers.
 
 Every user error (bad flag, bad file, contradictory settings) is one message naming the
 flag or file:line and what was expected, exit code 2, and nothing is started; a spec's

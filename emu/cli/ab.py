@@ -182,7 +182,8 @@ def cmd_ab(args) -> int:
 def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     """Every run of ``ab --seeds`` as one batch on the executor (``emu.cli.batch``);
     returns [metrics of A, metrics of B] per seed."""
-    specs = [checked.spec for pair in pairs for checked in pair]
+    runs = [checked for pair in pairs for checked in pair]
+    specs = [checked.spec for checked in runs]
     names = [f"seed{seed}/{name} ({label})" for seed in seeds
              for name, label in zip(RUN_DIRS, labels, strict=True)]
     with batch_executor(args, specs, jobs_filling_cores(specs)) as executor:
@@ -192,7 +193,7 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
         note(args, f"ab: {len(seeds)} seeds x 2 runs of {args.workload}, {specs[0].dp_size} "
                    f"ranks, {where}, {specs[0].transport} transport; "
                    f"writing {out_dir}")
-        metrics = run_batch(args, executor, specs, names, "ab --seeds",
+        metrics = run_batch(args, executor, runs, names, "ab --seeds",
                             f"{out_dir}/seed<s>/a and b/")
     return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 

@@ -29,7 +29,7 @@ from emu.executors import (
     open_executor,
 )
 from emu.knobs import Int
-from emu.spec import RunSpec
+from emu.spec import CheckedRun, RunSpec
 
 
 def add_executor_options(parser: argparse.ArgumentParser, what: str,
@@ -77,7 +77,7 @@ def check_executor_flags(args) -> None:
 
 
 @contextlib.contextmanager
-def batch_executor(args, specs: Sequence, default_jobs: int = 1):
+def batch_executor(args, specs: Sequence[RunSpec], default_jobs: int = 1):
     """The executor of the flags, checked against ``specs`` and entered for the length of
     the block; its refusals are UsageErrors. A local one runs ``--jobs`` runs at a time,
     ``default_jobs`` without it."""
@@ -101,15 +101,17 @@ def describe_executor(args, executor: Executor, spec: RunSpec) -> str:
     return f"on Ray ({args.ray_address or 'a local Ray'})"
 
 
-def run_batch(args, executor: Executor, specs: Sequence, names: Sequence[str],
+def run_batch(args, executor: Executor, runs: Sequence[CheckedRun], names: Sequence[str],
               what: str, layout: str) -> list[dict]:
-    """Every run of the batch under one progress bar (a status line per finished run
-    without a terminal); returns the metrics in the order of ``specs``. ``names`` says
+    """Every run of the batch, as the command checked it, under one progress bar (a status
+    line per finished run without a terminal); returns the metrics in the order of
+    ``runs``. ``names`` says
     each run in messages, ``what`` the batch ("the sweep"), ``layout`` where a run's
     files are ("runs/<name>/" under the output directory). A failed run is
     ClusterFailed, SIGINT or SIGTERM RunInterrupted, each naming what finished."""
     bar = not args.quiet and sys.stderr.isatty()
     finished = []
+    specs = [checked.spec for checked in runs]
 
     with SweepProgress([Path(s.out_dir) for s in specs], specs[0].dp_size,
                        len(specs[0].trace), bar) as progress:
@@ -121,7 +123,7 @@ def run_batch(args, executor: Executor, specs: Sequence, names: Sequence[str],
                            f"{names[index]}")
 
         try:
-            return executor.run(specs, on_done)
+            return executor.run(runs, on_done)
         except RunFailed as exc:
             report = Path(specs[exc.index].out_dir) / "error.txt"
             raise ClusterFailed(

@@ -1,5 +1,5 @@
 """How a command takes part in a run (``Launch``: the DP size, torchrun or not) and one
-checked run for a command: launched through ``emu.run.run``, watched with a progress
+checked run for a command: launched through ``emu.run.run_checked``, watched with a progress
 bar, its failure turned into a message; under torchrun this process is one of the
 ranks.
 """
@@ -133,10 +133,10 @@ def _run(checked: CheckedRun, launch: Launch, apart: bool) -> tuple[Measured | N
         return Measured(result.metrics, result.loaded), result.truncated
     # Under torchrun this process is one rank; rank 0 measures once every rank is done.
     from emu.metrics import load_run
-    from emu.run import join_cluster, measure
+    from emu.run import join_checked, measure
 
     try:
-        summary = join_cluster(checked)
+        summary = join_checked(checked)
     except Exception as exc:  # torchrun stops the other ranks and reports the failure
         rank = os.environ.get("RANK")
         raise ClusterFailed(f"rank {rank} failed: {type(exc).__name__}: {exc}") from None

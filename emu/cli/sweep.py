@@ -98,10 +98,12 @@ def _check_flags(args) -> None:
 
 
 def _specs(args, launch, out_dir: Path):
-    """The grid, its points and their RunSpecs (the base spec from the flags on the
+    """The grid, its points and their checked runs (the base spec from the flags on the
     thread transport, each point's config in it), every one checked before any runs:
     the base config and the workload first, then each --grid value on its own (the
-    first one refused is named), then every point."""
+    first one refused is named), then every point. Each config is checked once: a point
+    whose config was checked already (the base's, a --grid value's) takes that checked
+    run, moved to its own directory."""
     try:
         grid = parse_grid(args.grid)
     except ValueError as exc:
@@ -118,14 +120,20 @@ def _specs(args, launch, out_dir: Path):
         points = build_points(config.raw, grid)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    checks = [*singles, *((p.source, p.config) for p in points)]
-    for name, point_config in checks:
-        spec = dataclasses.replace(base, additional_config=point_config)
-        try:
-            checked_spec(args, inputs, spec, name)
-        except SpecError as exc:
-            raise UsageError(*(str(p) for p in exc.problems)) from None
-    return grid, config, base, points
+    by_config = {json.dumps(config.raw, sort_keys=True): checked}
+    checks = [*((name, dataclasses.replace(base, additional_config=point_config))
+                for name, point_config in singles),
+              *((p.source, point_spec(base, p, out_dir)) for p in points)]
+    runs = []
+    for name, spec in checks:
+        key = json.dumps(spec.additional_config, sort_keys=True)
+        if key not in by_config:
+            try:
+                by_config[key] = checked_spec(args, inputs, spec, name)
+            except SpecError as exc:
+                raise UsageError(*(str(p) for p in exc.problems)) from None
+        runs.append(by_config[key].at(spec.out_dir))
+    return grid, config, base, points, runs[len(singles):]
 
 
 def cmd_sweep(args) -> int:
@@ -134,14 +142,14 @@ def cmd_sweep(args) -> int:
     _check_flags(args)
     objective_name = args.objective or "throughput"
     out_dir = out_dir_path(args.out, "sweep")
-    grid, base_config, base, points = _specs(args, launch, out_dir)
+    grid, base_config, base, points, runs = _specs(args, launch, out_dir)
     n = len(points) - 1
     if n > MAX_POINTS and not args.yes:
         sizes = " x ".join(str(len(v)) for v in grid.values())
         raise UsageError(f"--grid: {n} points ({sizes}) is more than {MAX_POINTS}; "
                          f"with the baseline that is {n + 1} runs. Pass --yes to run "
                          "them all")
-    specs = [point_spec(base, p, out_dir) for p in points]
+    specs = [checked.spec for checked in runs]
     mode = "async" if base.async_scheduling else "synchronous"
     with batch_executor(args, specs, jobs_filling_cores(specs)) as executor:
         _check_out(out_dir, args.overwrite)
@@ -152,7 +160,7 @@ def cmd_sweep(args) -> int:
                    f"({len(base.trace)} requests), {base.dp_size} ranks, {mode} scheduling, "
                    f"{where}, thread transport; writing {out_dir}")
         start = time.monotonic()
-        metrics = run_batch(args, executor, specs,
+        metrics = run_batch(args, executor, runs,
                             [f"{p.name} ({p.label})" for p in points], "the sweep",
                             f"{out_dir / 'runs'}/<name>/")
         wall = time.monotonic() - start

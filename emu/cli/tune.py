@@ -43,7 +43,7 @@ from emu.cli.running import resolve_launch
 from emu.knobs import Int
 from emu.recipes import is_recipe, seed_summary, seed_table
 from emu.run import recorded_config
-from emu.spec import RunSpec, SpecError
+from emu.spec import RunSpec, SpecError, check
 from emu.sweep import with_lb
 from emu.tune import (
     BUBBLE_BLOCKS,
@@ -148,10 +148,10 @@ def cmd_tune(args) -> int:
                    f"{args.transport} transport, {slots} trial(s) at a time")
 
         def batch(runs, names):
-            specs = [spec_of(*run) for run in runs]
-            for spec in specs:
-                _fresh_dir(Path(spec.out_dir))
-            return run_batch(args, executor, specs, names, "the study",
+            checked = [check(spec_of(*run)) for run in runs]  # each run's spec, once
+            for run in checked:
+                _fresh_dir(Path(run.spec.out_dir))
+            return run_batch(args, executor, checked, names, "the study",
                              f"{out_dir / 'runs'}/<trial>/seed<s>/")
 
         search = Search(study=study, space=space, objectives=objectives, seeds=tuple(seeds),
@@ -353,17 +353,17 @@ def _ab(args, executor, bases, seeds, base_config: dict, best: dict, out_dir: Pa
         shutil.rmtree(ab_dir)
     configs = (with_lb(base_config, enabled=False),
                with_lb(base_config, enabled=True, **best["values"]))
-    specs, names = [], []
+    runs, names = [], []
     for seed in seeds:
         for side, config in zip("ab", configs, strict=True):
             spec = dataclasses.replace(bases[seed], additional_config=config,
                                        out_dir=ab_dir / f"seed{seed}" / side)
+            runs.append(check(spec))
             Path(spec.out_dir).mkdir(parents=True)
-            specs.append(spec)
             names.append(f"ab/seed{seed}/{side}")
     note(args, f"tune: the A/B of trial {best['number']} against DyntraLB off on "
                f"{len(seeds)} fresh seed(s) ({', '.join(map(str, seeds))})")
-    metrics = run_batch(args, executor, specs, names, "the A/B", f"{ab_dir}/seed<s>/a and b/")
+    metrics = run_batch(args, executor, runs, names, "the A/B", f"{ab_dir}/seed<s>/a and b/")
     pairs = [(seed, metrics[2 * i], metrics[2 * i + 1]) for i, seed in enumerate(seeds)]
     labels = ("DyntraLB off", f"trial {best['number']}")
     write_ab_json(ab_dir / "ab.json", workload=args.workload, dp_size=bases[seeds[0]].dp_size,

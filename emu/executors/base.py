@@ -1,5 +1,7 @@
 """What both executors share: the batch's errors, the ``Executor`` interface and
-``run_spec``, one run as a job process or a Ray task runs it (``emu.executors``)."""
+``run_spec``, one run as a job process or a Ray task runs it (``emu.executors``). A batch
+hands its executor the checked runs (``emu.spec.CheckedRun``), each spec checked once,
+by the command that made it; its jobs run them as they are."""
 
 from __future__ import annotations
 
@@ -87,8 +89,9 @@ class Executor(Protocol):
 
     def __exit__(self, *exc) -> None: ...
 
-    def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
-        """Run every spec (checked, its out_dir made); see the module docstring."""
+    def run(self, runs: Sequence[CheckedRun], on_done: Callable[[int], None]) -> list[dict]:
+        """Run every checked run (its out_dir made); returns each one's metrics in order,
+        calling ``on_done(index)`` as each finishes; see the module docstring."""
 
     def slots(self, spec: RunSpec) -> int:
         """Called once entered: how many runs like ``spec`` run at once here (``dyntra-emu
@@ -101,8 +104,8 @@ def cpus_needed(spec: RunSpec) -> int:
     return spec.dp_size if spec.transport == "process" else 1
 
 
-def run_spec(spec: RunSpec | CheckedRun, *, apart: bool = False) -> dict:
-    """In a job process or on a Ray worker: one run of the batch (``emu.run.run``, which
+def run_spec(checked: CheckedRun, *, apart: bool = False) -> dict:
+    """In a job process or on a Ray worker: one run of the batch (``emu.run.run_checked``, which
     writes its metrics.json, and error.txt when a rank fails; in a fresh process of its
     own when ``apart``, see ``emu.run_apart``); returns the metrics, or {"error": text}
     when the cluster failed."""
@@ -112,7 +115,7 @@ def run_spec(spec: RunSpec | CheckedRun, *, apart: bool = False) -> dict:
 
     try:
         with frozen_runs():
-            return run_here_or_apart(spec, apart=apart).metrics
+            return run_here_or_apart(checked, apart=apart).metrics
     except ClusterError as exc:
         return {"error": f"rank {exc.rank} failed: {exc.message}" if exc.rank is not None
                 else exc.message}

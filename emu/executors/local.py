@@ -25,10 +25,10 @@ STOP_GRACE_S = 90.0
 
 
 def _run_job(checked: CheckedRun, conn) -> None:
-    """In a job process: the run (``run_spec``; ``emu.run_apart.start_job`` checked its
-    spec), its outcome sent on ``conn``; nothing is sent when the batch stopped the run
-    (its run.json says so), nor when the batch stopped listening: a run that ended just
-    as the batch was stopped finds the pipe closed, and its run.json is complete."""
+    """In a job process: the run (``run_spec``), its outcome sent on ``conn``; nothing is
+    sent when the batch stopped the run (its run.json says so), nor when the batch
+    stopped listening: a run that ended just as the batch was stopped finds the pipe
+    closed, and its run.json is complete."""
     try:
         outcome = run_spec(checked)
     except KeyboardInterrupt:
@@ -58,8 +58,8 @@ class LocalExecutor:
     def slots(self, spec: RunSpec) -> int:
         return self.jobs
 
-    def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
-        queued = list(range(len(specs)))
+    def run(self, runs: Sequence[CheckedRun], on_done: Callable[[int], None]) -> list[dict]:
+        queued = list(range(len(runs)))
         running: dict[int, tuple] = {}  # index -> (job process, its end of the pipe)
         results: dict[int, dict] = {}
         with SignalsSeen() as signals:
@@ -67,7 +67,7 @@ class LocalExecutor:
                 while queued or running:
                     while queued and len(running) < self.jobs:
                         index = queued.pop(0)
-                        running[index] = start_job(_run_job, specs[index],
+                        running[index] = start_job(_run_job, runs[index],
                                                    f"dyntra-emu-job-{index}")
                     index, outcome = self._next_outcome(running)
                     if "error" in outcome:
@@ -78,8 +78,8 @@ class LocalExecutor:
                 _stop(running)
                 if not isinstance(exc, KeyboardInterrupt):
                     raise
-                raise RunsInterrupted(len(results), len(specs), signals.name) from exc
-        return [results[i] for i in range(len(specs))]
+                raise RunsInterrupted(len(results), len(runs), signals.name) from exc
+        return [results[i] for i in range(len(runs))]
 
     @staticmethod
     def _next_outcome(running: dict[int, tuple]) -> tuple[int, dict]:

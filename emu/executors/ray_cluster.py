@@ -33,7 +33,7 @@ from emu.executors.base import (
     cpus_needed,
 )
 from emu.executors.ray_task import StopBoard, run_task, unpack
-from emu.spec import RunSpec
+from emu.spec import CheckedRun, RunSpec
 
 INSTALL_HINT = "pip install -e '.[ray]'"
 # How long the runs under way get to stop their ranks and send their files back; a run
@@ -138,18 +138,19 @@ class RayExecutor:
 
     # ----------------------------------------------------------------- the runs
 
-    def run(self, specs: Sequence[RunSpec], on_done: Callable[[int], None]) -> list[dict]:
+    def run(self, runs: Sequence[CheckedRun], on_done: Callable[[int], None]) -> list[dict]:
         ray = self._ray
         board = ray.remote(num_cpus=0)(StopBoard).remote()
         task = ray.remote(max_retries=0)(run_task)
         groups: dict[int, object] = {}
         tasks: dict[object, int] = {}
-        for index, spec in enumerate(specs):
+        specs = [checked.spec for checked in runs]
+        for index, (checked, spec) in enumerate(zip(runs, specs, strict=True)):
             options = {"num_cpus": 1}
             if spec.transport == "process":
                 groups[index] = self._placement_group(spec.dp_size)
                 options["scheduling_strategy"] = self._in_group(groups[index])
-            tasks[task.options(**options).remote(index, spec, board)] = index
+            tasks[task.options(**options).remote(index, checked, board)] = index
         results: dict[int, dict] = {}
         pending = list(tasks)
         with SignalsSeen() as signals:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import signal
 import tempfile
@@ -30,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from emu.executors.base import run_spec
-from emu.spec import RunSpec
+from emu.spec import CheckedRun
 
 
 class StopBoard:
@@ -61,19 +60,19 @@ class StopBoard:
         await self._stopped.wait()
 
 
-def run_task(index: int, spec: RunSpec, board) -> dict:
-    """The Ray task of run ``index``: the run of ``spec`` into a temporary directory of
-    this node; returns its outcome (``emu.executors.base.run_spec``'s metrics or error, or
-    {"interrupted": report} when the batch stopped it, or {"stopped": True} when the
-    batch stopped before it began) and, unless stopped before it began, ``files``: the
-    run directory's files by name, zlib-compressed."""
+def run_task(index: int, checked: CheckedRun, board) -> dict:
+    """The Ray task of run ``index``: ``checked``, as the driver checked it, run into a
+    temporary directory of this node; returns its outcome (``emu.executors.base.run_spec``'s
+    metrics or error, or {"interrupted": report} when the batch stopped it, or {"stopped":
+    True} when the batch stopped before it began) and, unless stopped before it began,
+    ``files``: the run directory's files by name, zlib-compressed."""
     if not _may_begin(board, index):
         return {"stopped": True}
     with tempfile.TemporaryDirectory(prefix="dyntra-emu-ray-") as tmp:
         run_dir = Path(tmp) / "run"
         try:
             with _stopped_by(board):
-                outcome = run_spec(dataclasses.replace(spec, out_dir=run_dir), apart=True)
+                outcome = run_spec(checked.at(run_dir), apart=True)
         except KeyboardInterrupt as exc:  # emu.cluster.supervision.Interrupted among them
             report = str(exc) or "interrupted by SIGTERM: the batch was stopped"
             if run_dir.is_dir():

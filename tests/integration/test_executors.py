@@ -31,7 +31,7 @@ import pytest
 
 from emu.executors import RunFailed, open_executor
 from emu.faults import FaultPlan
-from emu.spec import RunSpec
+from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
 from tests.held_logs import event_logs_held, holds_a_step
 from tests.ray_tmpdir import pymp_left
@@ -163,7 +163,7 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
         with batch:
             killer.start()
             with pytest.raises(RunFailed) as failed:
-                batch.run(specs, done.append)
+                batch.run([check(s) for s in specs], done.append)
         killer.join()
     assert killer.victim is not None, killer.problem
     assert failed.value.index == 1
@@ -195,10 +195,11 @@ _BATCH = """
 import sys
 from pathlib import Path
 from emu.executors import open_executor
+from emu.spec import check
 from tests.integration.test_executors import spec
 
 with open_executor("local", jobs=1) as batch:
-    batch.run([spec(Path(sys.argv[1]) / "endless", dp_size=2, transport="thread")],
+    batch.run([check(spec(Path(sys.argv[1]) / "endless", dp_size=2, transport="thread"))],
               lambda index: None)
 """
 
@@ -242,7 +243,8 @@ def test_a_jobs_ranks_come_from_the_batchs_fork_server_and_die_with_the_job(
     from emu.run_apart import start_job
 
     out = tmp_path / "run"
-    job, conn = start_job(_run_job, spec(out, dp_size=2, transport="process"), "the job")
+    job, conn = start_job(_run_job, check(spec(out, dp_size=2, transport="process")),
+                          "the job")
     try:
         deadline = time.monotonic() + 120
         ranks: list[psutil.Process] = []
@@ -277,7 +279,7 @@ def test_a_job_stopped_in_its_first_moments_stops_as_an_interrupted_run(
 
     out = tmp_path / "run"
     reported = None
-    job, conn = start_job(_job, spec(out, dp_size=2, transport="thread"), "the job")
+    job, conn = start_job(_job, check(spec(out, dp_size=2, transport="thread")), "the job")
     try:
         stop_processes([job], 60.0)
         with contextlib.suppress(EOFError):  # a job killed reported nothing
@@ -301,7 +303,7 @@ def test_a_job_whose_batch_stopped_listening_ends_quietly(tmp_path, no_leftover_
     out.mkdir()
     short = RunSpec(trace=[TraceRequest("r0", 0.0, 64, 8)], dp_size=2, out_dir=out,
                     device="cpu", transport="thread")
-    job, conn = start_job(_run_job, short, "the job")
+    job, conn = start_job(_run_job, check(short), "the job")
     conn.close()  # the batch stopped listening before the run ended
     try:
         job.join(120)

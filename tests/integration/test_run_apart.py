@@ -19,6 +19,7 @@ from emu.cluster.supervision import ClusterError
 from emu.faults import FaultPlan
 from emu.run import run
 from emu.run_apart import run_apart
+from emu.spec import check
 from tests.integration.conftest import spec
 
 pytestmark = pytest.mark.integration
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.integration
 
 def test_a_run_apart_is_the_same_run(tmp_path, no_leftover_processes):
     here = run(dataclasses.replace(spec("static", 2, tmp_path / "here"), transport="thread"))
-    apart = run_apart(dataclasses.replace(spec("static", 2, tmp_path / "apart"),
-                                          transport="thread"))
+    apart = run_apart(check(dataclasses.replace(spec("static", 2, tmp_path / "apart"),
+                                                transport="thread")))
     for rank in range(2):
         assert apart.event_logs[rank].read_bytes() == here.event_logs[rank].read_bytes()
     written = json.loads((tmp_path / "apart" / "metrics.json").read_text())
@@ -41,7 +42,7 @@ def test_a_failed_run_apart_raises_the_runs_cluster_error(tmp_path, no_leftover_
     failing = dataclasses.replace(spec("static", 2, tmp_path / "killed"), transport="thread",
                                   faults=FaultPlan.of("kill:rank=1,step=3"))
     with pytest.raises(ClusterError) as caught:
-        run_apart(failing)
+        run_apart(check(failing))
     assert caught.value.rank == 1
     assert "killed by fault" in caught.value.message
     status = json.loads((tmp_path / "killed" / "run.json").read_text())
@@ -53,13 +54,14 @@ import pickle, signal, sys
 from emu.cli.errors import raise_terminated
 from emu.cluster.supervision import Interrupted
 from emu.run_apart import run_apart
+from emu.spec import check
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, raise_terminated)  # as dyntra-emu's main does
     with open(sys.argv[1], "rb") as f:
         spec = pickle.load(f)
     try:
-        run_apart(spec)
+        run_apart(check(spec))
     except Interrupted as exc:
         print("interrupted by", exc.signal_name, flush=True)
         sys.exit(3)
