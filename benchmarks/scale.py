@@ -111,8 +111,10 @@ def run_once(checkout: Path, trace: Path, dp: int, out_dir: Path, max_rss: int) 
     if "maxrss_kb" in result:
         result["peak_rss_bytes"] = max(peak, int(result.pop("maxrss_kb")) * 1024)
     result["cpu_s"] = result.pop("user_s", 0.0) + result.pop("sys_s", 0.0)
+    (out_dir.parent / f"{out_dir.name}.stderr.txt").write_text("\n".join(text) + "\n")
     if stopped or proc.returncode != 0:
-        result["error"] = stopped or "; ".join(text[-5:])
+        said = [line for line in text if not line.startswith("\t")]  # not /usr/bin/time's
+        result["error"] = stopped or "; ".join(said[-3:])
         return result
     metrics = json.loads((out_dir / "metrics.json").read_text())
     result["virtual_s"] = metrics["virtual_time_s"]

@@ -90,7 +90,8 @@ class Progress:
 
     The runs go in the calling thread (Ctrl-C then stops their ranks); a daemon thread
     polls the event logs: every ``POLL_S`` for the bar, every ``STATUS_INTERVAL_S`` for
-    status lines. A run that printed status lines ends with one more, at its totals."""
+    status lines. A run that printed status lines ends with one more, at its totals (one
+    shorter than the interval reads no log)."""
 
     POLL_S = 0.25
 
@@ -126,7 +127,7 @@ class Progress:
             return
         self._stop.set()
         self._thread.join()
-        if exc_type is None:
+        if exc_type is None and (self._bar is not None or self._lines):
             self._poll()
             if self._lines:
                 self._print_line()
