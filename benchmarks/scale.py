@@ -1,7 +1,9 @@
 """Long traces: a whole ``dyntra-emu run`` on synthetic Mooncake-shaped traffic
 (``fixtures/generate.py --recipe mooncake-like``) of several lengths and DP sizes, for two
-checkouts side by side: wall time, CPU time, real-time factor, peak RSS, bytes written
-per rank per virtual hour, and where the wall time went (ranks, metrics, plots).
+checkouts side by side: wall time, CPU time (user + sys), real-time factor (virtual time
+over wall time, and over CPU time: the figure that holds on a loaded machine), peak RSS,
+bytes written per rank per virtual hour, and where the wall time went (ranks, metrics,
+plots).
 
     .venv/bin/python benchmarks/scale.py --baseline /work/baseline --candidate .
     .venv/bin/python benchmarks/scale.py --baseline /work/baseline --only baseline
@@ -158,9 +160,9 @@ def skip_reason(side: str, hours: float, dp: int, args) -> str | None:
 
 
 def table(results: dict, cells: list[tuple[float, int]]) -> str:
-    head = ("| trace | dp | side | requests | virtual s | wall s | CPU s | real time | "
-            "peak RSS GB | MB / rank-hour | ranks / metrics / plots / other s |\n"
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    head = ("| trace | dp | side | requests | virtual s | wall s | CPU s | x real time "
+            "(wall / CPU) | peak RSS GB | MB / rank-hour | ranks / metrics / plots / other "
+            "s (wall) |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     rows = [head]
     for hours, dp in cells:
         for side in SIDES:
@@ -176,8 +178,10 @@ def table(results: dict, cells: list[tuple[float, int]]) -> str:
             rank_hours = dp * r["virtual_s"] / 3600
             p = r["phases"]
             rows.append(
-                f"| {label} | {dp} | {side} | {r['requests']:,} | {r['virtual_s']:,.0f} | "
-                f"{r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['virtual_s'] / r['wall_s']:.1f}x | "
+                f"| {label} | {dp} | {side} {r['commit']} | {r['requests']:,} | "
+                f"{r['virtual_s']:,.0f} | "
+                f"{r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['virtual_s'] / r['wall_s']:.1f} / "
+                f"{r['virtual_s'] / r['cpu_s']:.1f} | "
                 f"{r['peak_rss_bytes'] / 2**30:.2f} | "
                 f"{r['run_dir_bytes'] / 2**20 / rank_hours:.1f} | "
                 f"{p['ranks']:.0f} / {p['metrics']:.0f} / {p['plots']:.0f} / "
