@@ -10,7 +10,8 @@ plots).
     .venv/bin/python benchmarks/scale.py --candidate . --hours 0.25 --dp 8
 
 Each trace is generated once, by this checkout's generator (a checkout without the
-recipe runs the same file), and every checkout runs
+recipe runs the same file), with the recipe's rate at dp 16 and the same requests per rank
+at other DP sizes (9,850 an hour at dp 8), and every checkout runs
 ``CHECKOUT/.venv/bin/dyntra-emu run --workload FILE --dp D --transport thread`` under
 ``/usr/bin/time -v`` (CPU time), its process tree's RSS polled every 0.2 s (peak RSS).
 The phases come from what the run leaves on disk, whatever its record format: ranks
@@ -54,17 +55,23 @@ BASELINE_MAX_HOURS = 1.0
 # Left free for the other users of the machine when deciding whether a run fits.
 MARGIN_GB = 3.0
 POLL_S = 0.2
+# The DP size the recipe's default rate (19,700 requests an hour) is for.
+FULL_RATE_DP = 16
 _TIME_FIELDS = {"User time (seconds)": "user_s", "System time (seconds)": "sys_s",
                 "Maximum resident set size (kbytes)": "maxrss_kb"}
 
 
-def generate_trace(hours: float, where: Path) -> Path:
-    """The mooncake-like trace of ``hours`` (seed 0), written once under ``where``."""
-    path = where / f"mooncake-like-{hours:g}h.jsonl"
+def generate_trace(hours: float, dp: int, where: Path) -> Path:
+    """The mooncake-like trace of ``hours`` (seed 0) for ``dp`` ranks, written once under
+    ``where``: the recipe's 19,700 requests an hour at dp 16, the same load per rank at
+    another DP size (at dp 8 the full rate overloads the ranks: main stalls after ~50k
+    steps of 1 h, every KV block held)."""
+    path = where / f"mooncake-like-{hours:g}h-dp{dp}.jsonl"
+    rate = [] if dp == FULL_RATE_DP else ["--rate", repr(19_700 / 3600 * dp / FULL_RATE_DP)]
     if not path.exists():
         subprocess.run([sys.executable, str(REPO / "fixtures" / "generate.py"), "--recipe",
-                        "mooncake-like", "--hours", f"{hours:g}", "--seed", "0", "--out",
-                        str(path)], check=True, stdout=subprocess.DEVNULL)
+                        "mooncake-like", "--hours", f"{hours:g}", *rate, "--seed", "0",
+                        "--out", str(path)], check=True, stdout=subprocess.DEVNULL)
     return path
 
 
@@ -235,7 +242,7 @@ def main(argv=None) -> int:
           f"{os.getloadavg()[0]:.1f}; " + ", ".join(f"{s} {checkouts[s]}" for s in sides),
           flush=True)
     for hours, dp in cells:
-        trace = generate_trace(hours, args.work)
+        trace = generate_trace(hours, dp, args.work)
         for side in sides:
             key = f"{side} {hours:g}h dp{dp}"
             reason = skip_reason(side, hours, dp, args)
