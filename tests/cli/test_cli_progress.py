@@ -82,14 +82,20 @@ def test_a_run_shorter_than_the_interval_prints_none(cli, tiny_trace, clikit):
 
 
 def test_ab_prints_status_lines_for_each_side(cli, monkeypatch, tmp_path):
+    """Each side of an A/B (DyntraLB off against production's default config) has its
+    own lines; on the Mooncake-shaped recipe DyntraLB pauses requests, and only with it
+    on."""
     monkeypatch.setattr(emu.cli.progress, "STATUS_INTERVAL_S", 0.02)
-    proc = cli("ab", *_MOONCAKE, "--out", "ab")  # DyntraLB off (A) against on (B)
+    proc = cli("ab", *_MOONCAKE, "--out", "ab")
     assert proc.returncode == 0, proc.stderr
+    paused = {}
     for side in ("a", "b"):
         metrics = json.loads((tmp_path / "ab" / side / "metrics.json").read_text())
         desc = next(d for d in {m["desc"] for m in map(_LINE.match, proc.stderr.splitlines())
                                 if m} if d.startswith(side.upper()))
         assert_consistent(status_lines(proc.stderr, desc), metrics["requests_finished"])
+        paused[side] = metrics["pauses"]["requests_paused"]
+    assert paused["a"] == 0 and paused["b"] > 0, paused
 
 
 def test_sweep_prints_status_lines_over_all_its_runs(cli, monkeypatch, tmp_path):
