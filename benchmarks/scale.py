@@ -168,7 +168,7 @@ def skip_reason(side: str, hours: float, dp: int, args) -> str | None:
 
 def table(results: dict, cells: list[tuple[float, int]]) -> str:
     head = ("| trace | dp | side | requests | virtual s | wall s | CPU s | x real time "
-            "(wall / CPU) | peak RSS GB | MB / rank-hour | ranks / metrics / plots / other "
+            "(wall / CPU) | peak RSS GiB | MiB / rank-hour | ranks / metrics / plots / other "
             "s (wall) |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     rows = [head]
     for hours, dp in cells:
