@@ -1,7 +1,8 @@
 """Generator workloads and A/B statistics over workload seeds.
 
-``--workload recipe:NAME[,n=N][,rate=R]`` makes the CLI generate its trace with a recipe
-of fixtures/generate.py (``RECIPES`` there), seeded with the run's ``--seed``.
+``--workload recipe:NAME[,n=N][,rate=R][,hours=H]`` makes the CLI generate its trace with a
+recipe of fixtures/generate.py (``RECIPES`` there), seeded with the run's ``--seed``; a
+recipe takes the parameters its function has (mooncake-like: hours and rate).
 ``dyntra-emu ab --seeds N`` then runs the A/B on N workload seeds and summarises each
 key delta as a mean with a 95 % confidence interval (``seed_summary``);
 ``dyntra-emu gate`` takes such a run as its baseline (``mean_pi``).
@@ -10,6 +11,7 @@ key delta as a mean with a 95 % confidence interval (``seed_summary``);
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import math
 import statistics
@@ -20,7 +22,8 @@ from emu.limits import MAX_TRACE_REQUESTS
 
 PREFIX = "recipe:"
 GENERATOR = Path(__file__).resolve().parent.parent / "fixtures" / "generate.py"
-_PARAMS = {"n": int, "rate": float}
+_PARAMS = {"n": int, "rate": float, "hours": float}
+_FORMS = {"n": "n=N", "rate": "rate=R", "hours": "hours=H"}
 
 # Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
@@ -52,23 +55,33 @@ def generator():
 
 
 def parse_recipe(value: str) -> tuple[str, dict]:
-    """``recipe:NAME[,n=N][,rate=R]`` -> (name, keyword arguments); ValueError names
-    what is wrong."""
+    """``recipe:NAME[,n=N][,rate=R][,hours=H]`` -> (name, keyword arguments), the
+    parameters being those the recipe's function takes; ValueError names what is
+    wrong."""
     if not GENERATOR.is_file():
         raise ValueError(f"the recipe generator {GENERATOR} is not installed")
     name, *params = value[len(PREFIX):].split(",")
     recipes = generator().RECIPES
     if name not in recipes:
         raise ValueError(f"unknown recipe {name!r}; recipes are: {', '.join(sorted(recipes))}")
+    signature = inspect.signature(recipes[name]).parameters
+    taken = [key for key in _PARAMS if key in signature]
     kwargs = {}
     for param in params:
         key, sep, text = param.partition("=")
-        if not sep or key not in _PARAMS:
-            raise ValueError(f"{param!r}: expected n=N or rate=R")
+        if not sep or key not in taken:
+            raise ValueError(f"{param!r}: expected {' or '.join(_FORMS[k] for k in taken)}")
         try:
             kwargs[key] = _PARAMS[key](text)
         except ValueError:
             raise ValueError(f"{param!r}: {key} must be a number") from None
+    if "hours" in kwargs:  # n follows from the hours and the rate
+        rate = kwargs.get("rate", signature["rate"].default)
+        requests = kwargs["hours"] * 3600 * rate
+        if requests > MAX_TRACE_REQUESTS:
+            raise ValueError(f"hours={kwargs['hours']:g}: {requests:,.0f} requests at "
+                             f"{rate:g}/s, past {MAX_TRACE_REQUESTS:,}, the limit for a "
+                             "trace")
     if kwargs.get("n", 0) > MAX_TRACE_REQUESTS:
         raise ValueError(f"n={kwargs['n']}: at most {MAX_TRACE_REQUESTS:,} requests, the "
                          "limit for a trace")

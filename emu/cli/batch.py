@@ -13,12 +13,11 @@ import argparse
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from emu.cli.errors import ClusterFailed, RunInterrupted, UsageError
-from emu.cli.progress import SweepProgress, note
+from emu.cli.progress import Progress, Show, note, show_for
 from emu.executors import (
     EXECUTORS,
     Executor,
@@ -103,22 +102,21 @@ def describe_executor(args, executor: Executor, spec: RunSpec) -> str:
 
 def run_batch(args, executor: Executor, runs: Sequence[CheckedRun], names: Sequence[str],
               what: str, layout: str) -> list[dict]:
-    """Every run of the batch, as the command checked it, under one progress bar (a status
-    line per finished run without a terminal); returns the metrics in the order of
-    ``runs``. ``names`` says
+    """Every run of the batch under one progress display (without a terminal, also a
+    line per finished run); returns the metrics in the order of ``runs``. ``names`` says
     each run in messages, ``what`` the batch ("the sweep"), ``layout`` where a run's
     files are ("runs/<name>/" under the output directory). A failed run is
     ClusterFailed, SIGINT or SIGTERM RunInterrupted, each naming what finished."""
-    bar = not args.quiet and sys.stderr.isatty()
+    show = show_for(args)
     finished = []
     specs = [checked.spec for checked in runs]
 
-    with SweepProgress([Path(s.out_dir) for s in specs], specs[0].dp_size,
-                       len(specs[0].trace), bar) as progress:
+    with Progress([Path(s.out_dir) for s in specs], specs[0].dp_size,
+                  len(specs[0].trace), args.command, show) as progress:
         def on_done(index: int) -> None:
             progress.run_done()
             finished.append(index)
-            if not bar:
+            if show is not Show.BAR:
                 note(args, f"{args.command}: {len(finished)}/{len(specs)} runs done: "
                            f"{names[index]}")
 

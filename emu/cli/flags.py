@@ -116,8 +116,9 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
         help="trace file in any format --workload-format lists, detected by its content "
              "(docs/workloads.md), the name of a bundled "
              f"workload: {', '.join(bundled_workloads()) or 'none installed'}, or a "
-             "generated one, recipe:NAME[,n=N][,rate=R] (fixtures/generate.py recipes, "
-             f"e.g. recipe:pr12292,n=200; seeded with --seed) (default: {DEFAULT_WORKLOAD})")
+             "generated one, recipe:NAME[,n=N][,rate=R][,hours=H] (fixtures/generate.py "
+             "recipes, e.g. recipe:pr12292,n=200 or recipe:mooncake-like,hours=4; seeded "
+             f"with --seed) (default: {DEFAULT_WORKLOAD})")
     formats = "; ".join(f"{f.name}: {f.about}" for f in FORMATS.values())
     parser.add_argument(
         "--workload-format", choices=list(FORMATS), metavar="NAME",

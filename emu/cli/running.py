@@ -1,7 +1,7 @@
 """How a command takes part in a run (``Launch``: the DP size, torchrun or not) and one
-checked run for a command: launched through ``emu.run.run_checked``, watched with a progress
-bar, its failure turned into a message; under torchrun this process is one of the
-ranks.
+checked run for a command: launched through ``emu.run.run_checked``, its progress on
+stderr (``emu.cli.progress``), its failure turned into a message; under torchrun this
+process is one of the ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import describe_config, local_ranks
-from emu.cli.progress import Progress, note
+from emu.cli.progress import Progress, note, show_for
 from emu.spec import CheckedRun
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def torchrun_env() -> tuple[int, int] | None:
 
 def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool = False
             ) -> Measured | None:
-    """Run ``checked`` into its out_dir with a progress bar; metrics.json is written
+    """Run ``checked`` into its out_dir, showing its progress; metrics.json is written
     there. Returns its metrics and the run they were computed from (None on the ranks
     other than 0 under torchrun). ``apart``: in a fresh process of its own
     (``emu.run_apart``; ab's runs of two vllm-ascend trees on rank threads)."""
@@ -98,10 +98,10 @@ def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool
                    f"({len(spec.trace)} requests), {describe_config(checked.config)}, "
                    f"{'async' if spec.async_scheduling else 'synchronous'} scheduling, "
                    f"seed {spec.seed}; writing {out_dir}")
-    bar = launch.rank == 0 and not args.quiet and sys.stderr.isatty()
+    show = show_for(args, leader=launch.rank == 0)
     start = time.monotonic()
     try:
-        with Progress(out_dir, spec.dp_size, len(spec.trace), desc, bar):
+        with Progress([out_dir], spec.dp_size, len(spec.trace), desc, show):
             measured, truncated = _run(checked, launch, apart)
     except ClusterError as exc:
         raise ClusterFailed(_cluster_error_text(exc, out_dir)) from None

@@ -220,6 +220,10 @@ def test_a_trace_past_the_request_limit_is_one_error(cli, clikit, tmp_path, monk
 def test_a_recipe_past_the_request_limit_is_one_error(cli, clikit, tmp_path):
     _refused(cli, clikit, tmp_path, "--workload", "recipe:pr12292,n=1000001",
              "--workload recipe:pr12292,n=1000001: n=1000001: at most 1,000,000 requests")
+    # hours of traffic at the recipe's rate: the requests they make
+    _refused(cli, clikit, tmp_path, "--workload", "recipe:mooncake-like,hours=60",
+             "--workload recipe:mooncake-like,hours=60: hours=60: 1,182,000 requests at "
+             "5.47222/s, past 1,000,000")
 
 
 @pytest.mark.parametrize("source", ["large file", "device"])

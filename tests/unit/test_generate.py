@@ -193,3 +193,52 @@ def test_pr12292_gpqa_recipe_from_the_command_line(tmp_path):
                     str(out)], check=True, capture_output=True)
     trace = load_trace(out)
     assert len(trace) == 198 and {r.arrival_s for r in trace} == {0.0}
+
+
+def test_mooncake_like_recipe_has_the_cited_shape():
+    records = gen.mooncake_like(hours=0.25, seed=0)
+    assert records == gen.mooncake_like(hours=0.25, seed=0)
+    assert records != gen.mooncake_like(hours=0.25, seed=1)
+    # 19,700 requests an hour, Poisson arrivals spread over the hours asked for
+    assert len(records) == round(0.25 * 19_700)
+    times = np.array([r["arrival_s"] for r in records])
+    assert times[0] == 0.0 and (np.diff(times) >= 0).all() and 870 < times[-1] < 930
+    prompts = np.array([r["prompt_tokens"] for r in records])
+    outputs = np.array([r["output_tokens"] for r in records])
+    # long-context inputs: median ~6k, mean ~12k (the conversation trace's 12,035), under
+    # Kimi's 128k context; about 1 % past DyntraLB's default long-request threshold
+    assert 5_500 < np.median(prompts) < 6_500 and 10_500 < prompts.mean() < 13_500
+    assert prompts.min() >= 891 and prompts.max() <= 131_072
+    assert 0.005 < (prompts > 700 * 128).mean() < 0.02
+    # chat-length outputs: median ~350, at most 2,000
+    assert 320 < np.median(outputs) < 380 and outputs.min() >= 1 and outputs.max() <= 2_000
+    assert len(gen.mooncake_like(hours=1.0, seed=0)) == 19_700
+    assert len(gen.mooncake_like(hours=0.25, rate=2.0, seed=0)) == 1_800
+    with pytest.raises(ValueError, match="hours must be a finite number > 0"):
+        gen.mooncake_like(hours=0.0)
+
+
+def test_mooncake_like_recipe_runs_on_the_default_config(tmp_path):
+    """Every request fits a rank of the default config (128-token blocks, 4,096 blocks):
+    the run's own checks find nothing."""
+    from emu.spec import RunSpec, check
+
+    path = tmp_path / "mc.jsonl"
+    gen.write_trace(gen.mooncake_like(hours=0.25, seed=0), path)
+    spec = RunSpec(trace=load_trace(path, dp_size=16), dp_size=16, out_dir=tmp_path / "run",
+                   device="cpu", transport="thread")
+    check(spec)  # raises SpecError on any problem
+
+
+def test_mooncake_like_recipe_from_the_command_line(tmp_path):
+    out = tmp_path / "mc.jsonl"
+    subprocess.run([sys.executable, str(SCRIPT), "--recipe", "mooncake-like", "--hours",
+                    "0.05", "--seed", "2", "--out", str(out)], check=True, capture_output=True)
+    assert len(load_trace(out)) == round(0.05 * 19_700)
+    for flags, message in [(["--recipe", "mooncake-like", "--n", "5"],
+                            "--n: recipe mooncake-like does not take it"),
+                           (["--recipe", "pr12292", "--hours", "1"],
+                            "--hours: recipe pr12292 does not take it")]:
+        bad = subprocess.run([sys.executable, str(SCRIPT), *flags, "--out", str(out)],
+                             capture_output=True, text=True, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, (flags, bad.stderr)

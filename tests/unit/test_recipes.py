@@ -14,12 +14,36 @@ from emu.workload import load_trace
 def test_parse_recipe():
     assert parse_recipe("recipe:pr12292") == ("pr12292", {})
     assert parse_recipe("recipe:pr12292,n=40,rate=1.5") == ("pr12292", {"n": 40, "rate": 1.5})
-    with pytest.raises(ValueError, match="unknown recipe 'nope'; recipes are: pr12292"):
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; recipes are: "
+                                         "mooncake-like, pr12292, pr12292-gpqa"):
         parse_recipe("recipe:nope")
     with pytest.raises(ValueError, match="'m=3': expected n=N or rate=R"):
         parse_recipe("recipe:pr12292,m=3")
     with pytest.raises(ValueError, match="'n=x': n must be a number"):
         parse_recipe("recipe:pr12292,n=x")
+
+
+def test_a_recipe_takes_the_parameters_of_its_function():
+    assert parse_recipe("recipe:mooncake-like,hours=0.25") == ("mooncake-like",
+                                                               {"hours": 0.25})
+    assert parse_recipe("recipe:mooncake-like,hours=2,rate=1") == (
+        "mooncake-like", {"hours": 2.0, "rate": 1.0})
+    with pytest.raises(ValueError, match="'n=5': expected rate=R or hours=H"):
+        parse_recipe("recipe:mooncake-like,n=5")
+    with pytest.raises(ValueError, match="'hours=1': expected n=N or rate=R"):
+        parse_recipe("recipe:pr12292,hours=1")
+    # the hours at the recipe's rate (19,700 an hour) past the limit of a trace
+    with pytest.raises(ValueError, match="hours=60: 1,182,000 requests at 5.47222/s, past "
+                                         "1,000,000"):
+        parse_recipe("recipe:mooncake-like,hours=60")
+    assert parse_recipe("recipe:mooncake-like,hours=60,rate=1") == (
+        "mooncake-like", {"hours": 60.0, "rate": 1.0})
+
+
+def test_mooncake_like_recipe_trace(tmp_path):
+    trace = load_trace(write_recipe_trace("recipe:mooncake-like,hours=0.01", 0,
+                                          tmp_path / "mc.jsonl"))
+    assert len(trace) == 197 and trace[0].request_id == "mooncake-0000000"
 
 
 def test_recipe_trace_follows_the_seed(tmp_path):
