@@ -17,6 +17,7 @@ from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import describe_config, local_ranks
 from emu.cli.progress import Progress, note
+from emu.cli.recipe_hint import recipe_note
 from emu.spec import CheckedRun
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool
         note(args, f"{desc}: {spec.dp_size} ranks, workload {spec.workload} "
                    f"({len(spec.trace)} requests), {describe_config(checked.config)}, "
                    f"{'async' if spec.async_scheduling else 'synchronous'} scheduling, "
-                   f"seed {spec.seed}; writing {out_dir}")
+                   f"seed {spec.seed}{recipe_note(args)}; writing {out_dir}")
     bar = launch.rank == 0 and not args.quiet and sys.stderr.isatty()
     start = time.monotonic()
     try:
