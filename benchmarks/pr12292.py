@@ -27,6 +27,10 @@ scheduling, as the PR ran (vLLM's default for the node, on both impls);
     .venv-upstream/bin/python benchmarks/pr12292.py --impl kit vllm-ascend \
         --profiles kv-token-mtp3 --seeds 0 1 2 --async-scheduling   # the PR's mode, said
 
+``--dp-sync-interval N`` runs vLLM >= 0.30's DP sync cadence (step 1 and every N
+steps; default vLLM 0.27.1's 32); ``--router vllm`` routes with vLLM's balancer in
+``--dp`` API servers (the default count) instead of round robin. Both A and B take them.
+
 ``--check-transports`` also runs the first seed's pairs on rank processes and checks
 that their event logs are byte-identical to the thread runs' and the numbers equal.
 ``--impl kit vllm-ascend`` runs every pair on both impls (``--impl vllm-ascend``:
