@@ -66,8 +66,10 @@ def test_a_tree_in_the_newer_layout_runs_and_matches_the_kit(tmp_path):
     assert "DyntraLBConfig(**" in (tree / "vllm_ascend" / "ascend_config.py").read_text()
     assert "def __init__(self, **user_config)" in (
         tree / "vllm_ascend" / "ascend_config.py").read_text()
+    # rank processes: a process that hosts rank threads holds one tree, and this
+    # worker may have imported the shared one already
     proc = dyntra_emu("diff", "--workload", "longtail", "--limit", "24", "--dp", "2",
-                      "--device", "cpu", "--transport", "thread", "--quiet",
+                      "--device", "cpu", "--transport", "process", "--quiet",
                       "--vllm-ascend", tree, "--out", tmp_path / "diff", "--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["identical"], proc.stderr
