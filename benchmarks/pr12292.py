@@ -27,6 +27,10 @@ scheduling, as the PR ran (vLLM's default for the node, on both impls);
     .venv-upstream/bin/python benchmarks/pr12292.py --impl kit vllm-ascend \
         --profiles kv-token-mtp3 --seeds 0 1 2 --async-scheduling   # the PR's mode, said
 
+``--dp-sync-interval N`` runs vLLM >= 0.30's DP sync cadence (step 1 and every N
+steps; default vLLM 0.27.1's 32); ``--router vllm`` routes with vLLM's balancer in
+``--dp`` API servers (the default count) instead of round robin. Both A and B take them.
+
 ``--check-transports`` also runs the first seed's pairs on rank processes and checks
 that their event logs are byte-identical to the thread runs' and the numbers equal.
 ``--impl kit vllm-ascend`` runs every pair on both impls (``--impl vllm-ascend``:
@@ -80,15 +84,17 @@ def trace(n: int, rate: float, seed: int) -> list[TraceRequest]:
 
 
 def run_one(requests, config, profile, seed, out_dir, transport: str, impl: str = "kit",
-            tree: str | None = None, async_scheduling: bool | None = None) -> dict:
+            tree: str | None = None, async_scheduling: bool | None = None,
+            **fields) -> dict:
     """One emulated run on ``impl`` (vllm-ascend's from ``tree``); its metrics plus the
-    wall time it took."""
+    wall time it took. ``fields``: other RunSpec fields (``dp_sync_interval``,
+    ``router``)."""
     spec = RunSpec(trace=requests, dp_size=DP, out_dir=out_dir, additional_config=config,
                    max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, cost_model=profile,
                    seed=seed, device="cpu", collective_timeout_s=600.0,
                    max_concurrency=MAX_CONCURRENCY, transport=transport, impl=impl,
                    vllm_ascend=tree if impl == "vllm-ascend" else None,
-                   async_scheduling=async_scheduling)
+                   async_scheduling=async_scheduling, **fields)
     start = time.monotonic()
     result = run(spec)
     wall_s = time.monotonic() - start
@@ -101,6 +107,7 @@ def run_one(requests, config, profile, seed, out_dir, transport: str, impl: str 
             "balance_ratio": m["balance_ratio"], "headroom": m["headroom"],
             "plan_steps": m["plan_churn"]["active_steps"],
             "pauses": m["pauses"]["total"], "planner_steps": m["lb_activity"]["planner_steps"],
+            "requests_paused_pct": m["pauses"]["requests_paused_pct"],
             "wall_s": wall_s}
 
 
@@ -134,6 +141,12 @@ def main(argv=None) -> int:
                         default=None,
                         help="vLLM's async scheduling (default: on, vLLM's default for the "
                              "node, as the PR ran)")
+    parser.add_argument("--dp-sync-interval", type=int, metavar="N",
+                        help="vLLM >= 0.30's DP sync cadence, step 1 and every N steps "
+                             "(default: vLLM 0.27.1's, every 32 steps)")
+    parser.add_argument("--router", default="round_robin",
+                        help="how requests are routed to ranks (default round_robin, as "
+                             "recorded before the recipe carried its setup)")
     parser.add_argument("--json", type=pathlib.Path, help="write every number here")
     args = parser.parse_args(argv)
     try:
@@ -158,7 +171,7 @@ def main(argv=None) -> int:
                     try:
                         pair[label] = run_one(requests, config, profiles[name], seed, out,
                                               args.transport, impl, args.vllm_ascend,
-                                              args.async_scheduling)
+                                              args.async_scheduling, **_fields(args))
                     except ClusterError as exc:  # e.g. the watchdog on an overloaded host
                         print(f"  seed {seed} {name} {impl} {label}: FAILED: "
                               f"{str(exc).splitlines()[0][:300]}", flush=True)
@@ -212,8 +225,16 @@ def print_means(results: list[dict]) -> None:
             mean, half = mean_ci(changes)
             cells.append(f"{mean:+.2f} ± {half:.2f} %")
         wall = sum(r[side]["wall_s"] for r in rows for side in "AB") / (2 * len(rows))
+        paused = [r["B"]["requests_paused_pct"] for r in rows]
+        share = (f"{paused[0]:.1f} %" if len(paused) < 2 else
+                 "{:.1f} ± {:.1f} %".format(*mean_ci(paused)))
         print(f"{impl:<12} {profile:<22} {len(rows):>5} {cells[0]:>18} {cells[1]:>18} "
-              f"{wall:>10.0f} s")
+              f"{wall:>10.0f} s   B's requests paused: {share}")
+
+
+def _fields(args) -> dict:
+    """The RunSpec fields the flags set beyond the PR's own setup."""
+    return {"dp_sync_interval": args.dp_sync_interval, "router": args.router}
 
 
 def _default_tree() -> str:
@@ -228,7 +249,7 @@ def check_transports(requests, profile, seed, pair, tmp, args) -> None:
     for label, config in (("A", None), ("B", CONFIG_B)):
         again = run_one(requests, config, profile, seed,
                         tmp / f"{seed}-{profile.name}-{label}-{other}", other,
-                        async_scheduling=args.async_scheduling)
+                        async_scheduling=args.async_scheduling, **_fields(args))
         same_logs = all(pathlib.Path(a).read_bytes() == pathlib.Path(b).read_bytes()
                         for a, b in zip(pair[label]["event_logs"], again["event_logs"],
                                         strict=True))

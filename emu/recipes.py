@@ -55,9 +55,23 @@ def generator():
 
 
 def parse_recipe(value: str) -> tuple[str, dict]:
-    """``recipe:NAME[,n=N][,rate=R][,hours=H]`` -> (name, keyword arguments), the
-    parameters being those the recipe's function takes; ValueError names what is
-    wrong."""
+    """``recipe:NAME[,n=N][,rate=R][,hours=H]`` -> (name, keyword arguments): the
+    parameters given, among those the recipe's function takes, then those of its
+    published setup (``RECIPE_SETUPS``) left out; ValueError names what is wrong."""
+    name, kwargs = _given_params(value)
+    return name, {**setup_params(value), **kwargs}
+
+
+def setup_params(value: str) -> dict:
+    """The parameters of the recipe ``value`` names that come from its published setup:
+    those it does not give itself."""
+    name, given = _given_params(value)
+    return {key: published for key, published in recipe_setup(name).items()
+            if key in _PARAMS and key not in given}
+
+
+def _given_params(value: str) -> tuple[str, dict]:
+    """The recipe's name and the parameters ``value`` gives itself."""
     if not GENERATOR.is_file():
         raise ValueError(f"the recipe generator {GENERATOR} is not installed")
     name, *params = value[len(PREFIX):].split(",")
@@ -88,41 +102,57 @@ def parse_recipe(value: str) -> tuple[str, dict]:
     return name, kwargs
 
 
+def recipe_setup(name: str) -> dict:
+    """The published setup of recipe ``name`` (``RECIPE_SETUPS`` in fixtures/generate.py:
+    RunSpec fields, and recipe parameters such as ``rate``); empty for a recipe that
+    rebuilds no published run."""
+    return dict(generator().RECIPE_SETUPS.get(name, {}))
+
+
 # How each setting of a recipe's published setup is given on the command line.
-_SETUP_FLAGS = {"max_concurrency": "--max-concurrency", "block_size": "--block-size",
-                "max_num_seqs": "--max-num-seqs", "router": "--router",
-                "cost_model": "--cost-model", "additional_config": "--additional-config",
-                "async_scheduling": "--async-scheduling"}
+SETUP_FLAGS = {"max_concurrency": "--max-concurrency", "block_size": "--block-size",
+               "max_num_seqs": "--max-num-seqs", "router": "--router",
+               "cost_model": "--cost-model", "additional_config": "--additional-config",
+               "async_scheduling": "--async-scheduling"}
+
+
+def setup_fields(value: str) -> dict:
+    """For ``--workload recipe:NAME...``: the RunSpec fields of the recipe's published
+    setup, by field name (empty for another workload or a recipe without one). A command
+    runs them wherever its own flags leave a setting out (``emu.cli.recipe_hint``)."""
+    if not is_recipe(value):
+        return {}
+    name, _ = _given_params(value)
+    return {field: published for field, published in recipe_setup(name).items()
+            if field in SETUP_FLAGS}
+
+
+def setup_flag(field: str, published) -> str:
+    """A setting of a published setup as the flag that gives it."""
+    flag = SETUP_FLAGS[field]
+    if field == "async_scheduling":
+        return flag if published else "--no-async-scheduling"
+    if field == "additional_config":
+        return f"{flag} '{json.dumps(published)}'"
+    return f"{flag} {published}"
 
 
 def setup_hint(value: str, spec) -> str | None:
     """For ``--workload recipe:NAME`` of a recipe that rebuilds a published run
     (``RECIPE_SETUPS`` in fixtures/generate.py): one line naming the flags that run it as
     published, when ``spec`` (a RunSpec) differs from that setup; None otherwise."""
-    if not is_recipe(value):
-        return None
-    name, _ = parse_recipe(value)
-    setup = generator().RECIPE_SETUPS.get(name)
-    if setup is None:
-        return None
     flags = []
-    for field, published in setup.items():
+    for field, published in setup_fields(value).items():
         actual = getattr(spec, field)
         if field == "cost_model":
             actual = actual.name
         elif field == "additional_config":
             actual = json.loads(actual) if isinstance(actual, str) else actual
-        if actual == published:
-            continue
-        flag = _SETUP_FLAGS[field]
-        if field == "async_scheduling":
-            flags.append(flag)
-        elif field == "additional_config":
-            flags.append(f"{flag} '{json.dumps(published)}'")
-        else:
-            flags.append(f"{flag} {published}")
+        if actual != published:
+            flags.append(setup_flag(field, published))
     if not flags:
         return None
+    name, _ = _given_params(value)
     return (f"hint: {PREFIX}{name} rebuilds a published run; its setup adds "
             f"{' '.join(flags)} (docs/fidelity.md: what is published, cited or assumed)")
 

@@ -227,7 +227,17 @@ def _headline_rows(m: dict) -> list[tuple]:
         ("preemptions", str(m["preemptions"])),
         ("cost model", _cost_model_name(m)),
         ("scheduling", scheduling_name(m)),
+        *_dp_sync_rows(m),
     ]
+
+
+def _dp_sync_rows(m: dict) -> list[tuple]:
+    """The run's DP sync cadence (absent in metrics recorded without it)."""
+    cadence = (m.get("config") or {}).get("dp_sync")
+    if cadence is None:
+        return []
+    first = "step 1 and " if cadence["first_step"] else ""
+    return [("DP sync", f"{first}every {cadence['interval']} steps")]
 
 
 def _headroom_rows(m: dict) -> list[tuple]:

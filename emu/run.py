@@ -44,6 +44,7 @@ from emu.cluster.transport import (
     Transport,
 )
 from emu.metrics import Run, compute_metrics, load_run, read_events, write_metrics
+from emu.rank import dp_sync
 from emu.rank.context import RankSummary
 from emu.run_status import write_status
 from emu.spec import CheckedRun, RunSpec, check
@@ -112,10 +113,12 @@ def recorded_config(checked: CheckedRun) -> dict:
         "block_size": spec.block_size,
         "num_gpu_blocks": spec.num_gpu_blocks,
         "router": spec.router,
+        "api_server_count": checked.engine_spec.api_server_count,
         "scheduling_policy": spec.scheduling_policy,
         "max_concurrency": spec.max_concurrency,
         "device": checked.device,  # the one used ("cpu" / "npu"), never "auto"
         "cost_model": spec.cost_model.to_dict(),
+        "dp_sync": dp_sync.record(checked.engine_spec.dp_sync_interval),
         **checked.description,
     }
 

@@ -43,8 +43,8 @@ from emu.limits import MAX_DP_SIZE, MAX_GPU_BLOCKS, MAX_NUM_SEQS, MAX_SECONDS
 from emu.rank.control_costs import PLANNER_COSTS
 from emu.rank.costs import DEFAULT_PROFILE, PROFILES, StepCostModel
 from emu.rank.engine_spec import SCHEDULING_POLICIES, EngineSpec
+from emu.routers import DEFAULT_ROUTER, ROUTERS, router_help
 from emu.workload import (
-    ROUTERS,
     ArrivalOrder,
     TraceRequest,
     UniqueIds,
@@ -93,12 +93,13 @@ class RunSpec:
     num_gpu_blocks: int = knob(
         4096, Int(1, MAX_GPU_BLOCKS, "each rank keeps every block id"), "KV blocks per rank")
     max_num_batched_tokens: int = knob(8192, Int(1), "token budget per step per rank")
-    router: str = knob(
-        "round_robin", Choice(ROUTERS),
-        "how unpinned requests are assigned to ranks: round_robin; least_loaded (lowest "
-        "waiting*4 + running, earlier vLLM front ends); or vllm (vLLM 0.27.1's DP load "
-        "balancer in the API server: its in-flight counts and the coordinator's 100 ms "
-        "stats, emu/vllm_dp_lb.py)")
+    router: str = knob(DEFAULT_ROUTER, Choice(tuple(ROUTERS)), router_help())
+    api_server_count: int | None = knob(
+        None, Int(1, MAX_DP_SIZE, "one lockstep slot per server and rank", optional=True),
+        "API servers in front of the ranks with --router vllm, each with its own "
+        "in-flight counts and client_count N; which one takes a request is a uniform "
+        "choice seeded with --seed (the kernel's among processes accepting on one socket)",
+        shown_default="the DP size, as vLLM's default under internal load balancing")
     scheduling_policy: str = knob("fcfs", Choice(SCHEDULING_POLICIES), "vLLM scheduling policy")
     cost_model: StepCostModel = PROFILES[DEFAULT_PROFILE]
     kv_latency_fixed_s: float = knob(0.002, NonNegativeSeconds())
@@ -161,6 +162,14 @@ class RunSpec:
         "trace order, each at its arrival_s or once a slot frees, with at most N in "
         "flight across all ranks; TTFT and latencies count from the send",
         shown_default="none: every request is sent at its arrival_s")
+    dp_sync_interval: int | None = knob(
+        None, Int(1, optional=True),
+        "vLLM >= 0.30's DP sync cadence: the DP group all-reduces its unfinished state at "
+        "a wave's step 1 and every N steps (vLLM's --dp-sync-interval, default 16 there); "
+        "a wave can end only on such a step. With --impl vllm-ascend the installed vLLM "
+        "decides, and this flag must agree with it",
+        shown_default="vLLM 0.27.1's: every 32 steps; with --impl vllm-ascend, the "
+                      "installed vLLM's")
     transport: str = knob(
         "process", Choice(TRANSPORTS),
         "process: one process per rank over gloo; thread: every rank a thread of this "
@@ -265,7 +274,8 @@ class CheckedRun:
       vllm-ascend, its tree and the tree's git commit);
     - ``device``: where the ranks' lockstep collective runs, "cpu" or "npu" (never
       "auto");
-    - ``engine_spec``: what every rank reads (``emu.rank.engine_spec.EngineSpec``).
+    - ``engine_spec``: what every rank reads (``emu.rank.engine_spec.EngineSpec``),
+      the DP sync cadence resolved for the implementation.
     """
 
     spec: RunSpec
@@ -310,6 +320,13 @@ def check(spec: RunSpec, names: Names | None = None, *,
                                 "must be a directory path, got None"))
     config, implementation, config_problems = _config_problems(spec, names)
     problems += config_problems
+    cadence = spec.dp_sync_interval
+    if implementation is not None:
+        try:
+            cadence = implementation.dp_sync_interval(spec.dp_sync_interval)
+        except ValueError as exc:
+            problems.append(Problem("dp_sync_interval", names.where("dp_sync_interval"),
+                                    str(exc)))
     problems += _trace_problems(spec, names)
     problems += _combination_problems(spec, names)
     if config is not None and _is_trace(spec.trace):
@@ -319,12 +336,14 @@ def check(spec: RunSpec, names: Names | None = None, *,
     problems += device_problems
     if problems:
         raise SpecError(problems)
-    return CheckedRun(spec, config, implementation, device, _engine_spec(spec, config))
+    return CheckedRun(spec, config, implementation, device,
+                      _engine_spec(spec, config, cadence))
 
 
-def _engine_spec(spec: RunSpec, config: AdditionalConfig) -> EngineSpec:
-    """What the ranks of ``spec`` read: its engine fields, the parsed config and the
-    planner they run."""
+def _engine_spec(spec: RunSpec, config: AdditionalConfig,
+                 dp_sync_interval: int | None) -> EngineSpec:
+    """What the ranks of ``spec`` read: its engine fields, the parsed config, the
+    planner they run and the DP sync cadence the implementation resolved."""
     return EngineSpec(
         trace=spec.trace, router=spec.router, max_concurrency=spec.max_concurrency,
         config=config, planner=planner_name(spec.planner, spec.impl),
@@ -332,10 +351,20 @@ def _engine_spec(spec: RunSpec, config: AdditionalConfig) -> EngineSpec:
         max_num_batched_tokens=spec.max_num_batched_tokens, block_size=spec.block_size,
         num_gpu_blocks=spec.num_gpu_blocks, scheduling_policy=spec.scheduling_policy,
         async_scheduling=spec.async_scheduling, cost_model=spec.cost_model,
+        api_server_count=api_server_count(spec),
         kv_latency_fixed_s=spec.kv_latency_fixed_s,
         kv_latency_per_block_s=spec.kv_latency_per_block_s, seed=spec.seed,
         max_steps=spec.max_steps, stall_steps=spec.stall_steps, strict=spec.strict,
-        faults=spec.faults)
+        faults=spec.faults, dp_sync_interval=dp_sync_interval)
+
+
+def api_server_count(spec: RunSpec) -> int:
+    """The API servers of ``spec``'s router: ``api_server_count``, by default the DP
+    size (vLLM's ``ServeSubcommand.cmd`` under internal load balancing); 1 for a router
+    without API servers."""
+    if not ROUTERS[spec.router].has_api_servers:
+        return 1
+    return spec.dp_size if spec.api_server_count is None else spec.api_server_count
 
 
 def _kind_problems(spec: RunSpec) -> list[Problem]:
@@ -441,6 +470,11 @@ def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
             "planner", names.where("planner"),
             f"only with {names.setting('impl', 'vllm-ascend')} (the kit runs the planners "
             "of dyntra_lb/planner/registry.py: reference, fill-protect)"))
+    if spec.api_server_count is not None and not ROUTERS[spec.router].has_api_servers:
+        problems.append(Problem(
+            "api_server_count", names.where("api_server_count"),
+            f"only with {names.setting('router', 'vllm')} (the router that models vLLM's "
+            f"API servers); {names.where('router')} has none"))
     if spec.transport == "thread" and spec.device == "npu":
         problems.append(Problem(
             "transport", names.where("transport"),

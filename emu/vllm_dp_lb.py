@@ -1,107 +1,11 @@
-"""vLLM 0.27.1's DP load balancer in the API server, as a router (``--router vllm``).
+"""The old import path of ``--router vllm``'s balancer, which moved to
+``emu.routers.vllm_dp_lb`` with the router registry (``emu.routers``)."""
 
-A decode node with internal data parallelism serves every DP rank behind its API
-server(s). Each server's engine client, ``DPLBAsyncMPClient``, picks the rank of each new request
-in ``get_core_engine_for_request`` (vllm/v1/engine/core_client.py), from two views of
-the engines:
-
-- its own exact count of unfinished requests per engine (``engine_inflight``: +1 when it
-  routes a request there, -1 when that engine's output says the request finished);
-- the DP coordinator's last published per-engine ``[waiting, running, kv_cache_usage]``
-  (``lb_engines``; vllm/v1/engine/coordinator.py, ``DPCoordinatorProc.
-  process_input_socket``). The coordinator republishes those at most every
-  ``min_stats_update_interval_ms`` = 100 ms while they change (else every 5 s), a
-  snapshot of a step boundary; each publish replaces the client's copy, and between
-  publishes the client adds ``client_count`` to the waiting count of each engine it
-  picks.
-
-Score of an engine: ``max(client_count * inflight, waiting + running)``, plus
-``waiting * 6 * max(0, kv_cache_usage - 0.5)`` when it has waiting requests; the lowest
-score wins, ties to the first engine of a scan that starts one engine further on every
-routed request (``eng_start_index``). A request pinned to a rank
-(``data_parallel_rank``) goes there, counts as in flight, and changes nothing else.
-
-The emulator feeds the router from the lockstep collective every rank already joins
-(``emu.rank.clock.LockstepClock`` carries each rank's queues, requests finished so far
-and KV usage): the client learns a finish at the next step's start, and the coordinator's
-publish clock runs on the step start times (virtual). Every rank holds the same router
-and sees the same numbers, so every rank agrees on every assignment.
-
-One API server (``client_count`` 1), what ``vllm serve --api-server-count 1`` runs. vLLM
-0.27.1's own default for internal DP load balancing is one server per DP rank
-(``ServeSubcommand.cmd``, vllm/entrypoints/cli/serve.py:103-126), each with its own
-in-flight counts and ``client_count`` = that number; several servers are not modelled
-(docs/fidelity.md says what that leaves open).
-"""
-
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-# vllm/v1/engine/coordinator.py: DPCoordinatorProc(min_stats_update_interval_ms=100), and
-# "otherwise every 5 seconds" when the stats did not change.
-PUBLISH_INTERVAL_US = 100_000
-UNCHANGED_PUBLISH_INTERVAL_US = 5_000_000
-# vllm/v1/engine/core_client.py: DPLBAsyncMPClient.get_core_engine_for_request
-WAITING_KV_PENALTY = 6.0
-KV_PENALTY_FROM = 0.5
-
-
-class VllmDPLBRouter:
-    """vLLM's ``DPLBAsyncMPClient`` routing for one API server (see the module
-    docstring). ``observe`` takes each lockstep step's numbers; ``route`` picks a rank."""
-
-    name = "vllm"
-    observes_engines = True  # the lockstep must carry finished counts and KV usage
-
-    def __init__(self, dp_size: int, client_count: int = 1):
-        self.dp_size = dp_size
-        self.client_count = client_count
-        self.eng_start_index = 0  # (len(engines) * client_index) // client_count, index 0
-        self.lb_engines: list[list[float]] = [[0, 0, 0.0] for _ in range(dp_size)]
-        self._routed = [0] * dp_size  # requests this client sent to each engine
-        self._finished = [0] * dp_size  # of those, finished as the client knows it
-        self._published: list[tuple[int, int, int]] | None = None
-        self._published_us: int | None = None
-
-    def inflight(self, rank: int) -> int:
-        """This client's unfinished requests on ``rank`` (vLLM's ``engine_inflight``)."""
-        return self._routed[rank] - self._finished[rank]
-
-    def observe(self, stats: Sequence, at_us: int) -> None:
-        """A lockstep step that started at ``at_us``: the finishes it reports reach the
-        client; the coordinator publishes the engines' counts if its interval is up.
-        ``stats``: every rank's ``emu.rank.clock.RankStats``, by rank."""
-        self._finished = [s.finished for s in stats]
-        counts = [(s.waiting, s.running, s.kv_usage_permille) for s in stats]
-        since = None if self._published_us is None else at_us - self._published_us
-        changed = counts != self._published
-        if since is None or (changed and since >= PUBLISH_INTERVAL_US) or (
-                since >= UNCHANGED_PUBLISH_INTERVAL_US):
-            self.lb_engines = [[w, r, kv / 1000] for w, r, kv in counts]
-            self._published = counts
-            self._published_us = at_us
-
-    def route(self, request, counts=None) -> int:
-        """The rank vLLM's client sends ``request`` to; ``counts`` (the one-step-old
-        queues other routers read) is not used: this router keeps its own views."""
-        if request.rank is not None:
-            rank = request.rank
-        else:
-            rank = self._least_loaded()
-            self.lb_engines[rank][0] += self.client_count
-            self.eng_start_index = (self.eng_start_index + 1) % self.dp_size
-        self._routed[rank] += 1
-        return rank
-
-    def _least_loaded(self) -> int:
-        best, best_score = 0, None
-        for i in range(self.dp_size):
-            rank = (self.eng_start_index + i) % self.dp_size
-            waiting, running, kv_usage = self.lb_engines[rank]
-            score = max(self.client_count * self.inflight(rank), waiting + running)
-            if waiting:
-                score += waiting * WAITING_KV_PENALTY * max(0.0, kv_usage - KV_PENALTY_FROM)
-            if best_score is None or score < best_score:
-                best, best_score = rank, score
-        return best
+from emu.routers.vllm_dp_lb import (  # noqa: F401
+    KV_PENALTY_FROM,
+    PUBLISH_INTERVAL_US,
+    UNCHANGED_PUBLISH_INTERVAL_US,
+    WAITING_KV_PENALTY,
+    VllmAPIServers,
+    VllmDPLBRouter,
+)

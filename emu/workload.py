@@ -1,5 +1,6 @@
 """Workload traces for the emulated cluster: the trace schema, loading with validation,
-the rules every trace's requests pass, and the routing of unpinned requests to DP ranks.
+and the rules every trace's requests pass (the routing of unpinned requests to DP ranks is
+``emu.routers``'; its names are kept here too).
 
 The rules are each written once, here, and worded once: one request's arrival time
 (``arrival_problem``) and token counts (``tokens_problem``); the requests of a trace
@@ -46,7 +47,14 @@ from pathlib import Path
 
 from emu.knobs import is_int, is_number
 from emu.limits import MAX_TRACE_BYTES, MAX_TRACE_REQUESTS, FileTooLarge, read_limited
-from emu.vllm_dp_lb import VllmDPLBRouter
+from emu.routers import (  # noqa: F401 (the routing names this module kept)
+    DEFAULT_ROUTER,
+    LeastLoadedRouter,
+    RoundRobinRouter,
+    check_dp_size,
+    make_router,
+)
+from emu.routers import ROUTERS as _ROUTER_TYPES
 
 MAX_TOKENS = 10_000_000
 MAX_ARRIVAL_S = 1_000_000.0
@@ -54,9 +62,6 @@ MAX_PRIORITY = 2**31 - 1
 
 REQUIRED_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FIELDS = ("rank", "priority", "prompt_text")
-
-ROUTERS = ("round_robin", "least_loaded", "vllm")
-DEFAULT_ROUTER = "round_robin"
 
 # How many problems a TraceError message lists before summarising the rest.
 _MAX_LISTED_PROBLEMS = 20
@@ -420,95 +425,13 @@ def show(value) -> str:
 
 
 def _check_dp_size(dp_size) -> None:
-    if not is_int(dp_size) or dp_size < 1:
-        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
+    check_dp_size(dp_size)
 
 
 # --------------------------------------------------------------------------- routing
-
-
-class RoundRobinRouter:
-    """Unpinned requests go to ranks 0, 1, ..., dp-1, 0, ... in trace order; pinned
-    requests do not advance the rotation."""
-
-    name = "round_robin"
-    observes_engines = False
-
-    def __init__(self, dp_size: int):
-        _check_dp_size(dp_size)
-        self.dp_size = dp_size
-        self._next = 0
-
-    def route(self, request: TraceRequest, counts=None) -> int:
-        """Rank for `request`; `counts` is accepted for a uniform API and ignored."""
-        if request.rank is not None:
-            return request.rank
-        rank = self._next
-        self._next = (rank + 1) % self.dp_size
-        return rank
-
-
-class LeastLoadedRouter:
-    """The DP front-end rule of earlier vLLM releases: the rank with the lowest
-    `waiting * 4 + running`, ties to the lowest rank index, judged on counts one step
-    old (vLLM 0.27.1's own balancer is ``--router vllm``, ``emu.vllm_dp_lb``).
-
-    The engine calls `route(request, counts)` for each arriving request with the
-    per-rank `(waiting, running)` counts it gathered in the previous step's lockstep
-    collective (None before the first step = all zero). The router keeps a local copy
-    and adds 1 to the chosen rank's waiting count after each assignment, so a burst
-    arriving within one step spreads out, as vLLM's load-balancing client does between
-    stats updates. The local copy is re-based whenever `counts` differs from the counts
-    last passed in; equal counts are treated as the same snapshot (vLLM's coordinator
-    also republishes counts only when they change). Pinned requests return their rank
-    and leave the local counts alone, as in vLLM.
-    """
-
-    name = "least_loaded"
-    observes_engines = False
-
-    def __init__(self, dp_size: int):
-        _check_dp_size(dp_size)
-        self.dp_size = dp_size
-        self._snapshot: list[tuple[int, int]] = [(0, 0)] * dp_size
-        self._local: list[list[int]] = [[0, 0] for _ in range(dp_size)]
-
-    def route(self, request: TraceRequest, counts=None) -> int:
-        if counts is None:
-            counts = [(0, 0)] * self.dp_size
-        snapshot = [(int(w), int(r)) for w, r in counts]
-        if len(snapshot) != self.dp_size:
-            raise ValueError(
-                f"least_loaded router: expected counts for {self.dp_size} ranks, "
-                f"got {len(snapshot)}"
-            )
-        if snapshot != self._snapshot:
-            self._snapshot = snapshot
-            self._local = [[w, r] for w, r in snapshot]
-        if request.rank is not None:
-            return request.rank
-        best_rank, best_score = 0, None
-        for rank, (waiting, running) in enumerate(self._local):
-            score = waiting * 4 + running
-            if best_score is None or score < best_score:
-                best_rank, best_score = rank, score
-        self._local[best_rank][0] += 1
-        return best_rank
-
-
-def make_router(name: str, dp_size: int) -> RoundRobinRouter | LeastLoadedRouter | VllmDPLBRouter:
-    """The router the engine uses for unpinned requests; every rank builds the same one
-    and feeds it the same inputs, so every rank agrees on every assignment. ``vllm`` is
-    vLLM 0.27.1's own DP load balancer (``emu.vllm_dp_lb``), which also observes every
-    lockstep step."""
-    if name == "round_robin":
-        return RoundRobinRouter(dp_size)
-    if name == "least_loaded":
-        return LeastLoadedRouter(dp_size)
-    if name == "vllm":
-        _check_dp_size(dp_size)
-        return VllmDPLBRouter(dp_size)
-    raise ValueError(f"unknown router {name!r}; expected one of {list(ROUTERS)}")
+# The routers live in emu.routers (a protocol and a registry); these names stay here for
+# the code that imports them from this module.
+ROUTERS = tuple(_ROUTER_TYPES)
 
 
 # ----------------------------------------------------------- wave-boundary arrivals

@@ -71,8 +71,8 @@ def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
         args.planner_b is not None and args.config_a is None and args.config_b is None)
     if same_config:
         # A planner or tree A/B: both runs with the config, DyntraLB on.
-        on = (read_config_arg(args.additional_config) if args.additional_config is not None
-              else default_config())
+        on = (read_config_arg(args.additional_config, _config_flag(args))
+              if args.additional_config is not None else default_config())
         if trees is not None:
             return [on, on], TREE_LABELS
         return [on, on], tuple(f"planner {p}" for p in _planners(args))
@@ -86,7 +86,7 @@ def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     if args.additional_config is None:
         on_text, source = default_config()
     else:
-        on_text, source = read_config_arg(args.additional_config)
+        on_text, source = read_config_arg(args.additional_config, _config_flag(args))
     try:
         on = json.loads(on_text)
     except ValueError:
@@ -105,6 +105,12 @@ def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     lb["enabled"] = False
     return ([(json.dumps(off), f"{source} with DyntraLB disabled"), (on_text, source)],
             ("DyntraLB off", "DyntraLB on"))
+
+
+def _config_flag(args) -> str:
+    """What messages call --additional-config's value: the flag, or the recipe's config
+    (``emu.cli.recipe_hint``)."""
+    return getattr(args, "config_flag", "--additional-config")
 
 
 def _planners(args) -> tuple[str, str]:

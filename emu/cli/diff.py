@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from emu.cli.errors import ClusterFailed, UsageError
@@ -192,6 +193,13 @@ def _diff_runs(args) -> int:
                                        vllm_ascend=tree, planner=planner)))
     checked = check_specs(args, inputs, [(spec, source) for _, spec in runs],
                           local_ranks=launch.local_ranks, problems=problems)
+    cadence = checked[1].engine_spec.dp_sync_interval
+    if checked[0].engine_spec.dp_sync_interval != cadence:
+        # No --dp-sync-interval: the kit runs the installed vLLM's cadence, which the
+        # vllm-ascend run resolved (emu.rank.dp_sync).
+        runs[0] = (runs[0][0], replace(runs[0][1], dp_sync_interval=cadence))
+        checked[0] = check_specs(args, inputs, [(runs[0][1], source)],
+                                 local_ranks=launch.local_ranks)[0]
     prepare_out_dir(out, args.overwrite, RUN_DIRS)
     # One process holds one tree on rank threads: two trees, each run in its own process.
     apart = args.vllm_ascend_a is not None and args.transport == "thread"

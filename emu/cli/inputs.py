@@ -70,10 +70,11 @@ def config_source(args) -> tuple[str | None, str, list[str]]:
         return "{}", "--no-dyntra-lb", []
     if args.additional_config is None:
         return (*default_config(), [])
+    flag = getattr(args, "config_flag", "--additional-config")  # or the recipe's
     try:
-        return (*read_config_arg(args.additional_config), [])
+        return (*read_config_arg(args.additional_config, flag), [])
     except UsageError as exc:
-        return None, "--additional-config", exc.problems
+        return None, flag, exc.problems
 
 
 @dataclass(frozen=True)

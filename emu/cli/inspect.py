@@ -16,6 +16,7 @@ from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_output_options, add_workload_options, wrap
 from emu.cli.inputs import TraceReading, read_config_arg, read_workload
 from emu.cli.outdir import out_dir_path, prepare_out_dir
+from emu.cli.recipe_hint import recipe_note
 from emu.knobs import Int
 from emu.spec import RunSpec
 
@@ -42,7 +43,7 @@ def cmd_inspect(args) -> int:
         print(f"note: {text}")
     out_dir = prepare_out_dir(out_dir_path(args.out, "inspect"), args.overwrite)
     counts = BlockCounts.of(workload.trace, args.block_size)
-    print(f"workload {workload.label}:")
+    print(f"workload {workload.label}{recipe_note(args)}:")
     print("\n".join(report(counts, lb)))
     path = out_dir / "block_counts.png"
     plot(counts, lb, path)

@@ -33,7 +33,9 @@ from emu.cli.errors import (
     raise_terminated,
 )
 from emu.cli.flags import Formatter, wrap
+from emu.cli.recipe_hint import apply_recipe_setup, given_dests
 from emu.metrics import frozen_runs
+from emu.recipes import is_recipe
 
 EPILOG = """\
 examples:
@@ -82,6 +84,9 @@ def main(argv=None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     prog = f"{PROG} {args.command}"
+    if is_recipe(getattr(args, "workload", None) or ""):
+        argv = sys.argv[1:] if argv is None else list(argv)
+        apply_recipe_setup(args, given_dests(args.parser, argv[argv.index(args.command) + 1:]))
     # SIGTERM (a CI runner, `timeout`) ends the command like Ctrl-C, with a message. So
     # does SIGINT when the command started with it ignored, as a script's background job
     # does: a `kill -INT` must still stop its runs (a run's launcher catches it anyway).

@@ -17,10 +17,16 @@ from emu.cli.errors import PROG, ClusterFailed, RunInterrupted, UsageError
 from emu.cli.flags import DEFAULT_DP
 from emu.cli.inputs import describe_config, local_ranks
 from emu.cli.progress import Progress, note, show_for
+from emu.cli.recipe_hint import recipe_note
+from emu.rank import dp_sync
 from emu.spec import CheckedRun
 
 if TYPE_CHECKING:
     from emu.metrics import Run
+
+
+# How a rank's failure names a TreeError (emu.impl.vllm_ascend.tree).
+_TREE_ERROR = "emu.impl.vllm_ascend.tree.TreeError: "
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,8 @@ def run_one(args, checked: CheckedRun, launch: Launch, desc: str, *, apart: bool
         note(args, f"{desc}: {spec.dp_size} ranks, workload {spec.workload} "
                    f"({len(spec.trace)} requests), {describe_config(checked.config)}, "
                    f"{'async' if spec.async_scheduling else 'synchronous'} scheduling, "
-                   f"seed {spec.seed}; writing {out_dir}")
+                   f"DP sync {dp_sync.describe(checked.engine_spec.dp_sync_interval)}, "
+                   f"seed {spec.seed}{recipe_note(args)}; writing {out_dir}")
     show = show_for(args, leader=launch.rank == 0)
     start = time.monotonic()
     try:
@@ -147,6 +154,9 @@ def _run(checked: CheckedRun, launch: Launch, apart: bool) -> tuple[Measured | N
 
 
 def _cluster_error_text(exc, out_dir: Path) -> str:
+    if exc.message.startswith(_TREE_ERROR):  # one line says it all (a vLLM it does not fit)
+        return (f"the cluster failed: rank {exc.rank}: {exc.message[len(_TREE_ERROR):]}\n"
+                f"Every rank was stopped. Every rank's report: {out_dir / 'error.txt'}")
     if exc.rank is None:
         head = f"the cluster failed: {exc.message}"
         body = ""

@@ -15,6 +15,7 @@ from emu.cli.inputs import (
     ignored_keys,
     read_inputs,
 )
+from emu.cli.recipe_hint import recipe_note
 from emu.cli.running import resolve_launch
 
 EPILOG = """\
@@ -53,7 +54,8 @@ def cmd_validate(args) -> int:
         print(f"warning: {warning}")
     impl = "" if spec.impl == "kit" else f" with --impl {spec.impl}"
     print(f"OK: {source} ({describe_config(config)}) and workload {spec.workload} "
-          f"({len(spec.trace)} requests) are valid for dp={spec.dp_size}{impl}")
+          f"({len(spec.trace)} requests) are valid for dp={spec.dp_size}{impl}"
+          f"{recipe_note(args)}")
     return 0
 
 

@@ -52,6 +52,12 @@ class Implementation(ABC):
         checks and whatever else the implementation needs (``vllm_ascend``: the tree
         ``RunSpec.vllm_ascend`` names); raises ValueError naming what cannot run."""
 
+    def dp_sync_interval(self, requested: int | None) -> int | None:
+        """The DP sync cadence its ranks run (``emu.rank.dp_sync``) for the run's
+        ``RunSpec.dp_sync_interval``; raises ValueError when the implementation cannot
+        run ``requested``. The kit runs the one requested."""
+        return requested
+
     @abstractmethod
     def preload(self) -> Preload:
         """What a rank process imports before it starts (its fork server's)."""

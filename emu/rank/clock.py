@@ -9,16 +9,18 @@ every rank's (waiting, running) counts, which the router of the next intake read
 front-end also routes on counts that are one step old), and, under a concurrency limit
 (``RunSpec.max_concurrency``), every rank's cumulative finished count, from which each
 rank's intake releases the next requests (``emu.rank.intake``). vLLM's own DP load
-balancer (``--router vllm``, ``emu.vllm_dp_lb``) also needs each rank's finished count and
-KV cache usage, what its front end learns from the engines' outputs and stats. Without
-these the buffer keeps the two-counts layout, so the recorded collective is unchanged.
+balancer (``--router vllm``, ``emu.routers.vllm_dp_lb``) also needs each rank's finished
+count, per API server when there are several (each server learns only its own requests'
+finishes), and KV cache usage, what its front end learns from the engines' outputs and
+stats. Without these the buffer keeps the two-counts layout, so the recorded collective
+is unchanged.
 
 Virtual time is integer microseconds throughout the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +34,14 @@ from emu.sites import LOCKSTEP_SITE
 @dataclass(frozen=True)
 class RankStats:
     """One rank's numbers as the last lockstep collective carried them: its queues, its
-    requests finished so far and its KV cache usage in permille (the last two are 0
-    unless the clock carries them)."""
+    requests finished so far (in all, and per API server) and its KV cache usage in
+    permille (0 and empty unless the clock carries them)."""
 
     waiting: int
     running: int
     finished: int
     kv_usage_permille: int
+    finished_by_server: tuple[int, ...] = ()
 
 
 class LockstepClock:
@@ -46,10 +49,11 @@ class LockstepClock:
     per non-idle iteration (real or dummy step), so the device group stays matched.
 
     Buffer layout (int32, allocated once): ``[own_cost_us, w0, r0, w1, r1, ...]``; with
-    ``carry_finished`` each rank's slots are ``w, r, f``, with ``carry_kv_usage`` also
-    ``kv`` (permille) after them. Each rank fills its own cost and its own slots and
-    leaves the others zero, so the MAX gives the DP step time and everyone's counts at
-    once. On an NPU the collective runs on a device copy of the buffer.
+    ``carry_finished`` each rank's slots are ``w, r, f``, with ``api_servers`` N > 1
+    ``w, r, f_0 .. f_N-1`` (its finishes of each server's requests), with
+    ``carry_kv_usage`` also ``kv`` (permille) after them. Each rank fills its own cost
+    and its own slots and leaves the others zero, so the MAX gives the DP step time and
+    everyone's counts at once. On an NPU the collective runs on a device copy of the buffer.
     """
 
     def __init__(
@@ -62,14 +66,16 @@ class LockstepClock:
         observe: Callable[[str, str, torch.Tensor, Callable[[], Any]], Any] | None = None,
         carry_finished: bool = False,
         carry_kv_usage: bool = False,
+        api_servers: int = 1,
     ):
         self.device_group = device_group
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self._observe = observe
+        self._servers = api_servers if carry_finished else 0
         self._finished_slot = 2 if carry_finished else None
-        self._kv_slot = 2 + carry_finished if carry_kv_usage else None
-        self._width = 2 + carry_finished + carry_kv_usage
+        self._kv_slot = 2 + self._servers if carry_kv_usage else None
+        self._width = 2 + self._servers + carry_kv_usage
         self._array = np.zeros(1 + self._width * dp_size, dtype=np.int32)
         self._cpu = torch.from_numpy(self._array)
         device = torch.device(device)
@@ -96,26 +102,30 @@ class LockstepClock:
         out = []
         for rank in range(self.dp_size):
             slot = 1 + width * rank
+            by_server = tuple(values[slot + 2:slot + 2 + self._servers])
             out.append(RankStats(
-                values[slot], values[slot + 1],
-                0 if self._finished_slot is None else values[slot + self._finished_slot],
-                0 if self._kv_slot is None else values[slot + self._kv_slot]))
+                values[slot], values[slot + 1], sum(by_server),
+                0 if self._kv_slot is None else values[slot + self._kv_slot],
+                by_server if self._servers > 1 else ()))
         return out
 
     def step(self, own_cost_us: int, num_waiting: int, num_running: int,
-             num_finished: int = 0, kv_usage_permille: int = 0) -> int:
+             num_finished: int | Sequence[int] = 0, kv_usage_permille: int = 0) -> int:
         """Join this step's lockstep collective; returns the DP step time (the maximum
         own cost over ranks, microseconds) and refreshes ``counts``, every rank's
         ``(waiting, running)`` as reported to this collective, and (``carry_finished``)
         ``finished_total``, the sum of every rank's ``num_finished`` (its requests
-        finished so far); ``kv_usage_permille`` travels with ``carry_kv_usage``."""
+        finished so far: a count, or with several API servers one per server);
+        ``kv_usage_permille`` travels with ``carry_kv_usage``."""
         buf = self._array
         buf.fill(0)
         buf[0] = own_cost_us
         slot = 1 + self._width * self.dp_rank
         buf[slot] = num_waiting
         buf[slot + 1] = num_running
-        if self._finished_slot is not None:
+        if self._servers > 1:
+            buf[slot + 2:slot + 2 + self._servers] = num_finished
+        elif self._finished_slot is not None:
             buf[slot + self._finished_slot] = num_finished
         if self._kv_slot is not None:
             buf[slot + self._kv_slot] = kv_usage_permille
@@ -126,7 +136,8 @@ class LockstepClock:
         self._values = values = buf.tolist()
         self._counts = None
         if self._finished_slot is not None:
-            self.finished_total = sum(values[1 + self._finished_slot::self._width])
+            self.finished_total = sum(sum(values[first:first + self._servers])
+                                      for first in range(3, len(values), self._width))
         return values[0]
 
     def _all_reduce(self) -> None:

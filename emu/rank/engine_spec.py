@@ -30,12 +30,14 @@ class EngineSpec:
     means):
 
     - the workload: ``trace`` (every rank holds all of it), the ``router`` of unpinned
-      requests, ``max_concurrency`` closed-loop clients (None: open loop);
+      requests and its ``api_server_count`` (1 for a router without API servers),
+      ``max_concurrency`` closed-loop clients (None: open loop);
     - DyntraLB: ``config``, the parsed additional config, and ``planner``, the planner
       every rank runs (the implementation's own when the run names none), charged as
       ``planner_cost`` says;
     - vLLM's engine: ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
-      ``num_gpu_blocks``, ``scheduling_policy``, ``async_scheduling``;
+      ``num_gpu_blocks``, ``scheduling_policy``, ``async_scheduling``, and the DP sync
+      cadence ``dp_sync_interval`` (``emu.rank.dp_sync``; None: vLLM < 0.30's);
     - virtual time: the step-cost profile ``cost_model`` and the KV transfer latency
       ``kv_latency_fixed_s`` + ``kv_latency_per_block_s`` * blocks;
     - the run's control: ``seed``, ``max_steps``, ``stall_steps``, ``strict``, and the
@@ -62,3 +64,5 @@ class EngineSpec:
     stall_steps: int
     strict: bool
     faults: FaultPlan | None
+    dp_sync_interval: int | None = None
+    api_server_count: int = 1

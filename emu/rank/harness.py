@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from emu.rank.clock import LockstepClock
@@ -51,7 +52,8 @@ class RankHarness(ABC):
         self.dp_rank = ctx.rank
         self.dp_size = ctx.dp_size
         self.dp_group = ctx.dp_group
-        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency)
+        self.arrivals = Arrivals(spec.trace, spec.router, ctx.dp_size, spec.max_concurrency,
+                                 api_servers=spec.api_server_count, seed=spec.seed)
         # This rank's FaultInjector, or None (then no fault work at all).
         self.faults = faults = injector_for(spec.faults, ctx.rank)
         cost_model = spec.cost_model if faults is None else faults.cost_model(spec.cost_model)
@@ -62,7 +64,8 @@ class RankHarness(ABC):
         self.lockstep = LockstepClock(ctx.device_group, dp_rank=ctx.rank, dp_size=ctx.dp_size,
                                       device=ctx.device, observe=self.recorder,
                                       carry_finished=spec.max_concurrency is not None or observes,
-                                      carry_kv_usage=observes)
+                                      carry_kv_usage=observes,
+                                      api_servers=self.arrivals.api_servers)
         self.control_plane = self._control_plane(spec.planner)
         self.events: EventLog | None = None
         self.wall: WallLog | None = None
@@ -76,6 +79,8 @@ class RankHarness(ABC):
         self.num_dummy_steps = 0
         self.num_plans = 0
         self.num_finished = 0
+        # With several API servers: this rank's finishes of each server's requests.
+        self._finished_by_server = [0] * self.arrivals.api_servers
         self._last_progress = 0  # iteration of this rank's last step with tokens
 
     # ------------------------------------------------------------------ the run
@@ -106,12 +111,20 @@ class RankHarness(ABC):
 
     # ------------------------------------------------------------------ each step
 
-    def join_lockstep(self, own_cost_us: int, num_finished: int, step_start_us: int) -> int:
+    def join_lockstep(self, own_cost_us: int, step_start_us: int,
+                      pending_finished: Sequence = ()) -> int:
         """Join the step's lockstep collective with this rank's cost and counts; returns
-        the DP step time. ``num_finished``: this rank's finishes up to the step's start
-        (those of an executed step come after its forward), which a concurrency limit
-        turns into the next sends (``emu.rank.intake``)."""
+        the DP step time. The finishes reported are this rank's up to the step's start
+        (those of an executed step come after its forward): those written so far and
+        ``pending_finished``, the requests (each with its ``request_id``) the iteration
+        finished before this step; a concurrency limit turns them into the next sends
+        (``emu.rank.intake``), vLLM's API servers into their in-flight counts."""
         observes = self.arrivals.observes_engines
+        num_finished: int | list[int] = self.num_finished + len(pending_finished)
+        if len(self._finished_by_server) > 1:
+            num_finished = list(self._finished_by_server)
+            for request in pending_finished:
+                num_finished[self.arrivals.server_of(request.request_id)] += 1
         step_us = self.lockstep.step(own_cost_us, self._num_waiting(), self._num_running(),
                                      num_finished,
                                      self._kv_usage_permille() if observes else 0)
@@ -172,6 +185,9 @@ class RankHarness(ABC):
         """The iteration's step record and the records of the requests it finished
         (event log), and its wall-clock times (wall log)."""
         self.num_finished += len(finished)
+        if len(self._finished_by_server) > 1:
+            for request in finished:
+                self._finished_by_server[self.arrivals.server_of(request["request_id"])] += 1
         self.events.step(record, finished)
         self.wall.step(self.iteration, time.perf_counter() - iter_start, planner_s,
                        collectives_s)

@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from emu.workload import TraceRequest, arrival_us, make_router
+from emu.routers import make_router
+from emu.workload import TraceRequest, arrival_us
 
 
 class Arrivals:
@@ -41,11 +42,12 @@ class Arrivals:
     """
 
     def __init__(self, trace: Sequence[TraceRequest], router: str, dp_size: int,
-                 max_concurrency: int | None = None):
+                 max_concurrency: int | None = None, *, api_servers: int = 1,
+                 seed: int = 0):
         self.trace = list(trace)
         self._times = [arrival_us(r) for r in self.trace]
         self._next = 0
-        self._router = make_router(router, dp_size)
+        self._router = make_router(router, dp_size, api_servers=api_servers, seed=seed)
         self._limit = max_concurrency
         if max_concurrency is None:
             self._send_us = self._times
@@ -58,6 +60,15 @@ class Arrivals:
         """Whether the router reads every lockstep step (``observe``): then the lockstep
         must carry each rank's finished count and KV usage."""
         return self._router.observes_engines
+
+    @property
+    def api_servers(self) -> int:
+        """How many API servers route (each learns only its own requests' finishes)."""
+        return self._router.api_servers
+
+    def server_of(self, request_id: str) -> int:
+        """The API server that took request ``request_id``."""
+        return self._router.server_of(request_id)
 
     def observe(self, stats, at_us: int) -> None:
         """Every rank's numbers of the lockstep step that started at ``at_us``

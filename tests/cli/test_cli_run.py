@@ -33,7 +33,8 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     assert proc.returncode == 0, proc.stderr
     # Not a terminal: no bar, but a start line and a finish line on stderr.
     assert "run: 2 ranks, workload" in proc.stderr
-    assert ("(10 requests), DyntraLB static mode from step 0, async scheduling, seed 7"
+    assert ("(10 requests), DyntraLB static mode from step 0, async scheduling, "
+            "DP sync every 32 steps (vLLM < 0.30), seed 7"
             in proc.stderr)
     assert "finished in" in proc.stderr
     # The summary table on stdout.

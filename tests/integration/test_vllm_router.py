@@ -22,9 +22,10 @@ TRACE = [TraceRequest("p0", 0.0, 16, 4, rank=0), TraceRequest("p1", 0.0, 16, 4, 
 
 
 def ranks_and_shapes(tmp_path, router: str) -> tuple[dict, set]:
+    servers = {"api_server_count": 1} if router == "vllm" else {}  # one client's rules
     run = run_cluster(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path / router,
                               router=router, block_size=16, device="cpu",
-                              transport="thread"))
+                              transport="thread", **servers))
     records = [json.loads(line) for path in run.event_logs
                for line in path.read_text().splitlines()]
     ranks = {r["request_id"]: r["rank"] for r in records if r["kind"] == "request"}
@@ -52,10 +53,39 @@ def test_finished_requests_leave_the_balancers_count(tmp_path):
     trace = [*(TraceRequest(f"p{i}", 0.0, 16, 2, rank=0) for i in range(3)),
              TraceRequest("q0", 0.0, 16, 100, rank=1), TraceRequest("u0", 0.5, 16, 4)]
     run = run_cluster(RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, router="vllm",
-                              block_size=16, device="cpu", transport="thread"))
+                              block_size=16, device="cpu", transport="thread",
+                              api_server_count=1))
     records = [json.loads(line) for path in run.event_logs
                for line in path.read_text().splitlines()]
     request = {r["request_id"]: r for r in records if r["kind"] == "request"}
     assert max(request[f"p{i}"]["finish_s"] for i in range(3)) < 0.4
     assert request["q0"]["finish_s"] > 0.6  # rank 1 still busy when u0 arrives
     assert request["u0"]["rank"] == 0
+
+
+def test_each_api_server_counts_only_its_own_requests_in_flight(tmp_path):
+    # Four requests pinned to rank 0, then one unpinned, all at once, through 2 API
+    # servers drawn per request (emu/routers/vllm_dp_lb.py). vLLM's client of server s
+    # scores rank 0 with 2 * (its own in-flight requests there): with any of the pinned
+    # four it sends the unpinned one to rank 1; with none, all engines tie and its scan
+    # starts at (2 * s) // 2 = s. A seed where the unpinned request's server took none
+    # of the pinned ones, and is server 0, tells the servers' counts from a shared one.
+    import random
+
+    def draws(seed):
+        rng = random.Random(f"api-server-choice:{seed}")
+        return [rng.randrange(2) for _ in range(5)]
+
+    seed = next(s for s in range(500) if draws(s) == [1, 1, 1, 1, 0])
+    trace = [*(TraceRequest(f"p{i}", 0.0, 16, 4, rank=0) for i in range(4)),
+             TraceRequest("u0", 0.0, 16, 4)]
+    run = run_cluster(RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, router="vllm",
+                              block_size=16, device="cpu", transport="thread", seed=seed))
+    records = [json.loads(line) for path in run.event_logs
+               for line in path.read_text().splitlines()]
+    ranks = {r["request_id"]: r["rank"] for r in records if r["kind"] == "request"}
+    assert ranks["u0"] == 0  # one shared count (4 in flight on rank 0) would say rank 1
+    # the lockstep carries each rank's finishes per server: (w, r, f0, f1, kv) per rank
+    shapes = {tuple(c["shape"]) for r in records if r["kind"] == "step"
+              for c in r["collectives"] if c["site"] == LOCKSTEP_SITE}
+    assert shapes == {(1 + 5 * 2,)}

@@ -12,7 +12,9 @@ from emu.workload import load_trace
 
 
 def test_parse_recipe():
-    assert parse_recipe("recipe:pr12292") == ("pr12292", {})
+    # the published request rate, unless the recipe gives its own
+    assert parse_recipe("recipe:pr12292") == ("pr12292", {"rate": 400.0})
+    assert parse_recipe("recipe:pr12292-gpqa,n=5") == ("pr12292-gpqa", {"n": 5})
     assert parse_recipe("recipe:pr12292,n=40,rate=1.5") == ("pr12292", {"n": 40, "rate": 1.5})
     with pytest.raises(ValueError, match="unknown recipe 'nope'; recipes are: "
                                          "mooncake-like, pr12292, pr12292-gpqa"):
@@ -107,7 +109,7 @@ def test_setup_hint_names_what_differs_from_the_published_run():
 
     spec, _ = _gpqa_spec()
     assert setup_hint("recipe:pr12292-gpqa", spec) is None  # as published
-    assert setup_hint("recipe:pr12292", spec) is None  # no published setup
+    assert "--block-size 2048" in setup_hint("recipe:pr12292", spec)  # another setup
     assert setup_hint("longtail", spec) is None
     spec, _ = _gpqa_spec(max_concurrency=None, max_num_seqs=16, router="round_robin")
     hint = setup_hint("recipe:pr12292-gpqa,n=50", spec)

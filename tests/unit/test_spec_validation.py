@@ -110,3 +110,16 @@ def test_pinned_rank_beyond_dp_size(tmp_path):
 
 def test_default_cost_model_is_the_kv_token_profile():
     assert RunSpec(trace=TRACE, dp_size=2, out_dir="x").cost_model is PROFILES["kv-token"]
+
+
+def test_api_servers_belong_to_the_vllm_router(tmp_path):
+    # the default count is the DP size, as vLLM's; a count for a router without API
+    # servers is refused, naming the field
+    assert check(_spec(tmp_path, router="vllm")).engine_spec.api_server_count == 2
+    assert check(_spec(tmp_path, router="vllm", api_server_count=1)
+                 ).engine_spec.api_server_count == 1
+    assert check(_spec(tmp_path)).engine_spec.api_server_count == 1  # round robin
+    with pytest.raises(SpecError) as exc:
+        check(_spec(tmp_path, api_server_count=3))
+    assert [p.field for p in exc.value.problems] == ["api_server_count"]
+    assert "only with router='vllm'" in str(exc.value)

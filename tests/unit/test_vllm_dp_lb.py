@@ -75,3 +75,26 @@ def test_a_pinned_request_counts_in_flight_and_nothing_else():
     assert router.eng_start_index == 0 and router.lb_engines[0][0] == 0
     # engine 0 has two in flight: the unpinned ones go to engine 1 until it has as many
     assert [router.route(req(i)) for i in range(2, 6)] == [1, 1, 0, 1]
+
+
+def test_api_servers_each_learn_only_their_own_finishes():
+    from emu.rank.clock import RankStats
+    from emu.routers import make_router
+
+    servers = make_router("vllm", 2, api_servers=2, seed=3)
+    assert [s.eng_start_index for s in servers.servers] == [0, 1]  # (2 * i) // 2
+    assert all(s.client_count == 2 for s in servers.servers)
+    taken = [servers.route(TraceRequest(f"r{i}", 0.0, 16, 4, rank=0)) for i in range(6)]
+    assert taken == [0] * 6
+    mine = [sum(servers.server_of(f"r{i}") == s for i in range(6)) for s in (0, 1)]
+    assert [servers.servers[s].inflight(0) for s in (0, 1)] == mine
+    # rank 0 reports one finish of server 1's requests: only server 1's count drops
+    stats = [RankStats(0, 5, 1, 0, (0, 1)), RankStats(0, 0, 0, 0, (0, 0))]
+    servers.observe(stats, 0)
+    assert [servers.servers[s].inflight(0) for s in (0, 1)] == [mine[0], mine[1] - 1]
+    # the same seed draws the same servers; another seed other ones
+    again = make_router("vllm", 2, api_servers=2, seed=3)
+    for i in range(6):
+        again.route(TraceRequest(f"r{i}", 0.0, 16, 4, rank=0))
+    assert [again.server_of(f"r{i}") for i in range(6)] == [
+        servers.server_of(f"r{i}") for i in range(6)]

@@ -25,10 +25,14 @@ BUBBLE_RULE = "            return max_blk - avg_blk\n"
 # ... in the branch, above the least loaded rank's.
 BRANCH_RULE = "            return max_blk - min(tot_blks)\n"
 
-# A small workload on which DyntraLB plans at every step (static mode from step 0).
-SMALL = ["--impl", "vllm-ascend", "--workload", "recipe:pr12292,n=12", "--dp", "2",
+# A small workload on which DyntraLB plans at every step (static mode from step 0). The
+# recipe's published setup (emu/cli/recipe_hint.py) is replaced flag by flag: its own
+# rate, round robin, the default cost profile and DyntraLB config.
+SMALL = ["--impl", "vllm-ascend", "--workload", "recipe:pr12292,n=12,rate=2.5", "--dp", "2",
          "--block-size", "128", "--max-num-seqs", "4", "--device", "cpu", "--quiet",
-         "--transport", "thread"]
+         "--transport", "thread", "--router", "round_robin", "--cost-model", "kv-token",
+         "--additional-config", json.dumps({"scheduler_config": {"dyntra_lb_config": {
+             "enabled": True, "mode": "static", "start_step": 0}}})]
 
 
 def copy_of_tree(tmp_path: pathlib.Path, name: str, rule: str | None = None) -> pathlib.Path:

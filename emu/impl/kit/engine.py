@@ -16,7 +16,9 @@ own (``docs/protocol.md`` describes the step).
   (``emu.impl.kit.async_scheduler``);
 - with no work: the idle ``continue`` (no collective at all) when no wave runs, a dummy
   step (the lockstep collective at the fixed cost) when one does;
-- ``_has_global_unfinished_reqs``: ``step_counter += 1``, the 32-step wave sync, then
+- ``_has_global_unfinished_reqs``: ``step_counter += 1``, the wave sync on the steps of
+  the run's DP sync cadence (``emu.rank.dp_sync``: every 32 steps, as vLLM 0.27.1, or
+  vLLM >= 0.30's step 1 and every ``dp_sync_interval`` steps), then
   DyntraLB's part of the protocol (``DyntraLBCoordinator.after_dp_sync``);
 - at a wave end: ``current_wave += 1`` and ``step_counter = 0``.
 
@@ -50,6 +52,7 @@ from emu.impl.kit.async_scheduler import AsyncScheduler
 from emu.impl.kit.invariants import StrictChecker
 from emu.impl.kit.model_runner import ModelRunner, ModelRunnerOutput
 from emu.impl.kit.scheduler import Request, Scheduler, SchedulerOutput
+from emu.rank import dp_sync
 from emu.rank.context import RankContext
 from emu.rank.control_plane import PlannerCall
 from emu.rank.engine_spec import EngineSpec
@@ -60,9 +63,6 @@ from emu.rank.spec_decode import DraftAcceptance
 from emu.sites import DP_SYNC_SITE
 
 logger = logging.getLogger("dyntra_lb")
-
-# vLLM's DPEngineCoreProc syncs the DP group's unfinished state every 32 steps.
-DP_SYNC_INTERVAL = 32
 
 
 @dataclass
@@ -273,8 +273,7 @@ class EngineCore(RankHarness):
             step.own_cost_us = self.cost(sum((t + block_size - 1) // block_size for t in tokens),
                                          sum(tokens), len(tokens),
                                          output.total_num_scheduled_tokens, False)
-            step.step_us = self.join_lockstep(step.own_cost_us, self.num_finished,
-                                              step.clock_us)
+            step.step_us = self.join_lockstep(step.own_cost_us, step.clock_us)
             ended_us += step.step_us
         return self.model_runner.execute_model(output, scheduler.requests, ended_us / 1e6)
 
@@ -282,8 +281,7 @@ class EngineCore(RankHarness):
         """No token ran while the wave goes on: a forward without tokens, so that the
         device group's collective stays matched across ranks."""
         step.own_cost_us = self.cost(0, 0, 0, 0, True)
-        step.step_us = self.join_lockstep(step.own_cost_us,
-                                          self.num_finished + len(step.finished), step.clock_us)
+        step.step_us = self.join_lockstep(step.own_cost_us, step.clock_us, step.finished)
         self.num_dummy_steps += 1
         # The KV loads DyntraLB's prefetch starts after this step start once it is done.
         self.connector.set_virtual_time((step.clock_us + step.step_us) / 1e6)
@@ -302,10 +300,10 @@ class EngineCore(RankHarness):
         return running
 
     def _sync_dp_state(self, local_unfinished: bool) -> bool:
-        """vLLM's part: ``step_counter += 1`` and on every 32nd step the SUM all-reduce
-        of ``[unfinished, pending_pause]`` over the DP group."""
+        """vLLM's part: ``step_counter += 1`` and on a step of the cadence the SUM
+        all-reduce of ``[unfinished, pending_pause]`` over the DP group."""
         self.step_counter += 1
-        if self.step_counter % DP_SYNC_INTERVAL != 0:
+        if not dp_sync.syncs(self.step_counter, self.spec.dp_sync_interval):
             return True
         buf = self._sync_array
         buf[0] = int(local_unfinished)

@@ -33,6 +33,7 @@ from dyntra_lb.config import check_deployment
 from emu.impl import Implementation
 from emu.impl.vllm_ascend import tree as trees
 from emu.impl.vllm_ascend.tree import ENV_VAR, Tree, TreeError
+from emu.rank import dp_sync
 from emu.rank.context import Preload
 
 # The tree a fork server of vllm-ascend ranks imports ("": the installed vllm_ascend).
@@ -66,6 +67,20 @@ class VllmAscendImplementation(Implementation):
                                    async_scheduling=async_scheduling)
         return cls(trees.resolve(vllm_ascend), variant)
 
+    def dp_sync_interval(self, requested: int | None) -> int | None:
+        """The installed vLLM's DP sync cadence (``emu.rank.dp_sync``): vLLM >= 0.30's
+        step 1 and every ``requested`` steps (its default 16 when None); vLLM < 0.30's
+        32-step cadence, which no interval can change."""
+        version = self.tree.vllm_version
+        if dp_sync.has_configurable_cadence(version):
+            return dp_sync.DEFAULT_INTERVAL if requested is None else requested
+        if requested is not None:
+            raise ValueError(
+                f"the installed vLLM {version} syncs the DP group every "
+                f"{dp_sync.LEGACY_INTERVAL} steps and has no --dp-sync-interval (vLLM >= "
+                "0.30 has): leave the flag out, or run a vLLM >= 0.30")
+        return None
+
     def preload(self) -> Preload:
         """The tree (``emu.impl.vllm_ascend.preload``), in a server forked from the one
         that imported vLLM and the engine (``VLLM_PRELOAD``), which every tree shares."""
@@ -79,6 +94,16 @@ class VllmAscendImplementation(Implementation):
         from emu.impl.vllm_ascend.rank_state import check_one_tree
 
         check_one_tree(self.tree)
+
+    def run_rank(self, ctx, spec):
+        """The rank, run; on a vLLM the tree does not pin, an error of the kind that
+        API drift raises is the tree's one line (``Tree.drift_error``)."""
+        try:
+            return super().run_rank(ctx, spec)
+        except _DRIFT_ERRORS as exc:
+            if self.tree.on_pinned_vllm:
+                raise
+            raise self.tree.drift_error(exc) from exc
 
     def build(self, ctx, spec):
         """This rank's engine, ready to ``run()``."""
@@ -117,6 +142,9 @@ class VllmAscendImplementation(Implementation):
 
 
 IMPLEMENTATION = VllmAscendImplementation
+
+# What code written against another vLLM raises when an API it uses moved or changed.
+_DRIFT_ERRORS = (ImportError, AttributeError, TypeError, NameError, NotImplementedError)
 
 # The files of vllm-ascend's DyntraLB, whose log lines are the rank's DyntraLB log.
 _DYNTRA_FILES = ("patch_dyntra_lb_core.py", "dyntra_lb_scheduler.py",

@@ -173,6 +173,8 @@ class _EmulatedEngine:
         self.enable_fault_tolerance = False
         # DPEngineCoreProc.__init__:
         self.prefill_schedule_interval = vllm_config.scheduler_config.prefill_schedule_interval
+        if rank.spec.dp_sync_interval is not None:  # vLLM >= 0.30 (emu.rank.dp_sync)
+            self.dp_sync_interval = vllm_config.parallel_config.dp_sync_interval
         self.step_counter = 0
         self.current_wave = 0
         self.pending_pause = False
@@ -353,7 +355,7 @@ class EmulatedRank(RankHarness):
             self._own_cost_us = self.cost(
                 sum(num_blocks(t, self.spec.block_size) for t in tokens), sum(tokens),
                 len(tokens), total, False)
-            self._lockstep(self.num_finished)
+            self._lockstep()
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled = self.sampler.sample(scheduler_output, scheduler.requests)
         done, invalid = scheduler.connector.finished_recving(self.clock_us)
@@ -370,11 +372,12 @@ class EmulatedRank(RankHarness):
         self.num_dummy_steps += 1
         self._own_cost_us = self.cost(0, 0, 0, 0, True)
         # this iteration's finishes (update_from_output ran before the dummy batch) count
-        self._lockstep(self.num_finished + len(self._finished))
+        self._lockstep(self._finished)
 
-    def _lockstep(self, num_finished: int) -> None:
-        """Join the lockstep collective and advance the clock by the DP step time."""
-        self._step_us = self.join_lockstep(self._own_cost_us, num_finished, self.clock_us)
+    def _lockstep(self, pending_finished=()) -> None:
+        """Join the lockstep collective and advance the clock by the DP step time
+        (``pending_finished``: the iteration's finishes before it)."""
+        self._step_us = self.join_lockstep(self._own_cost_us, self.clock_us, pending_finished)
         self.clock_us += self._step_us
 
     def _begin_step(self) -> None:

@@ -53,6 +53,14 @@ class EmulatedExecutor(Executor):
     def initialize_from_config(self, kv_cache_configs) -> None:
         pass
 
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        """vLLM >= 0.30 resolves one KV layout before it sizes the cache: the usual one
+        (nothing is allocated here)."""
+        return [["NHD"]]
+
+    def set_kv_cache_layout(self, layout_name: str) -> None:
+        pass
+
     def compile_or_warm_up_model(self) -> None:
         pass
 

@@ -3,10 +3,13 @@
 The launching process resolves the tree once per run (``--vllm-ascend PATH``, else the
 ``DYNTRA_VLLM_ASCEND`` environment variable, else an importable ``vllm_ascend``) and
 checks everything that can be checked without importing vLLM (which costs seconds):
-the path is a vllm-ascend source tree, the tree has DyntraLB, vLLM is installed at the
-release the tree pins, and ``torch_npu`` is not installed without CANN. Each failure is
-one ``TreeError`` line. The ranks (or their fork server) then import the tree from its
-root with ``import_tree``.
+the path is a vllm-ascend source tree, the tree has DyntraLB, vLLM is installed, and
+``torch_npu`` is not installed without CANN. Each failure is one ``TreeError`` line. The
+ranks (or their fork server) then import the tree from its root with ``import_tree``.
+
+A vLLM other than the release the tree pins is tried (docs/upstream-findings.md lists
+the releases the shared tree runs on): where the tree's code does not fit that vLLM, the
+rank's failure is one ``TreeError`` line naming both releases (``VersionDrift``).
 """
 
 from __future__ import annotations
@@ -45,13 +48,26 @@ class Tree:
     root: pathlib.Path | None
     commit: str | None
     vllm_version: str
+    vllm_pinned: str = SUPPORTED_VLLM
 
     def describe(self) -> dict:
         """What metrics.json and summary.md record about the implementation."""
         return {"vllm_ascend": str(self.root) if self.root is not None else "installed",
                 "vllm_ascend_commit": self.commit,
                 "vllm_ascend_sha256": self.sha256,
-                "vllm_version": self.vllm_version}
+                "vllm_version": self.vllm_version,
+                "vllm_pinned": self.vllm_pinned}
+
+    @property
+    def on_pinned_vllm(self) -> bool:
+        """Whether the installed vLLM is the release the tree pins."""
+        return self.vllm_version.split("+")[0] == self.vllm_pinned
+
+    def drift_error(self, exc: BaseException) -> TreeError:
+        """The one line of a tree whose code failed on a vLLM it does not pin."""
+        return TreeError(f"this vllm-ascend pins vLLM {self.vllm_pinned} and does not run "
+                         f"on the installed vLLM {self.vllm_version}: "
+                         f"{type(exc).__name__}: {exc}")
 
     @functools.cached_property
     def sha256(self) -> str:
@@ -95,10 +111,10 @@ def resolve(path: str | os.PathLike | None) -> Tree:
                 f"--vllm-ascend PATH or set {ENV_VAR}")
         root = pathlib.Path(spec.origin).parent.parent
         _check_dyntra_lb(root, "the installed vllm_ascend")
-        return Tree(None, None, _check_vllm(root))
+        return Tree(None, None, _check_vllm(root), pinned_vllm(root))
     root = _tree_root(pathlib.Path(path))
     _check_dyntra_lb(root, str(path))
-    return Tree(root.resolve(), _git_commit(root), _check_vllm(root))
+    return Tree(root.resolve(), _git_commit(root), _check_vllm(root), pinned_vllm(root))
 
 
 def _tree_root(path: pathlib.Path) -> pathlib.Path:
@@ -148,9 +164,6 @@ def _check_vllm(root: pathlib.Path) -> str:
         raise TreeError(
             f"vLLM {pinned} is not installed (on a CPU machine: see "
             "docs/vllm-ascend.md, its environment)")
-    if version.split("+")[0] != pinned:
-        raise TreeError(f"this vllm-ascend pins vLLM {pinned}, but vLLM {version} is "
-                        "installed")
     return version
 
 

@@ -100,8 +100,10 @@ def build_vllm_config(spec: EngineSpec, *, rank: int, dp_size: int, variant: str
         enable_chunked_prefill=True,
         scheduler_cls=scheduler_cls(variant, dyntra_lb_enabled),
     )
+    cadence = ({} if spec.dp_sync_interval is None  # vLLM < 0.30 has no such field
+               else {"dp_sync_interval": spec.dp_sync_interval})
     parallel = ParallelConfig(data_parallel_size=dp_size, data_parallel_rank=rank,
-                              data_parallel_rank_local=rank)
+                              data_parallel_rank_local=rank, **cadence)
     config = VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=spec.block_size, enable_prefix_caching=False,
