@@ -35,8 +35,8 @@ TREE = pathlib.Path(os.environ.get(ENV_VAR) or REPO.parent / "shared" / "upstrea
 def _why_not() -> str | None:
     version = installed_vllm()
     if version is None:
-        return f"vLLM {SUPPORTED_VLLM} is not installed (see docs/vllm-ascend.md: the "
-                "upstream tier)"
+        return (f"vLLM {SUPPORTED_VLLM} is not installed (see docs/vllm-ascend.md: the "
+                "upstream tier)")
     if not (TREE / "vllm_ascend" / "__init__.py").is_file():
         return f"no vllm-ascend tree at {TREE} (set {ENV_VAR})"
     return None
