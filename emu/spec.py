@@ -125,7 +125,8 @@ class RunSpec:
         "opt-in, --impl kit only (not in production; docs/pause-limit.md): no request stays "
         "DyntraLB-paused longer than MS in total over its life (from the step that pauses "
         "it to the step that resumes it, summed; caught by --strict past MS plus one step); "
-        "a request at its limit is never paused and is resumed first",
+        "a request at its limit is never paused and is resumed first; runs with DyntraLB "
+        "off (ab's A, the baselines of sweep and tune) have nothing to limit",
         flag="--pause-limit-ms", shown_default="none, production's pauses")
     pause_victim: str = knob(
         "next", Choice(PAUSE_VICTIMS),
@@ -347,13 +348,15 @@ def _engine_spec(spec: RunSpec, config: AdditionalConfig) -> EngineSpec:
         kv_latency_fixed_s=spec.kv_latency_fixed_s,
         kv_latency_per_block_s=spec.kv_latency_per_block_s, seed=spec.seed,
         max_steps=spec.max_steps, stall_steps=spec.stall_steps, strict=spec.strict,
-        faults=spec.faults, pause_limit=pause_limit(spec))
+        faults=spec.faults, pause_limit=pause_limit(spec, config))
 
 
-def pause_limit(spec: RunSpec) -> PauseLimit | None:
+def pause_limit(spec: RunSpec, config: AdditionalConfig) -> PauseLimit | None:
     """The run's opt-in pause limit (``dyntra_lb.pause_limit``), None for production's
-    pauses: no limit and production's victim."""
-    if spec.pause_limit_ms is None and spec.pause_victim == "next":
+    pauses: no limit and production's victim, or DyntraLB off (nothing is paused: the
+    baseline of ab, sweep and tune runs so with the flags of the DyntraLB runs)."""
+    if not config.dyntra_lb.enabled or (spec.pause_limit_ms is None
+                                        and spec.pause_victim == "next"):
         return None
     limit_s = None if spec.pause_limit_ms is None else spec.pause_limit_ms / 1e3
     return PauseLimit(limit_s, spec.pause_victim)

@@ -11,6 +11,7 @@ sets it), the configs, the cost model (a name or a file), faults and the output 
 from __future__ import annotations
 
 import argparse
+import math
 import textwrap
 
 from emu.faults import parse_fault
@@ -184,6 +185,17 @@ def positive_ms(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
+    return value
+
+
+def non_negative_pct(text: str) -> float:
+    """argparse's type of a percentage >= 0 (ab's and tune's --min-gain)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}")
     return value
 
 

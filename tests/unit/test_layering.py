@@ -90,7 +90,7 @@ FLOORS = [
      ["emu.workload", "emu.traces", "emu.vllm_dp_lb", "emu.block_counts", "emu.faults",
       "emu.metrics", "emu.report", "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds",
       "emu.recipes", "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites",
-      "emu.bytecode"]),
+      "emu.bytecode", "emu.verdict"]),
 ]
 
 
