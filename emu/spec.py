@@ -312,6 +312,9 @@ def check(spec: RunSpec, names: Names | None = None, *,
     problems = _kind_problems(spec)
     if problems:  # the rules below read these fields as their kinds say
         raise SpecError(problems)
+    problems = _pause_limit_problems(spec, names)
+    if problems:  # the kit's opt-in on another impl: one line, before the impl resolves
+        raise SpecError(problems)
     if spec.out_dir is None:
         problems.append(Problem("out_dir", names.where("out_dir"),
                                 "must be a directory path, got None"))
@@ -465,7 +468,6 @@ def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
             "planner", names.where("planner"),
             f"only with {names.setting('impl', 'vllm-ascend')} (the kit runs the planners "
             "of dyntra_lb/planner/registry.py: reference, fill-protect)"))
-    problems += _pause_limit_problems(spec, names)
     if spec.transport == "thread" and spec.device == "npu":
         problems.append(Problem(
             "transport", names.where("transport"),
