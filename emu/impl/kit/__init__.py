@@ -51,7 +51,7 @@ class KitImplementation(Implementation):
         limit = spec.pause_limit
         if limit is not None:  # the opt-in only: production's runs record what they did
             described["pause_limit"] = {
-                "limit_ms": None if limit.limit_s is None else limit.limit_s * 1e3,
+                "limit_ms": None if limit.limit_s is None else round(limit.limit_s * 1e3, 6),
                 "victim": limit.victim}
         return described
 
