@@ -127,7 +127,7 @@ class RunSpec:
         "it to the step that resumes it, summed; caught by --strict past MS plus one step); "
         "a request at its limit is never paused and is resumed first; runs with DyntraLB "
         "off (ab's A, the baselines of sweep and tune) have nothing to limit",
-        flag="--pause-limit-ms", shown_default="none, production's pauses")
+        flag="--pause-limit-ms", metavar="MS", shown_default="none, production's pauses")
     pause_victim: str = knob(
         "next", Choice(PAUSE_VICTIMS),
         "--impl kit only, with --pause-limit-ms (least-paused also alone): which running "

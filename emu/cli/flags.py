@@ -69,8 +69,10 @@ def add_spec_flags(parser: argparse.ArgumentParser, section: str, *,
                 action=argparse.BooleanOptionalAction if both else "store_true",
                 help=f"{knob.help} (default: {_shown(default, knob)})" if both else knob.help)
             continue
-        parser.add_argument(flag, dest=name, default=default, help=help_text,
-                            **_value_options(knob.kind))
+        options = _value_options(knob.kind)
+        if knob.metavar is not None:
+            options["metavar"] = knob.metavar
+        parser.add_argument(flag, dest=name, default=default, help=help_text, **options)
 
 
 def _value_options(kind) -> dict:
