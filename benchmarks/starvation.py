@@ -240,16 +240,21 @@ def plot(summary: dict, path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4.6), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         cells = {k: v for k, v in summary[name].items() if k != "off"}
-        points = []
+        points, labels = [], {}
         for label, cell in cells.items():
             x = max(cell["longest_paused_ms"][0], 1.0) / 1e3
             y, yerr = cell["gain_pct"]
             xerr = cell["longest_paused_ms"][1]
             ax.errorbar(x, y, yerr=yerr or 0, xerr=(xerr or 0) / 1e3, fmt="o", capsize=3,
                         color="C3" if label == "production" else "C0")
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4),
-                        fontsize=7)
+            # settings that land on one point (within the plot's resolution) share a label
+            key = (round(math.log10(x), 1), round(y, 1))
+            labels.setdefault(key, [x, y, []])[2].append(label)
             points.append((x, y))
+        for i, (x, y, names) in enumerate(sorted(labels.values())):  # alternate: neighbours
+            ax.annotate("\n".join(names), (x, y), textcoords="offset points",
+                        xytext=(5, -4 if i % 2 == 0 else 6), fontsize=7,
+                        va="top" if i % 2 == 0 else "bottom")
         front, best = [], -math.inf
         for x, y in sorted(points):
             if y > best:
@@ -257,7 +262,7 @@ def plot(summary: dict, path: pathlib.Path) -> None:
                 best = y
         ax.plot(*zip(*front, strict=True), "--", color="C2", label="Pareto front")
         prod = summary[name].get("production")
-        if prod is not None:
+        if prod is not None and prod["gain_pct"][0] > 0:
             ax.axhline(0.75 * prod["gain_pct"][0], color="grey", lw=0.8, ls=":",
                        label="75 % of production's gain")
         ax.axvline(2.0, color="grey", lw=0.8, ls="-.", label="2 s")
@@ -267,7 +272,7 @@ def plot(summary: dict, path: pathlib.Path) -> None:
         ax.set_ylabel("throughput gain over DyntraLB off (%)")
         seeds = max(c["seeds"] for c in cells.values())
         ax.set_title(f"{name} ({seeds} seed{'s' if seeds > 1 else ''}, 95 % CI)")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
