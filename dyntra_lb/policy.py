@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.diagnostics import pause_line
+from dyntra_lb.pause_limit import PauseLedger, PauseLimit
 from dyntra_lb.planner.front import Plan
 
 logger = logging.getLogger("dyntra_lb")
@@ -144,7 +145,8 @@ class DyntraLBPolicy:
     unrestricted, else the ids the waiting loop may admit this step.
     """
 
-    def __init__(self, scheduler: SchedulerLike, *, enable_diagnostics: bool = False):
+    def __init__(self, scheduler: SchedulerLike, *, enable_diagnostics: bool = False,
+                 pause_limit: PauseLimit | None = None):
         self.scheduler = scheduler
         self.enable_diagnostics = enable_diagnostics
         self.plan: Plan | None = None
@@ -153,6 +155,11 @@ class DyntraLBPolicy:
         self.admit_req_ids: set[str] | None = None
         policy = scheduler.policy
         self._priority = getattr(policy, "value", policy) == "priority"
+        # Opt-in, not in production (dyntra_lb.pause_limit): None pauses as production.
+        self.ledger = PauseLedger(pause_limit) if pause_limit is not None else None
+        self._due: set[str] = set()
+        self._reserved = 0  # slots kept for the paused requests (_reserve_slots)
+        self._now_s = 0.0
 
     # ----------------------------------------------------------- snapshot
 
@@ -290,17 +297,33 @@ class DyntraLBPolicy:
 
     # ------------------------------------------------------- plan application
 
-    def apply_plan(self) -> list[Any]:
+    def apply_plan(self, now_s: float | None = None) -> list[Any]:
         """Called first thing in ``schedule()``: apply the plan made after the previous
         step. Pauses the running requests matched by ``out_blk`` and builds the admit
         set from ``in_blk`` (empty when frozen). Returns the paused requests in pause
         order (empty without a plan) so the scheduler can report them.
+
+        With a pause limit, ``now_s`` is the step's time: paused requests at their limit
+        go to the front of the waiting queues first, and the victims are chosen by the
+        ledger (``dyntra_lb.pause_limit``).
         """
         self.admit_req_ids = None
+        if self.ledger is not None:
+            self._now_s = now_s
+            self._resume_due_first()
         plan = self.plan
         if plan is None:
+            if self.ledger is not None:
+                self._reserve_slots()
             return []
-        paused = self._pause_out_matches(plan.out_blk) if plan.out_blk else []
+        if not plan.out_blk:
+            paused = []
+        elif self.ledger is not None:
+            paused = self._pause_limited(plan.out_blk)
+        else:
+            paused = self._pause_out_matches(plan.out_blk)
+        if self.ledger is not None:
+            self._reserve_slots()
         remaining_in = [] if plan.freeze else list(plan.in_blk)
         admit: set[str] = set()
         if remaining_in:
@@ -342,6 +365,43 @@ class DyntraLBPolicy:
                     paused.append(request)
         return paused
 
+    def _resume_due_first(self) -> None:
+        """Paused requests at their limit go to the front of ``skipped_waiting`` (the
+        queue the FCFS waiting loop visits first), longest paused first, and pass the
+        admission gate whatever the plan admits."""
+        scheduler = self.scheduler
+        due = self.ledger.due_paused(self._now_s)
+        self._due = set(due)
+        if not due:
+            return
+        by_id = {r.request_id: r for r in (*scheduler.skipped_waiting, *scheduler.waiting)
+                 if r.request_id in self._due}
+        requests = [by_id[rid] for rid in due if rid in by_id]
+        scheduler.waiting.remove_requests(requests)
+        scheduler.skipped_waiting.remove_requests(requests)
+        for request in reversed(requests):
+            scheduler.skipped_waiting.prepend_request(request)
+
+    def _reserve_slots(self) -> None:
+        """Under a limit, each paused request keeps a running slot: a request that is not
+        paused is admitted only while the running requests and the paused ones (as this
+        step starts) leave a slot free. So a request that reaches its limit always finds
+        a slot; without this, new admissions fill the slots its pause freed."""
+        if self.ledger.limit.limit_s is not None:
+            self._reserved = len(self.paused_req_ids)
+
+    def _pause_limited(self, out_blk: list[int]) -> list[Any]:
+        """Out matching under a pause limit: the ledger's victims, in running order."""
+        running = self.scheduler.running
+        snapshot = list(running)
+        victims = self.ledger.victims(out_blk, [r.request_id for r in snapshot],
+                                      self.running_block_counts(), self._now_s)
+        paused = [snapshot[i] for i in victims]
+        for request in paused:
+            running.remove(request)
+            self._pause_request(request)
+        return paused
+
     def _pause_request(self, request: Any) -> None:
         """Stop decoding a request but keep its KV blocks and computed tokens, so
         it later resumes as a cached request. Unlike a preemption nothing is freed and
@@ -350,6 +410,8 @@ class DyntraLBPolicy:
             "Only running requests can be lb-paused"
         request.status = RequestStatus.PREEMPTED
         self.paused_req_ids.add(request.request_id)
+        if self.ledger is not None:
+            self.ledger.paused(request.request_id, self._now_s)
         if self.enable_diagnostics:
             logger.info(pause_line(request.request_id))
         self.scheduler.waiting.prepend_request(request)
@@ -360,18 +422,30 @@ class DyntraLBPolicy:
         """Waiting-loop gate, after blocked-status promotion and before any KV lookup:
         without a plan everything may enter, with one only the admit set."""
         admit = self.admit_req_ids
-        return admit is None or request.request_id in admit
+        rid = request.request_id
+        if self._reserved and rid not in self.paused_req_ids and (
+                len(self.scheduler.running) + self._reserved
+                >= self.scheduler.max_num_running_reqs):
+            return False
+        return admit is None or rid in admit or rid in self._due
 
     def on_scheduled(self, req_ids: Iterable[str]) -> None:
         """After scheduling (vLLM ``_update_after_schedule``): a scheduled request is
         no longer paused."""
         if self.paused_req_ids:
+            if self.ledger is not None:
+                for rid in self.paused_req_ids.intersection(req_ids):
+                    self.ledger.resumed(rid, self._now_s)
             self.paused_req_ids.difference_update(req_ids)
 
     def on_free(self, request: Any) -> None:
         """Before the scheduler frees a finished request."""
         self.paused_req_ids.discard(request.request_id)
+        if self.ledger is not None:
+            self.ledger.forget(request.request_id)
 
     def on_preempt(self, request: Any) -> None:
         """When the scheduler preempts a request (KV freed): it is no longer LB-paused."""
         self.paused_req_ids.discard(request.request_id)
+        if self.ledger is not None:
+            self.ledger.resumed(request.request_id, self._now_s)

@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import AdditionalConfig, check_deployment, load_additional_config
+from dyntra_lb.pause_limit import VICTIMS as PAUSE_VICTIMS
+from dyntra_lb.pause_limit import PauseLimit
 from emu import impl as impls
 from emu.cluster.device import DEVICE_CHOICES, DeviceError, select_device
 from emu.faults import FaultPlan, plan_problems
@@ -120,6 +122,21 @@ class RunSpec:
         "either impl (in vllm-ascend ranks in place of _balance_load); or vllm-ascend (its own "
         "_balance_load, --impl vllm-ascend only)",
         shown_default="the impl's own: reference for kit, vllm-ascend for vllm-ascend")
+    pause_limit_ms: int | None = knob(
+        None, Int(1, optional=True),
+        "opt-in, --impl kit only (not in production; docs/pause-limit.md): no request stays "
+        "DyntraLB-paused longer than MS in total over its life (from the step that pauses "
+        "it to the step that resumes it, summed; caught by --strict past MS plus one step); "
+        "a request at its limit is never paused and is resumed first; runs with DyntraLB "
+        "off (ab's A, the baselines of sweep and tune) have nothing to limit",
+        flag="--pause-limit-ms", metavar="MS", shown_default="none, production's pauses")
+    pause_victim: str = knob(
+        "next", Choice(PAUSE_VICTIMS),
+        "--impl kit only, with --pause-limit-ms (least-paused also alone): which running "
+        "request an out_blk value pauses. next: production's choice, or the next request "
+        "of the same block count not at its limit, none: the value is dropped; drop: "
+        "production's choice, dropped if at its limit; least-paused: the request of that "
+        "block count paused least so far (spreads pauses)")
     planner_cost: str = knob(
         "model", Choice(PLANNER_COSTS),
         "how DyntraLB's planner is charged in virtual time: model (the cost profile's "
@@ -315,6 +332,9 @@ def check(spec: RunSpec, names: Names | None = None, *,
     problems = _kind_problems(spec)
     if problems:  # the rules below read these fields as their kinds say
         raise SpecError(problems)
+    problems = _pause_limit_problems(spec, names)
+    if problems:  # the kit's opt-in on another impl: one line, before the impl resolves
+        raise SpecError(problems)
     if spec.out_dir is None:
         problems.append(Problem("out_dir", names.where("out_dir"),
                                 "must be a directory path, got None"))
@@ -355,7 +375,8 @@ def _engine_spec(spec: RunSpec, config: AdditionalConfig,
         kv_latency_fixed_s=spec.kv_latency_fixed_s,
         kv_latency_per_block_s=spec.kv_latency_per_block_s, seed=spec.seed,
         max_steps=spec.max_steps, stall_steps=spec.stall_steps, strict=spec.strict,
-        faults=spec.faults, dp_sync_interval=dp_sync_interval)
+        faults=spec.faults, dp_sync_interval=dp_sync_interval,
+        pause_limit=pause_limit(spec, config))
 
 
 def api_server_count(spec: RunSpec) -> int:
@@ -365,6 +386,17 @@ def api_server_count(spec: RunSpec) -> int:
     if not ROUTERS[spec.router].has_api_servers:
         return 1
     return spec.dp_size if spec.api_server_count is None else spec.api_server_count
+
+
+def pause_limit(spec: RunSpec, config: AdditionalConfig) -> PauseLimit | None:
+    """The run's opt-in pause limit (``dyntra_lb.pause_limit``), None for production's
+    pauses: no limit and production's victim, or DyntraLB off (nothing is paused: the
+    baseline of ab, sweep and tune runs so with the flags of the DyntraLB runs)."""
+    if not config.dyntra_lb.enabled or (spec.pause_limit_ms is None
+                                        and spec.pause_victim == "next"):
+        return None
+    limit_s = None if spec.pause_limit_ms is None else spec.pause_limit_ms / 1e3
+    return PauseLimit(limit_s, spec.pause_victim)
 
 
 def _kind_problems(spec: RunSpec) -> list[Problem]:
@@ -487,6 +519,23 @@ def _combination_problems(spec: RunSpec, names: Names) -> list[Problem]:
             f"charges the planner's wall time to DyntraLB's control plane, but "
             f"{names.where('cost_model')} has it off (control_plane null)"))
     return problems
+
+
+def _pause_limit_problems(spec: RunSpec, names: Names) -> list[Problem]:
+    """The pause limit is ours (dyntra_lb.pause_limit), not vllm-ascend's, and drop only
+    differs from production's victim under a limit."""
+    changed = [f for f, off in (("pause_limit_ms", None), ("pause_victim", "next"))
+               if getattr(spec, f) != off]
+    if changed and spec.impl != "kit":
+        return [Problem(changed[0], names.where(changed[0]),
+                        f"is the kit's opt-in, not vllm-ascend's code; run it with "
+                        f"{names.setting('impl', 'kit')} (docs/pause-limit.md)")]
+    if spec.pause_victim == "drop" and spec.pause_limit_ms is None:
+        return [Problem("pause_victim", names.where("pause_victim"),
+                        "drops the out_blk values whose victim is at its pause limit, "
+                        f"so it needs {names.setting('pause_limit_ms', 2000)} (or another "
+                        "limit)")]
+    return []
 
 
 def _fault_problems(spec: RunSpec, config: AdditionalConfig, names: Names) -> list[Problem]:

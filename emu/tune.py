@@ -51,6 +51,10 @@ from emu.recipes import mean_ci
 
 KNOBS = ("mode", "start_step", "bubble_threshold", "long_req_block_threshold",
          "dynamic_max_step")
+# Knobs searched only when --knobs names them: the kit's opt-ins, not production's config
+# (a RunSpec field each, split off the trial's values by ``spec_fields``).
+OPT_IN_KNOBS = ("pause_limit_ms",)
+PAUSE_LIMITS_MS = (0, 500, 1000, 2000, 5000)  # 0: no limit; the benchmark's (assumed)
 STUDY_NAME = "dyntra-emu tune"
 # The study's settings, in its user attributes (Fingerprint), and the baselines' metrics.
 FINGERPRINT_ATTR = "dyntra_emu_fingerprint"
@@ -154,6 +158,8 @@ class Space:
     def describe(self) -> dict:
         """The ranges, as the fingerprint records them."""
         return {"knobs": list(self.knobs), "start_step": list(START_STEP),
+                **({"pause_limit_ms": list(PAUSE_LIMITS_MS)}
+                   if "pause_limit_ms" in self.knobs else {}),
                 "bubble_threshold_blocks": list(BUBBLE_BLOCKS),
                 "bubble_threshold_ratio": list(BUBBLE_RATIO),
                 "long_req_block_threshold": list(self.long_req_blocks),
@@ -179,6 +185,8 @@ class Space:
                 params.update(bubble_form="ratio", bubble_threshold_ratio=float(value))
             else:
                 return None
+        if "pause_limit_ms" in self.knobs:
+            params["pause_limit_ms"] = 0  # production: no limit
         if config["mode"] == "dynamic":
             for knob, (low, high) in (("long_req_block_threshold", self.long_req_blocks),
                                       ("dynamic_max_step", DYNAMIC_MAX_STEP)):
@@ -207,6 +215,9 @@ class Space:
                 low, high, step = BUBBLE_RATIO
                 ratio = trial.suggest_float("bubble_threshold_ratio", low, high, step=step)
                 values["bubble_threshold"] = round(ratio, 2)
+        if "pause_limit_ms" in self.knobs:
+            values["pause_limit_ms"] = trial.suggest_categorical("pause_limit_ms",
+                                                                 list(PAUSE_LIMITS_MS))
         if values.get("mode", self.base_mode) == "dynamic":
             if "long_req_block_threshold" in self.knobs:
                 values["long_req_block_threshold"] = trial.suggest_int(
@@ -223,6 +234,16 @@ def _on_grid(value, low, high, step=None) -> bool:
         return False
     return step is None or math.isclose((value - low) / step, round((value - low) / step),
                                         abs_tol=1e-9)
+
+
+def spec_fields(values: dict) -> tuple[dict, dict]:
+    """A trial's values split into its dyntra_lb_config keys and the RunSpec fields of
+    the opt-in knobs (``pause_limit_ms`` 0 is no limit)."""
+    keys = {k: v for k, v in values.items() if k not in OPT_IN_KNOBS}
+    fields = {}
+    if "pause_limit_ms" in values:
+        fields["pause_limit_ms"] = values["pause_limit_ms"] or None
+    return keys, fields
 
 
 def config_label(values: dict) -> str:
@@ -648,13 +669,16 @@ def pareto_front(rows: list[dict], objectives: Sequence[str]) -> list[int]:
 
 
 def recommend(rows: list[dict], front: list[int], objectives: Sequence[str],
-              limits: Mapping[str, float]) -> dict | None:
+              limits: Mapping[str, float], min_gain: float | None = None) -> dict | None:
     """The front's trial with the highest mean throughput gain, or the best by the first
     objective when throughput is not one, among those whose mean of each objective in
-    ``limits`` is at most its limit (``--max-tpot-p99-ms``, ``--max-pause-ms``); None
-    when no trial qualifies."""
+    ``limits`` is at most its limit (``--max-tpot-p99-ms``, ``--max-pause-ms``) and whose
+    mean gain is at least ``min_gain`` % (``--min-gain``, when throughput is an
+    objective); None when no trial qualifies: keep DyntraLB off."""
+    gain_floor = min_gain if min_gain is not None and "throughput" in objectives else None
     candidates = [r for r in rows if r["number"] in front and
-                  all(r["estimates"][name][0] <= limit for name, limit in limits.items())]
+                  all(r["estimates"][name][0] <= limit for name, limit in limits.items())
+                  and (gain_floor is None or r["estimates"]["throughput"][0] >= gain_floor)]
     if not candidates:
         return None
     name = "throughput" if "throughput" in objectives else objectives[0]

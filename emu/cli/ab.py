@@ -23,7 +23,13 @@ from emu.cli.batch import (
     run_batch,
 )
 from emu.cli.errors import PROG, UsageError
-from emu.cli.flags import Formatter, add_input_options, add_run_options, wrap
+from emu.cli.flags import (
+    Formatter,
+    add_input_options,
+    add_run_options,
+    non_negative_pct,
+    wrap,
+)
 from emu.cli.inputs import (
     build_spec,
     check_specs,
@@ -39,9 +45,11 @@ from emu.cli.recipe_hint import print_setup_hint
 from emu.cli.running import resolve_launch, run_one
 from emu.impl import PLANNERS
 from emu.knobs import Int
-from emu.recipes import is_recipe, seed_table
+from emu.recipes import is_recipe, mean_ci, seed_table
+from emu.verdict import DEFAULT_MIN_GAIN_PCT, Tail, verdict_line
 
 RUN_DIRS = ("a", "b")
+OFF_LABEL = "DyntraLB off"  # run A's label when it is DyntraLB off: the verdict applies
 TREE_LABELS = ("tree A", "tree B")
 
 EPILOG = """\
@@ -92,7 +100,7 @@ def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     except ValueError:
         on = None  # emu.spec.check names the JSON error
     if not isinstance(on, dict):
-        return [(on_text, source), (on_text, source)], ("DyntraLB off", "DyntraLB on")
+        return [(on_text, source), (on_text, source)], (OFF_LABEL, "DyntraLB on")
     off = copy.deepcopy(on)
     scheduler = off.get("scheduler_config")
     lb = scheduler.get("dyntra_lb_config") if isinstance(scheduler, dict) else None
@@ -104,7 +112,31 @@ def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
                          f"with --config-a and --config-b{ignored}")
     lb["enabled"] = False
     return ([(json.dumps(off), f"{source} with DyntraLB disabled"), (on_text, source)],
-            ("DyntraLB off", "DyntraLB on"))
+            (OFF_LABEL, "DyntraLB on"))
+
+
+def _verdict(min_gain: float, pairs: list[tuple]) -> str:
+    """The closing verdict of an A/B against DyntraLB off (``emu.verdict``): the
+    throughput gain (mean ± 95 % CI over the seeds), TPOT p99 of both sides (means) and
+    the longest pause of B (the worst seed)."""
+    gains = [(b["throughput_tok_s"] / a["throughput_tok_s"] - 1) * 100 for _, a, b in pairs]
+    gain, ci = (gains[0], None) if len(gains) == 1 else mean_ci(gains)
+
+    def mean(side: int, *path):
+        values = []
+        for pair in pairs:
+            value = pair[side]
+            for key in path:
+                value = (value or {}).get(key)
+            if value is None:
+                return None
+            values.append(value)
+        return sum(values) / len(values)
+
+    longest = [(b.get("pauses") or {}).get("longest_paused_ms") for _, _, b in pairs]
+    tail = Tail(mean(1, "tpot_ms", "p99"), mean(2, "tpot_ms", "p99"),
+                None if None in longest else max(longest))
+    return verdict_line(gain, ci, min_gain, tail, seeds=len(pairs))
 
 
 def _config_flag(args) -> str:
@@ -182,7 +214,7 @@ def cmd_ab(args) -> int:
     apart = trees is not None and args.transport == "thread"
     measured = [run_one(args, checked, launch, f"{name.upper()} ({label})", apart=apart)
                 for checked, name, label in zip(pairs[0], RUN_DIRS, labels, strict=True)]
-    return _report(pairs[0], measured, labels, out_dir, about)
+    return _report(pairs[0], measured, labels, out_dir, about, args.min_gain)
 
 
 def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
@@ -204,7 +236,7 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
-def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
+def _report(pair, measured, labels, out_dir: Path, about: list[str], min_gain: float) -> int:
     """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
     summary.md and the overlay plots; ``about`` lines (which tree is which) first."""
     from emu.no_effect import no_effect_notes
@@ -240,6 +272,8 @@ def _report(pair, measured, labels, out_dir: Path, about: list[str]) -> int:
     for label, m in zip(labels, metrics, strict=True):
         for text in no_effect_notes(m):
             print(f"note ({label}): {text}")
+    if labels[0] == OFF_LABEL:
+        print(_verdict(min_gain, [(None, *metrics)]))
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and event logs of each run)")
     return 0
@@ -286,6 +320,8 @@ def _report_seeds(args, seeds, results, labels, dp: int, out_dir: Path, about: l
         print(line)
     for text in notes:
         print(f"note {text}")
+    if labels[0] == OFF_LABEL:
+        print(_verdict(args.min_gain, pairs))
     write_ab_seeds_summary_md(
         out_dir / "summary.md", title=f"dyntra-emu ab --seeds {args.seeds}: "
         f"{args.workload}, dp={dp}", labels=labels, about=about, key_table=table,
@@ -432,6 +468,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="with --workload recipe:NAME: run the A/B on N workload seeds "
                              "(--seed, --seed + 1, ...) and report each delta as a mean with a "
                              "95 %% confidence interval")
+    parser.add_argument("--min-gain", type=non_negative_pct, default=DEFAULT_MIN_GAIN_PCT,
+                        metavar="PCT",
+                        help="against DyntraLB off, the closing verdict calls DyntraLB worth "
+                             "it when its throughput gain is at least PCT %% (over --seeds, "
+                             "with its 95 %% CI above 0), and quotes its tail cost either way "
+                             f"(default: {DEFAULT_MIN_GAIN_PCT:g}; emu/verdict.py says why)")
     add_executor_options(parser, "the runs of --seeds", FILL_CORES)
     add_run_options(parser)
     parser.set_defaults(func=cmd_ab)

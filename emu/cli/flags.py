@@ -11,6 +11,7 @@ sets it), the configs, the cost model (a name or a file), faults and the output 
 from __future__ import annotations
 
 import argparse
+import math
 import textwrap
 
 from emu.faults import parse_fault
@@ -68,8 +69,10 @@ def add_spec_flags(parser: argparse.ArgumentParser, section: str, *,
                 action=argparse.BooleanOptionalAction if both else "store_true",
                 help=f"{knob.help} (default: {_shown(default, knob)})" if both else knob.help)
             continue
-        parser.add_argument(flag, dest=name, default=default, help=help_text,
-                            **_value_options(knob.kind))
+        options = _value_options(knob.kind)
+        if knob.metavar is not None:
+            options["metavar"] = knob.metavar
+        parser.add_argument(flag, dest=name, default=default, help=help_text, **options)
 
 
 def _value_options(kind) -> dict:
@@ -185,6 +188,17 @@ def positive_ms(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
+    return value
+
+
+def non_negative_pct(text: str) -> float:
+    """argparse's type of a percentage >= 0 (ab's and tune's --min-gain)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}")
     return value
 
 

@@ -26,6 +26,7 @@ from emu.cli.flags import (
     Formatter,
     add_input_options,
     add_output_options,
+    non_negative_pct,
     positive_ms,
     wrap,
 )
@@ -46,11 +47,14 @@ from emu.run import recorded_config
 from emu.spec import RunSpec, SpecError, check
 from emu.sweep import with_lb
 from emu.tune import (
+    BASELINES_ATTR,
     BUBBLE_BLOCKS,
     BUBBLE_RATIO,
     DYNAMIC_MAX_STEP,
     KNOBS,
     OBJECTIVES,
+    OPT_IN_KNOBS,
+    PAUSE_LIMITS_MS,
     START_STEP,
     STUDY_NAME,
     Fingerprint,
@@ -66,8 +70,10 @@ from emu.tune import (
     parse_names,
     plot_front,
     recommend,
+    spec_fields,
     trial_rows,
 )
+from emu.verdict import DEFAULT_MIN_GAIN_PCT
 
 # The files tune writes into --out besides its storage; --overwrite removes them.
 TUNE_FILES = ("tune.json", "summary.md", "front.png", "recommended.json", "runs", "ab")
@@ -102,7 +108,7 @@ def cmd_tune(args) -> int:
     launch = resolve_launch(args)
     try:
         objectives = parse_names(args.objectives, tuple(OBJECTIVES), "--objectives")
-        knobs = parse_names(args.knobs, KNOBS, "--knobs")
+        knobs = parse_names(args.knobs, KNOBS + OPT_IN_KNOBS, "--knobs")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     check_executor_flags(args)
@@ -133,9 +139,12 @@ def cmd_tune(args) -> int:
     def spec_of(trial: int | None, seed: int, values: dict | None) -> RunSpec:
         run_dir = out_dir / "runs" / ("baseline" if trial is None else f"t{trial:03d}") \
             / f"seed{seed}"
-        config = with_lb(base_config, enabled=False) if values is None \
-            else with_lb(base_config, enabled=True, **values)
-        return dataclasses.replace(bases[seed], additional_config=config, out_dir=run_dir)
+        if values is None:
+            return dataclasses.replace(bases[seed], out_dir=run_dir,
+                                       additional_config=with_lb(base_config, enabled=False))
+        keys, fields = spec_fields(values)
+        return dataclasses.replace(bases[seed], out_dir=run_dir, **fields,
+                                   additional_config=with_lb(base_config, enabled=True, **keys))
 
     with batch_executor(args, [bases[seeds[0]]]) as executor:
         _prepare_out(args, out_dir, storage, resuming)
@@ -160,7 +169,7 @@ def cmd_tune(args) -> int:
             search.run(args.trials)
         rows = trial_rows(study, objectives)
         front = pareto_front(rows, objectives)
-        best = recommend(rows, front, objectives, limits)
+        best = recommend(rows, front, objectives, limits, args.min_gain)
         ab = None
         if best is not None and ab_seeds:
             with _resumable(storage, study):
@@ -235,11 +244,13 @@ def _check_space(args, inputs: Inputs, base: RunSpec, base_config: dict, source:
     ends = {"mode": ["static", "dynamic"], "start_step": [START_STEP[0], START_STEP[1]],
             "bubble_threshold": [BUBBLE_BLOCKS[0], BUBBLE_BLOCKS[1], BUBBLE_RATIO[0]],
             "long_req_block_threshold": list(space.long_req_blocks),
-            "dynamic_max_step": list(DYNAMIC_MAX_STEP)}
+            "dynamic_max_step": list(DYNAMIC_MAX_STEP),
+            "pause_limit_ms": [PAUSE_LIMITS_MS[-1]]}
     for knob in space.knobs:
         for value in ends[knob]:
+            keys, fields = spec_fields({knob: value})
             spec = dataclasses.replace(
-                base, additional_config=with_lb(base_config, enabled=True, **{knob: value}))
+                base, additional_config=with_lb(base_config, enabled=True, **keys), **fields)
             try:
                 checked_spec(args, inputs, spec, f"{source} with {knob}={json.dumps(value)}")
             except SpecError as exc:
@@ -351,12 +362,13 @@ def _ab(args, executor, bases, seeds, base_config: dict, best: dict, out_dir: Pa
     ab_dir = out_dir / "ab"
     if ab_dir.is_dir() and not ab_dir.is_symlink():
         shutil.rmtree(ab_dir)
-    configs = (with_lb(base_config, enabled=False),
-               with_lb(base_config, enabled=True, **best["values"]))
+    keys, fields = spec_fields(best["values"])
+    configs = ((with_lb(base_config, enabled=False), {}),
+               (with_lb(base_config, enabled=True, **keys), fields))
     runs, names = [], []
     for seed in seeds:
-        for side, config in zip("ab", configs, strict=True):
-            spec = dataclasses.replace(bases[seed], additional_config=config,
+        for side, (config, side_fields) in zip("ab", configs, strict=True):
+            spec = dataclasses.replace(bases[seed], additional_config=config, **side_fields,
                                        out_dir=ab_dir / f"seed{seed}" / side)
             runs.append(check(spec))
             Path(spec.out_dir).mkdir(parents=True)
@@ -374,7 +386,7 @@ def _ab(args, executor, bases, seeds, base_config: dict, best: dict, out_dir: Pa
 def confidence(best: dict | None, ab: dict | None, fixed_trace: bool) -> str:
     """The line on how sure the recommendation is."""
     if best is None:
-        return "No recommendation: no trial of the front meets the limits."
+        return "How sure: no A/B was run: the recommendation is to keep DyntraLB off."
     search = best["estimates"].get("throughput")
     if fixed_trace:
         gain = "" if search is None else f" ({search[0]:+.2f} % throughput)"
@@ -404,11 +416,64 @@ def confidence(best: dict | None, ab: dict | None, fixed_trace: bool) -> str:
 # ----------------------------------------------------------------------- the report
 
 
+def _baseline_tpot(study, seeds) -> float | None:
+    """TPOT p99 of DyntraLB off, the mean over the search's seeds (the tail a gain is
+    paid against)."""
+    stored = study.user_attrs.get(BASELINES_ATTR) or {}
+    values = [((stored.get(str(s)) or {}).get("tpot_ms") or {}).get("p99") for s in seeds]
+    return None if not values or None in values else sum(values) / len(values)
+
+
+def recommendation_text(rows, front, best, recommended, objectives, limits,
+                        min_gain: float, tpot_off: float | None) -> str:
+    """What tune recommends and why: the chosen trial, how it was chosen and its tail cost
+    next to its gain; or "keep DyntraLB off" with the front's numbers that say why."""
+    by_number = {r["number"]: r for r in rows}
+
+    def tail(row) -> str:
+        est = row["estimates"]
+        parts = []
+        if "tpot_p99" in est:
+            off = "" if tpot_off is None else (f" against DyntraLB off's {tpot_off:.1f} ms "
+                                               f"({est['tpot_p99'][0] / tpot_off:.2f}x)")
+            parts.append(f"TPOT p99 {est['tpot_p99'][0]:.1f} ms{off}")
+        if "longest_pause" in est:
+            parts.append(f"longest pause {est['longest_pause'][0]:.0f} ms")
+        return ", ".join(parts) or "tails not among the objectives"
+
+    def gain(row) -> str:
+        value = row["estimates"].get("throughput")
+        return "gain not an objective" if value is None else f"gain {value[0]:+.2f} %"
+
+    rules = [f"a mean throughput gain of at least --min-gain {min_gain:g} %"
+             if "throughput" in objectives else None,
+             *(f"{OBJECTIVES[name].label} at most {limit:g} {OBJECTIVES[name].unit}"
+               for name, limit in limits.items())]
+    rules = " and ".join(r for r in rules if r)
+    if best is None:
+        ranked = sorted((by_number[n] for n in front),
+                        key=lambda r: -r["estimates"].get("throughput", (0.0,))[0])[:3]
+        why = "; ".join(f"trial {r['number']}: {gain(r)}, {tail(r)}" for r in ranked)
+        return (f"Recommended: keep DyntraLB off. No trial of the Pareto front has {rules}. "
+                f"The front's best: {why}.")
+    fields = spec_fields(best["values"])[1]
+    flag = ("" if not fields.get("pause_limit_ms") else
+            f" --pause-limit-ms {fields['pause_limit_ms']} (--impl kit only: not in "
+            "production)")
+    chosen = ("the highest mean throughput gain" if "throughput" in objectives
+              else f"the best {OBJECTIVES[objectives[0]].label}")
+    return (f"Recommended: trial {best['number']} ({config_label(best['values'])}): "
+            f"{gain(best)} at a tail cost of {tail(best)}.\n"
+            f"Chosen as {chosen} among the Pareto front's trials with {rules or 'no limit'}."
+            f"\n--additional-config '{json.dumps(recommended)}'{flag}")
+
+
 def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, base_config,
             objectives, limits, seeds, ab_seeds, runs: int) -> int:
     counts = _counts(study)
     table = front_table(rows, front, objectives, None if best is None else best["number"])
-    recommended = None if best is None else with_lb(base_config, enabled=True, **best["values"])
+    recommended = None if best is None else with_lb(base_config, enabled=True,
+                                                    **spec_fields(best["values"])[0])
     plot_front(rows, front, None if best is None else best["number"], out_dir / "front.png")
     if recommended is not None:
         (out_dir / "recommended.json").write_text(json.dumps(recommended, indent=1) + "\n")
@@ -436,13 +501,8 @@ def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, bas
                         "ci95": None if ci is None else ci[1]}
                        for label, values, ci in seed_summary(ab["pairs"])]},
         "confidence": sure}, indent=1, sort_keys=True) + "\n")
-    rec_text = ("No trial of the front meets the limits." if best is None else
-                f"Recommended: trial {best['number']} ({config_label(best['values'])}):\n"
-                f"--additional-config '{json.dumps(recommended)}'")
-    gain = None if best is None else best["estimates"].get("throughput")
-    if gain is not None and gain[0] <= 0:
-        rec_text += ("\nnote: no trial gains throughput over DyntraLB off on the search's "
-                     "seeds; this one loses least")
+    rec_text = recommendation_text(rows, front, best, recommended, objectives, limits,
+                                   args.min_gain, _baseline_tpot(study, seeds))
     ab_intro = "" if ab is None else (
         f"A/B of trial {best['number']} against DyntraLB off on {len(ab['seeds'])} fresh "
         f"seeds ({', '.join(map(str, ab['seeds']))}), runs in {out_dir / 'ab'}:")
@@ -502,10 +562,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              f"{', '.join(OBJECTIVES)} (default: all)")
     parser.add_argument("--knobs", default=",".join(KNOBS), metavar="LIST",
                         help=f"the dyntra_lb_config keys searched, of {', '.join(KNOBS)} "
-                             "(default: all)")
+                             "(default: all), and the kit's opt-in pause_limit_ms (--impl "
+                             "kit only; searched over "
+                             f"{', '.join(map(str, PAUSE_LIMITS_MS))} ms, 0 = no limit; only "
+                             "when named)")
     parser.add_argument("--storage", metavar="URL",
                         help="the study's Optuna storage (default: sqlite:///DIR/study.db "
                              "in --out); the same storage again resumes the study")
+    parser.add_argument("--min-gain", type=non_negative_pct, default=DEFAULT_MIN_GAIN_PCT,
+                        metavar="PCT",
+                        help="recommend only a config whose mean throughput gain over "
+                             "DyntraLB off is at least PCT %% (with its tails within "
+                             "--max-tpot-p99-ms and --max-pause-ms); when none on the front "
+                             "is, the recommendation is \"keep DyntraLB off\", with the "
+                             f"numbers (default: {DEFAULT_MIN_GAIN_PCT:g}; emu/verdict.py "
+                             "says why)")
     parser.add_argument("--max-tpot-p99-ms", type=positive_ms, metavar="MS",
                         help="recommend the front's best throughput with TPOT p99 <= MS")
     parser.add_argument("--max-pause-ms", type=positive_ms, metavar="MS",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dyntra_lb.config import AdditionalConfig
+from dyntra_lb.pause_limit import PauseLimit
 from emu.faults import FaultPlan
 from emu.rank.costs import StepCostModel
 from emu.workload import TraceRequest
@@ -41,7 +42,8 @@ class EngineSpec:
     - virtual time: the step-cost profile ``cost_model`` and the KV transfer latency
       ``kv_latency_fixed_s`` + ``kv_latency_per_block_s`` * blocks;
     - the run's control: ``seed``, ``max_steps``, ``stall_steps``, ``strict``, and the
-      ``faults`` to inject (None: none).
+      ``faults`` to inject (None: none);
+    - ``pause_limit``: the kit's opt-in bound on paused time (None: production's pauses).
     """
 
     trace: Sequence[TraceRequest]
@@ -66,3 +68,4 @@ class EngineSpec:
     faults: FaultPlan | None
     dp_sync_interval: int | None = None
     api_server_count: int = 1
+    pause_limit: PauseLimit | None = None

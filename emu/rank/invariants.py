@@ -14,7 +14,13 @@ not on what DyntraLB's state says about itself:
   against the admission candidates the plan was made on); a frozen rank admits nothing;
 - a paused request keeps the KV block ids and the computed tokens it had before the
   iteration that paused it, for as long as it is paused, and resumes from those tokens
-  with those blocks (no silent recompute).
+  with those blocks (no silent recompute);
+- with the kit's opt-in pause limit (``dyntra_lb.pause_limit``), the checker keeps its
+  own count of each request's paused time from the pauses and resumes it sees, at each
+  ``schedule()``'s time: a request at its limit is never paused (the plan's values go to
+  the victims the limit's rule gives), is admitted whatever the plan admits, and is
+  resumed by the first ``schedule()`` at or past its limit; one still paused then has
+  been paused past the limit plus one step.
 
 The last promise, that every rank enters the same collectives (same descriptor,
 ``step_counter`` and ``current_wave``), is checked across ranks by the watchdog
@@ -23,9 +29,11 @@ The last promise, that every rank enters the same collectives (same descriptor,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dyntra_lb.pause_limit import PauseLimit
 from dyntra_lb.planner.front import Plan
 
 
@@ -62,6 +70,7 @@ class Scheduled:
     admitted: tuple[str, ...]
     resumed: dict[str, Held]
     drafts: Mapping[str, int] = field(default_factory=dict)
+    now_s: float = 0.0  # the step's time the scheduler was handed (the pause limit's clock)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,30 @@ def plan_pauses(out_blk: Sequence[int], running: Sequence[str],
     return _matched(out_blk, zip(running, counts, strict=True))
 
 
+def limited_pauses(out_blk: Sequence[int], running: Sequence[str], counts: Sequence[int],
+                   paused_s: Callable[[str], float], limit_s: float | None,
+                   victim: str) -> list[str]:
+    """The running requests ``out_blk`` pauses under a pause limit: a request paused
+    ``limit_s`` or more is not a victim; ``next`` skips it for the next request of the
+    same block count, ``drop`` drops its value, ``least-paused`` gives each value to the
+    request of that count paused least (ties in running order)."""
+    def due(rid: str) -> bool:
+        return limit_s is not None and paused_s(rid) >= limit_s
+
+    pairs = list(zip(running, counts, strict=True))
+    if victim == "drop":
+        return [rid for rid in _matched(out_blk, pairs) if not due(rid)]
+    if victim == "next":
+        return _matched(out_blk, [(rid, blk) for rid, blk in pairs if not due(rid)])
+    chosen: set[str] = set()
+    for value in out_blk:
+        eligible = [rid for rid, blk in pairs
+                    if blk == value and rid not in chosen and not due(rid)]
+        if eligible:
+            chosen.add(min(eligible, key=paused_s))
+    return [rid for rid in running if rid in chosen]
+
+
 def admission_set(plan: Plan | None, candidates: Iterable[tuple[str, int]]) -> set[str] | None:
     """The requests a plan lets the waiting loop admit (None: no plan, no limit): none when
     it freezes the rank, else the candidates its ``in_blk`` matches (``_matched``)."""
@@ -128,14 +161,19 @@ class PromiseChecker:
     output lands, in the pausing iteration: vLLM lowers its computed tokens by them,
     keeping its blocks. The checker allows exactly that, and only then."""
 
-    def __init__(self, held_of: Callable[[str], Held | None], late_outputs: bool = False):
+    def __init__(self, held_of: Callable[[str], Held | None], late_outputs: bool = False,
+                 pause_limit: PauseLimit | None = None):
         self.held_of = held_of
         self.late_outputs = late_outputs
+        self.pause_limit = pause_limit
+        self._paused_total: dict[str, float] = {}  # the pause limit's count, its own
+        self._paused_since: dict[str, float] = {}
         self._before: IterationEnd | None = None
         self._to_pause: dict[str, Held] = {}  # what the last plan pauses, held before
         self._scheduled: Scheduled | None = None
         self._last_drafts: Mapping[str, int] = {}  # drafts of the last iteration's step
         self._paused: dict[str, _Pause] = {}
+        self._due: set[str] = set()  # requests at their pause limit this step
 
     def scheduled(self, scheduled: Scheduled) -> None:
         self._scheduled = scheduled
@@ -146,16 +184,63 @@ class PromiseChecker:
         if scheduled is None:  # nothing was scheduled: no plan applied, nobody admitted
             scheduled = Scheduled(frozenset(end.running), frozenset(), (), {})
         problems = []
+        if self.pause_limit is not None and self._before is not None:
+            problems += self._limit_kept(self._before, scheduled, end.iteration)
         if self._before is not None:
             problems += self._plan_applied(self._before, scheduled, end.iteration)
         problems += self._resumed_where_paused(scheduled)
         problems += self._paused_keep_what_they_held()
         self._before, self._scheduled, self._last_drafts = end, None, scheduled.drafts
-        if end.plan is not None:
+        if end.plan is None:
+            self._to_pause = {}
+        elif self.pause_limit is not None:  # the victims depend on the next step's time
+            out = set(end.plan.out_blk)
+            self._to_pause = {rid: self.held_of(rid)
+                              for rid, blk in zip(end.running, end.counts, strict=True)
+                              if blk in out}
+        else:
             pauses = plan_pauses(end.plan.out_blk, end.running, end.counts)
             self._to_pause = {rid: self.held_of(rid) for rid in pauses}
-        else:
-            self._to_pause = {}
+        return problems
+
+    def _paused_s(self, rid: str, now_s: float) -> float:
+        since = self._paused_since.get(rid)
+        total = self._paused_total.get(rid, 0.0)
+        return total if since is None else total + now_s - since
+
+    def _limit_kept(self, before: IterationEnd, scheduled: Scheduled,
+                    iteration: int) -> list[str]:
+        """Under a pause limit, at this ``schedule()``'s time: every request paused up to
+        its limit is resumed now; the plan's victims are the limit's (``_to_pause``
+        narrowed to them); the paused-time count follows what the scheduler did."""
+        limit, now = self.pause_limit, scheduled.now_s
+        paused_s = functools.partial(self._paused_s, now_s=now)
+        problems = []
+        for rid in list(self._paused_since):
+            if self.held_of(rid) is None:  # finished
+                self._paused_since.pop(rid)
+                self._paused_total.pop(rid, None)
+                continue
+            if (limit.limit_s is not None and paused_s(rid) >= limit.limit_s
+                    and rid not in scheduled.resumed):
+                problems.append(
+                    f"request {rid!r} has been paused {paused_s(rid) * 1e3:.1f} ms in total, "
+                    f"at its pause limit of {limit.limit_s * 1e3:g} ms, but iteration "
+                    f"{iteration} did not resume it: it stays paused past the limit plus "
+                    f"one step")
+        self._due = {rid for rid in self._paused_since
+                     if limit.limit_s is not None and paused_s(rid) >= limit.limit_s}
+        if before.plan is not None:
+            victims = limited_pauses(before.plan.out_blk, before.running, before.counts,
+                                     paused_s, limit.limit_s, limit.victim)
+            self._to_pause = {rid: self._to_pause[rid] for rid in victims}
+        for rid in scheduled.resumed:
+            since = self._paused_since.pop(rid, None)
+            if since is not None:
+                self._paused_total[rid] = self._paused_total.get(rid, 0.0) + now - since
+        for rid in self._to_pause:
+            if rid not in scheduled.running and rid not in scheduled.preempted:
+                self._paused_since[rid] = now
         return problems
 
     def _plan_applied(self, before: IterationEnd, scheduled: Scheduled,
@@ -178,7 +263,7 @@ class PromiseChecker:
         admit = admission_set(plan, before.candidates)
         if admit is not None:
             for rid in scheduled.admitted:
-                if rid in admit:
+                if rid in admit or rid in self._due:  # a request at its limit: resumed first
                     continue
                 if plan.freeze:
                     problems.append(f"{made} freezes this rank, yet request {rid!r} was "

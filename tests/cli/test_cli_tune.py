@@ -32,8 +32,9 @@ TINY_RECIPE = ["--workload", "recipe:pr12292,n=4,rate=20", "--dp", "2", "--block
 def test_a_study_stopped_by_sigint_resumes_from_its_storage(cli, clikit, tmp_path):
     out = tmp_path / "study"
     storage = f"sqlite:///{out / 'study.db'}"
+    # --min-gain 0: this workload's gains are tiny; the test is about the study, not them.
     command = [sys.executable, "-m", "emu", "tune", *TINY_RECIPE, "--seeds", "2",
-               "--ab-seeds", "2", "--out", str(out)]
+               "--ab-seeds", "2", "--min-gain", "0", "--out", str(out)]
     proc = subprocess.Popen([*command, "--trials", "30"], cwd=tmp_path,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -98,7 +99,7 @@ def test_one_objective_on_a_trace_file(cli, clikit, tmp_path, tiny_trace):
     """A trace file is one workload: one seed per trial, TPE for the one objective, no
     fresh seeds for the A/B, and the line on how sure says the numbers are exact."""
     proc = cli("tune", "--workload", tiny_trace, *clikit.SMALL, "--objectives", "throughput",
-               "--knobs", "mode,start_step", "--trials", "3", "--out", "t")
+               "--knobs", "mode,start_step", "--trials", "3", "--min-gain", "0", "--out", "t")
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert report["seeds"] == [0] and report["ab_seeds"] == [] and report["ab"] is None
@@ -118,9 +119,34 @@ def test_one_objective_on_a_trace_file(cli, clikit, tmp_path, tiny_trace):
 
     # A finished study, its report written, resumes the same way.
     again = cli("tune", "--workload", tiny_trace, *clikit.SMALL, "--objectives", "throughput",
-                "--knobs", "mode,start_step", "--trials", "1", "--out", "t")
+                "--knobs", "mode,start_step", "--trials", "1", "--min-gain", "0", "--out", "t")
     assert again.returncode == 0, again.stderr
     assert len(json.loads((tmp_path / "t" / "tune.json").read_text())["trials"]) == 4
+
+
+def test_no_config_worth_it_recommends_keeping_dyntra_lb_off(cli, clikit, tmp_path,
+                                                              tiny_trace):
+    """--min-gain above every trial's gain: the recommendation is "keep DyntraLB off", with
+    the front's gains and tails that say why; no config file, no A/B. With --min-gain 0
+    the same study recommends its best trial."""
+    common = ["tune", "--workload", tiny_trace, *clikit.SMALL, "--knobs", "mode",
+              "--trials", "2", "--out", "t"]
+    proc = cli(*common, "--min-gain", "1000")
+    assert proc.returncode == 0, proc.stderr
+    assert "Recommended: keep DyntraLB off. No trial of the Pareto front has a mean " \
+           "throughput gain of at least --min-gain 1000 %" in proc.stdout
+    report = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert report["recommended"] is None and report["ab"] is None
+    front = [t for t in report["trials"] if t["number"] in report["pareto_front"]]
+    for trial in front:  # the numbers that say why
+        assert f"trial {trial['number']}: gain {trial['estimates']['throughput'][0]:+.2f} %" \
+            in proc.stdout
+    assert not (tmp_path / "t" / "recommended.json").exists()
+    again = cli(*common, "--trials", "1", "--min-gain", "0")
+    assert again.returncode == 0, again.stderr
+    assert "Chosen as the highest mean throughput gain among the Pareto front's trials" \
+        in again.stdout
+    assert (tmp_path / "t" / "recommended.json").exists()
 
 
 def _other_study(path: Path) -> str:

@@ -82,8 +82,8 @@ def _admit_every_candidate(engine):
     policy = engine.scheduler.lb
     apply_plan = policy.apply_plan
 
-    def apply():
-        paused = apply_plan()
+    def apply(*args):
+        paused = apply_plan(*args)
         if policy.plan is not None and not policy.plan.freeze:
             policy.admit_req_ids = {r.request_id for r in policy.admission_candidates}
         return paused
@@ -96,8 +96,8 @@ def _frozen_rank_admits(engine):
     policy = engine.scheduler.lb
     apply_plan = policy.apply_plan
 
-    def apply():
-        paused = apply_plan()
+    def apply(*args):
+        paused = apply_plan(*args)
         if policy.plan is not None and policy.plan.freeze:
             policy.admit_req_ids = None
         return paused

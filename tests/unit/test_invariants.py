@@ -5,6 +5,7 @@ tests/upstream/test_vllm_ascend_promises.py.)"""
 
 from __future__ import annotations
 
+from dyntra_lb.pause_limit import PauseLimit
 from dyntra_lb.planner.front import Plan
 from emu.rank.invariants import (
     Held,
@@ -128,3 +129,51 @@ def test_late_outputs_may_roll_back_a_paused_requests_rejected_drafts_once():
 def test_without_late_outputs_a_paused_request_loses_no_computed_token():
     assert _paused_after_drafts(late_outputs=False, rejected=1) == 2 * [
         "paused request 'a' had 24 computed tokens before iteration 1 paused it, now 23"]
+
+
+class LimitedRank(Rank):
+    """A rank under the kit's pause limit: each schedule() carries its time."""
+
+    def __init__(self, limit_s: float, victim: str = "next"):
+        super().__init__()
+        self.checker = PromiseChecker(self.held.get, pause_limit=PauseLimit(limit_s, victim))
+
+    def schedule_at(self, now_s, running, admitted=(), resumed=None) -> None:
+        self.checker.scheduled(Scheduled(frozenset(running), frozenset(), tuple(admitted),
+                                         resumed or {}, {}, now_s))
+
+
+def test_under_a_pause_limit_a_request_left_paused_at_its_limit_is_a_broken_promise():
+    rank = LimitedRank(1.0)
+    rank.held.update(a=Held((1, 2), 20), b=Held((3,), 10))
+    assert rank.end(["a", "b"], [2, 1], Plan([2], [], True)) == []
+    rank.schedule_at(10.0, ["b"])                                # a paused at 10.0 s
+    assert rank.end(["b"], [1], Plan([], [], True)) == []
+    rank.schedule_at(10.9, ["b"])                                # 0.9 s: may stay paused
+    assert rank.end(["b"], [1], Plan([], [], True)) == []
+    rank.schedule_at(11.0, ["b"])                                # 1.0 s: must resume now
+    (problem,) = rank.end(["b"], [1])
+    assert problem == ("request 'a' has been paused 1000.0 ms in total, at its pause limit "
+                       "of 1000 ms, but iteration 3 did not resume it: it stays paused past "
+                       "the limit plus one step")
+
+
+def test_under_a_pause_limit_resuming_a_request_at_its_limit_outside_the_plan_is_kept():
+    rank = LimitedRank(1.0)
+    rank.held.update(a=Held((1, 2), 20), b=Held((3,), 10))
+    rank.end(["a", "b"], [2, 1], Plan([2], [], True))
+    rank.schedule_at(10.0, ["b"])
+    rank.end(["b"], [1], Plan([], [], True))                     # frozen: admits nothing
+    rank.schedule_at(11.0, ["a", "b"], admitted=["a"], resumed={"a": Held((1, 2), 20)})
+    assert rank.end(["a", "b"], [2, 1], Plan([2, 1], [], True)) == []
+    # a has spent its budget: the plan's 2 is not its to serve, b serves the 1
+    rank.schedule_at(12.0, ["a"])
+    assert rank.end(["a"], [2]) == []
+    rank2 = LimitedRank(1.0)
+    rank2.held.update(a=Held((1, 2), 20))
+    rank2.checker._paused_total["a"] = 1.0                       # a at its limit
+    rank2.end(["a"], [2], Plan([2], [], True))
+    rank2.schedule_at(5.0, [])                                   # paused anyway
+    (problem,) = rank2.end([], [])
+    assert problem.startswith("request 'a' stopped running at iteration 1 without a KV "
+                              "preemption, but the plan generated at iteration 0")

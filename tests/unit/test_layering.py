@@ -91,7 +91,7 @@ FLOORS = [
       "emu.faults",
       "emu.metrics", "emu.report", "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds",
       "emu.recipes", "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites",
-      "emu.bytecode"]),
+      "emu.bytecode", "emu.verdict"]),
 ]
 
 

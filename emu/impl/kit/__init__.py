@@ -46,8 +46,14 @@ class KitImplementation(Implementation):
         return EngineCore(ctx, spec)
 
     def describe(self, spec) -> dict:
-        return {"impl": "kit", "async_scheduling": spec.async_scheduling,
-                "planner": spec.planner}
+        described = {"impl": "kit", "async_scheduling": spec.async_scheduling,
+                     "planner": spec.planner}
+        limit = spec.pause_limit
+        if limit is not None:  # the opt-in only: production's runs record what they did
+            described["pause_limit"] = {
+                "limit_ms": None if limit.limit_s is None else round(limit.limit_s * 1e3, 6),
+                "victim": limit.victim}
+        return described
 
 
 IMPLEMENTATION = KitImplementation

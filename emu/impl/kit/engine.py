@@ -104,6 +104,7 @@ class EngineCore(RankHarness):
             enable_diagnostics=lb_config.enabled and lb_config.enable_diagnostics,
             policy=spec.scheduling_policy,
             num_speculative_tokens=spec.cost_model.num_speculative_tokens,
+            pause_limit=spec.pause_limit,
         )
         self.model_runner = ModelRunner(acceptance, self.connector,
                                         placeholder_drafts=spec.async_scheduling)

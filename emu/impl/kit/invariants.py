@@ -36,7 +36,8 @@ class StrictChecker:
         self._finished_ids: set[str] = set()
         lb_enabled = engine.scheduler.lb is not None
         self._promises = (PromiseChecker(self._held,
-                                         late_outputs=engine.spec.async_scheduling)
+                                         late_outputs=engine.spec.async_scheduling,
+                                         pause_limit=engine.spec.pause_limit)
                           if lb_enabled else None)
 
     def scheduled(self, output: Any) -> None:
@@ -54,7 +55,7 @@ class StrictChecker:
             frozenset(r.request_id for r in scheduler.running),
             frozenset(output.preempted_req_ids),
             (*output.new_req_ids, *output.resumed_req_ids), resumed,
-            output.scheduled_spec_decode_tokens))
+            output.scheduled_spec_decode_tokens, scheduler._now_s))
 
     def check(self, balance: Any, finished: tuple) -> None:
         """At the end of an iteration: ``balance`` is DyntraLB's part of it (its plan

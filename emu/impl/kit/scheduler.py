@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
+from dyntra_lb.pause_limit import PauseLimit
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
 from emu.impl.kit.kv import BlockPool, KVCacheManager
 from emu.impl.kit.model_runner import ModelRunnerOutput
@@ -89,7 +90,8 @@ class Scheduler:
     ``DyntraLBPolicy`` reads it through the same surface as a real one.
 
     ``policy`` is "fcfs" (default) or "priority"; ``num_speculative_tokens`` k > 0 turns
-    on speculative decoding (MTP with k drafts per step).
+    on speculative decoding (MTP with k drafts per step); ``pause_limit`` is DyntraLB's
+    opt-in bound on paused time (``dyntra_lb.pause_limit``; None: production's pauses).
     """
 
     # Freed blocks wait for the steps in flight (vLLM: a kv_consumer connector with more
@@ -99,7 +101,8 @@ class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_gpu_blocks: int, connector: RemoteKVConnector | None = None,
                  dyntra_lb: bool = False, enable_diagnostics: bool = False,
-                 policy: str = "fcfs", num_speculative_tokens: int = 0):
+                 policy: str = "fcfs", num_speculative_tokens: int = 0,
+                 pause_limit: PauseLimit | None = None):
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, "
                              f"got {policy!r}")
@@ -132,8 +135,8 @@ class Scheduler:
         self.processed_step_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
         self.enable_diagnostics = enable_diagnostics
-        self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics) \
-            if dyntra_lb else None
+        self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics,
+                                 pause_limit=pause_limit) if dyntra_lb else None
         self._now_s = 0.0
 
     # ------------------------------------------------------------------ intake
@@ -176,7 +179,7 @@ class Scheduler:
         if connector is not None:
             connector.set_virtual_time(now_s)
         lb = self.lb
-        paused = lb.apply_plan() if lb is not None else ()
+        paused = lb.apply_plan(now_s) if lb is not None else ()
         for request in paused:
             request.pauses.append([now_s, None])
 
