@@ -17,8 +17,9 @@ with ``transport="thread"``) runs ``dp_size`` ranks, each handed the run's engin
 whole trace (``emu.impl.Implementation.run_rank``), and the result lists every rank's
 summary and the paths of the files it wrote into ``out_dir``:
 
-- ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
-- ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
+- ``rank<r>.steps.parquet``, ``rank<r>.requests.parquet``: the deterministic step and
+  request records (docs/records.md; ``dyntra-emu events`` prints them as JSON Lines);
+- ``rank<r>.wall.parquet``: wall-clock times per step (planner, DyntraLB collectives);
 - ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled);
 - ``run.json``: whether the run finished (``emu.run_status``): "running" while it runs,
   then "complete", "failed" or "interrupted";
@@ -40,23 +41,22 @@ from emu.cluster.transport import (
     TorchrunTransport,
     Transport,
 )
-from emu.metrics import Run, compute_metrics, load_run, read_events, write_metrics
+from emu.metrics import Run, compute_metrics, load_run, write_metrics
 from emu.rank.context import RankSummary
+from emu.records.reader import event_records
 from emu.run_status import write_status
 from emu.spec import CheckedRun, RunSpec, as_checked, check
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """Summaries (by rank), the files each rank wrote and, from ``run``, the metrics
-    (metrics.json's dictionary) and the run as its event logs read (``loaded``: what
-    the metrics were computed from, for plots and timelines without reading the logs
+    """Summaries (by rank), the logs each rank wrote and, from ``run``, the metrics
+    (metrics.json's dictionary) and the run as its records read (``loaded``: what
+    the metrics were computed from, for plots and timelines without reading the records
     again); both None from ``run_cluster``."""
 
     out_dir: pathlib.Path
     ranks: list[RankSummary]
-    event_logs: list[pathlib.Path]
-    wall_logs: list[pathlib.Path]
     logs: list[pathlib.Path]
     metrics: dict | None = None
     loaded: Run | None = None
@@ -66,8 +66,9 @@ class RunResult:
         return any(r.truncated for r in self.ranks)
 
     def events(self, rank: int) -> list[dict]:
-        """Parsed records of ``rank``'s event log, in file order."""
-        return read_events(self.event_logs[rank])
+        """``rank``'s step and request records, in event-log order
+        (``emu.records.reader.event_records``)."""
+        return list(event_records(self.out_dir, rank))
 
 
 def run(spec: RunSpec | CheckedRun) -> RunResult:
@@ -133,8 +134,6 @@ def run_cluster(spec: RunSpec | CheckedRun) -> RunResult:
     return RunResult(
         out_dir=out_dir,
         ranks=list(summaries),
-        event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
-        wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
         logs=[out_dir / f"rank{r}.log" for r in ranks],
     )
 

@@ -10,7 +10,9 @@ import sys
 
 from emu.cli import (
     ab,
+    convert,
     diff,
+    events,
     explain,
     fit_cost,
     gate,
@@ -33,7 +35,6 @@ from emu.cli.errors import (
     raise_terminated,
 )
 from emu.cli.flags import Formatter, wrap
-from emu.metrics import frozen_runs
 
 EPILOG = """\
 examples:
@@ -48,6 +49,7 @@ examples:
   dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
   dyntra-emu gate runs/x --baseline runs/base    # regression gate for nightly jobs and CI
   dyntra-emu timeline runs/x                     # the run's timeline, for Perfetto
+  dyntra-emu events runs/x --rank 0 | jq .       # a run's records as JSON Lines
   dyntra-emu <command> --help                    # options of one command
 
 Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/). Trace
@@ -57,7 +59,7 @@ Metrics are documented in docs/metrics.md.
 
 # The subcommands, in the order --help lists them.
 COMMANDS = (run, ab, validate, inspect, fit_cost, replay, explain, sweep, tune, diff, gate,
-            timeline)
+            timeline, events, convert)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,8 +90,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        with frozen_runs():
-            return args.func(args)
+        return args.func(args)
     except UsageError as exc:
         _print_problems(prog, exc.problems)
         return EXIT_USAGE

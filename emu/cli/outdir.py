@@ -14,7 +14,10 @@ from pathlib import Path
 from emu.cli.errors import UsageError
 
 # Files a run leaves in its directory; --overwrite removes exactly these.
-RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
+# (rank*.events.jsonl and rank*.wall.jsonl: the JSON Lines logs of earlier versions.)
+RUN_FILES = ("run.json", "rank*.steps.parquet", "rank*.requests.parquet",
+             "rank*.wall.parquet", "rank*.progress.jsonl", "rank*.events.jsonl",
+             "rank*.wall.jsonl", "rank*.log", "metrics.json",
               "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
               "load_ab.png", "bubble_ab.png", "tpot_ab.png", "load_diff.png", "diff.json",
               "ab.json", "timeline.json")

@@ -25,7 +25,7 @@ class Progress:
     INTERVAL_S = 0.25
 
     def __init__(self, out_dir: Path, dp: int, total: int, desc: str, enabled: bool):
-        self.paths = [out_dir / f"rank{r}.events.jsonl" for r in range(dp)]
+        self.paths = [out_dir / f"rank{r}.progress.jsonl" for r in range(dp)]
         self.offsets = [0] * dp
         self.done = 0
         self.clock_s = 0.0

@@ -1,0 +1,52 @@
+"""Writing one record table of one rank: rows are kept in a buffer of at most
+``batch_rows`` and written as one Parquet row group each time it fills, so a rank holds
+a bounded number of records whatever the length of its run. Called by the rank's event
+log (emu/rank/eventlog.py) on every step and by ``emu.records.convert``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from emu.records.schema import SCHEMAS
+
+# Rows per row group (and so the most rows a rank's buffer holds) of each table.
+BATCH_ROWS = {"steps": 4096, "requests": 1024, "wall": 8192}
+
+
+class TableWriter:
+    """``path``'s Parquet file of ``table`` (emu.records.schema), written in row groups
+    of ``batch_rows`` rows (the last one shorter)."""
+
+    def __init__(self, path: Path, table: str, batch_rows: int | None = None):
+        self.schema = SCHEMAS[table]
+        self.batch_rows = batch_rows or BATCH_ROWS[table]
+        self.rows: list[tuple] = []
+        self.written = 0
+        self._file = pq.ParquetWriter(path, self.schema, compression="zstd",
+                                      compression_level=3)
+
+    def append(self, row: tuple) -> None:
+        """One row, its values in the schema's column order."""
+        self.rows.append(row)
+        if len(self.rows) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows as one row group."""
+        if not self.rows:
+            return
+        columns = list(zip(*self.rows, strict=True))
+        batch = pa.record_batch([pa.array(values, type=field.type)
+                                 for values, field in zip(columns, self.schema, strict=True)],
+                                schema=self.schema)
+        self._file.write_batch(batch, row_group_size=len(self.rows))
+        self.written += len(self.rows)
+        self.rows = []
+
+    def close(self) -> None:
+        """Write what is buffered and the file's footer."""
+        self.flush()
+        self._file.close()
