@@ -99,8 +99,10 @@ def _convert_wall(file: Path, run_dir: Path, rank: int) -> None:
     wall = TableWriter(path(run_dir, rank, WALL), WALL)
     try:
         for _, record in _records(file):
-            collectives = record.get("dyntra_lb_collectives_s", record.get("lb_comm_s"))
-            wall.append((rank, record["iter"], record["step_wall_s"],
+            collectives = record.get("lb_comm_s")
+            if collectives is None:  # the name the ranks write
+                collectives = record.get("dyntra_lb_collectives_s")
+            wall.append((rank, record.get("iter"), record.get("step_wall_s"),
                          record.get("planner_s"), collectives))
     finally:
         wall.close()
