@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from emu.records.convert import convert_run
 from emu.offline.diff import DiffInputError, compare, format_report, plot_load, read_run
+from emu.records.convert import convert_run
 from emu.run_status import write_status
 
 
