@@ -106,7 +106,7 @@ def watch_run(argv: list[str], tmp_path: Path, out: Path, env: dict | None = Non
     try:
         while proc.poll() is None:
             assert time.monotonic() < deadline, f"the run did not end within {timeout} s"
-            under_way = any(p.stat().st_size > 0 for p in out.glob("rank*.events.jsonl"))
+            under_way = any(p.stat().st_size > 0 for p in out.glob("rank*.steps.parquet"))
             _sample(proc.pid, tmp, tmp_path, observed)
             observed.samples_under_way += under_way and proc.poll() is None
             time.sleep(0.05)

@@ -1,5 +1,5 @@
-"""Which rank event logs a run's processes are writing, seen from outside through their
-open files: the way a test finds a rank under way, and the process it runs in, when the
+"""Which rank step records (``rank<N>.steps.parquet``) a run's processes are writing,
+seen from outside through their open files: the way a test finds a rank under way, and the process it runs in, when the
 run writes where the test cannot look (a Ray worker's own directory)."""
 
 from __future__ import annotations
@@ -12,20 +12,21 @@ import psutil
 
 
 def event_logs_held(processes: Iterable[psutil.Process]) -> dict[psutil.Process, list[Path]]:
-    """The rank event logs (``rank<N>.events.jsonl``) each process holds open, sorted;
+    """The rank step records (``rank<N>.steps.parquet``) each process holds open, sorted;
     processes holding none, or gone, are left out."""
     logs = {}
     for process in processes:
         with contextlib.suppress(psutil.Error, OSError):
             paths = sorted(Path(f.path) for f in process.open_files()
-                           if f.path.endswith(".events.jsonl"))
+                           if f.path.endswith(".steps.parquet"))
             if paths:
                 logs[process] = paths
     return logs
 
 
 def holds_a_step(path: Path) -> bool:
-    """Whether the log has a line yet (False once it is gone)."""
+    """Whether the rank has begun its records (their file's magic number is written when
+    the rank starts its loop; False once the file is gone)."""
     with contextlib.suppress(OSError):
         return path.stat().st_size > 0
     return False

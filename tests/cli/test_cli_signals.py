@@ -110,8 +110,8 @@ def _finish(proc: subprocess.Popen, ranks: list[psutil.Process]) -> tuple[str, s
 def test_sigterm_mid_run_stops_every_rank_reports_and_cleans_up(tmp_path, clikit):
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp)
-    log = out / "rank1.events.jsonl"
-    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
+    log = out / "rank1.steps.parquet"
+    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's step records")
     ranks = _ranks(proc)
     assert len(ranks) == 2
     proc.send_signal(signal.SIGTERM)
@@ -143,8 +143,8 @@ def test_sigterm_stops_a_thread_transport_run_and_reports_every_rank(tmp_path, c
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp,
                   flags=("--transport", "thread"))
-    log = out / "rank1.events.jsonl"
-    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
+    log = out / "rank1.steps.parquet"
+    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's step records")
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = _finish(proc, [])
 
@@ -172,8 +172,8 @@ def test_sigterm_stops_a_sweep_and_says_what_is_partial(tmp_path, clikit):
                "--jobs", "1", "--grid", "bubble_threshold=1,5", "--out", str(out)]
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    log = out / "runs" / "baseline" / "rank1.events.jsonl"
-    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "the baseline's event log")
+    log = out / "runs" / "baseline" / "rank1.steps.parquet"
+    _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "the baseline's step records")
     jobs = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = _finish(proc, jobs)
@@ -197,7 +197,7 @@ def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, cli
     for rank in ranks:  # the terminal's SIGINT, as the ranks see it
         rank.send_signal(signal.SIGINT)
     time.sleep(1.0)  # long enough for a rank that does not ignore it to die of it
-    assert not (out / "rank0.events.jsonl").exists()  # still starting
+    assert not (out / "rank0.steps.parquet").exists()  # still starting
     proc.send_signal(signal.SIGINT)
     stdout, stderr = _finish(proc, ranks)
 
@@ -243,8 +243,8 @@ def test_sigkill_mid_run_leaves_no_process_and_no_temporary_file(tmp_path, cliki
     try:
         proc = _start(clikit, _long_trace(clikit, tmp_path), out, tmp,
                       flags=("--transport", "process" if ranks == "processes" else "thread"))
-        log = out / "rank1.events.jsonl"
-        _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's event log")
+        log = out / "rank1.steps.parquet"
+        _wait(lambda: log.exists() and log.stat().st_size > 0, proc, "rank 1's step records")
         helpers = psutil.Process(proc.pid).children()  # fork server, resource tracker
         started = _ranks(proc)
         assert len(started) == (2 if ranks == "processes" else 0)
@@ -280,7 +280,7 @@ _SUBREAPER_SCRIPT = textwrap.dedent("""
             break
         assert launcher.poll() is None and time.monotonic() < deadline, "no ranks"
         time.sleep(0.01)
-    started = [os.path.exists(os.path.join({out!r}, f"rank{{r}}.events.jsonl"))
+    started = [os.path.exists(os.path.join({out!r}, f"rank{{r}}.steps.parquet"))
                for r in (0, 1)]
     tracker = [c for c in psutil.Process(launcher.pid).children()
                if any("resource_tracker" in p for p in c.cmdline())]

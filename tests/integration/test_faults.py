@@ -7,7 +7,6 @@ DyntraLB static mode with bubble_threshold 1.0, so plans are made and applied)."
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from emu.faults import FaultPlan
 from emu.run import RunResult, run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest, wave_boundary_trace, wave_ends
+from tests.records import events
 
 pytestmark = pytest.mark.integration
 
@@ -223,8 +223,7 @@ def test_never_completing_load_ends_in_a_named_failure(dyntra_cluster, tmp_path,
     assert "stopped after 5 s of virtual time" in err.message
     # Rank 1 closed its log on the way out: everything else it held had finished, and
     # the stuck request kept the wave alive with dummy steps until the timeout.
-    log = tmp_path / "dyntra-cluster-1" / "rank1.events.jsonl"
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = events(tmp_path / "dyntra-cluster-1", 1)
     rank1 = [r for r in records if r["kind"] == "step"]
     last = rank1[-1]
     assert last["clock_s"] + last["step_time_s"] >= 5.0

@@ -19,7 +19,7 @@ from emu.executors.ray_task import unpack
 
 
 def test_a_tasks_files_land_in_the_run_directory(tmp_path):
-    files = {"run.json": b'{"state": "complete"}\n', "rank0.events.jsonl": b"x" * 5000}
+    files = {"run.json": b'{"state": "complete"}\n', "rank0.steps.parquet": b"x" * 5000}
     unpack({name: zlib.compress(data) for name, data in files.items()}, tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
 
