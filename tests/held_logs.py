@@ -1,6 +1,7 @@
 """Which rank step records (``rank<N>.steps.parquet``) a run's processes are writing,
-seen from outside through their open files: the way a test finds a rank under way, and the process it runs in, when the
-run writes where the test cannot look (a Ray worker's own directory)."""
+seen from outside through their open files: the way a test finds a rank under way, and
+the process it runs in, when the run writes where the test cannot look (a Ray worker's
+own directory)."""
 
 from __future__ import annotations
 
