@@ -19,6 +19,7 @@ import pytest
 from emu.metrics import compute_metrics, load_run
 from emu.run import run_cluster
 from tests.integration.conftest import spec
+from tests.records import events
 from tests.upstream.conftest import REPO, TREE, dyntra_emu, upstream_spec
 
 pytestmark = pytest.mark.integration
@@ -101,8 +102,8 @@ def mutated_tree(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def _first_plan_difference(dir_a: pathlib.Path, dir_b: pathlib.Path, dp: int):
     """(iteration, rank) of the first generated plan that differs, read from the logs."""
-    steps = [[[json.loads(line) for line in (d / f"rank{r}.events.jsonl").open()
-               if '"kind":"step"' in line] for r in range(dp)] for d in (dir_a, dir_b)]
+    steps = [[[s for s in events(d, r) if s["kind"] == "step"] for r in range(dp)]
+             for d in (dir_a, dir_b)]
     for i in range(min(len(steps[0][0]), len(steps[1][0]))):
         for r in range(dp):
             if steps[0][r][i]["plan_generated"] != steps[1][r][i]["plan_generated"]:
