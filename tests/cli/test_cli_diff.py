@@ -82,7 +82,7 @@ def test_json_report_on_stdout(cli, kit_run, tmp_path):
 
 @pytest.mark.parametrize("args,fragment", [
     (["only-one"], "DIR_A DIR_B: expected two run directories, got 1"),
-    (["missing-a", "missing-b"], "missing-a: not a directory with a run's event logs"),
+    (["missing-a", "missing-b"], "missing-a: not a directory with a run's records"),
 ])
 def test_bad_directories(cli, clikit, args, fragment):
     clikit.assert_user_error(cli("diff", *args), fragment)

@@ -124,7 +124,7 @@ def _outside(tmp_path: Path) -> Path:
 
 def _untouched(outside: Path) -> None:
     assert sorted(p.name for p in outside.iterdir()) == [
-        "keep.txt", "metrics.json", "rank0.steps.parquet", "rank0.log"]
+        "keep.txt", "metrics.json", "rank0.log", "rank0.steps.parquet"]
     for p in outside.iterdir():
         assert p.read_text() == f"not the kit's: {p.name}\n"
 
