@@ -50,8 +50,7 @@ def read_table(run_dir: Path, rank: int, table: str, columns: list[str] | None =
                partial: bool = False) -> pa.Table:
     """Rank ``rank``'s ``table`` (only ``columns``, if given). A file the rank never
     closed (it was killed) has no footer: with ``partial`` it reads as no rows, else
-    RecordsError. A missing wall table reads as None's caller decides (see
-    ``has_table``)."""
+    RecordsError."""
     file = path(run_dir, rank, table)
     try:
         parquet = pq.ParquetFile(file)
@@ -64,6 +63,7 @@ def read_table(run_dir: Path, rank: int, table: str, columns: list[str] | None =
 
 
 def has_table(run_dir: Path, rank: int, table: str) -> bool:
+    """Whether rank ``rank`` wrote ``table`` (a run reads without its wall tables)."""
     return path(run_dir, rank, table).exists()
 
 
