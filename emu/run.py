@@ -43,7 +43,7 @@ from emu.cluster.transport import (
 )
 from emu.metrics import Run, compute_metrics, load_run, write_metrics
 from emu.rank.context import RankSummary
-from emu.records.reader import event_records
+from emu.records.reader import event_lines, event_records
 from emu.run_status import write_status
 from emu.spec import CheckedRun, RunSpec, as_checked, check
 
@@ -64,6 +64,10 @@ class RunResult:
     @property
     def truncated(self) -> bool:
         return any(r.truncated for r in self.ranks)
+
+    def event_log(self, rank: int) -> bytes:
+        """``rank``'s event log as JSON Lines (what ``dyntra-emu events --rank`` prints)."""
+        return "".join(line + "\n" for line in event_lines(self.out_dir, rank)).encode()
 
     def events(self, rank: int) -> list[dict]:
         """``rank``'s step and request records, in event-log order
