@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 
 from emu.records.schema import SCHEMAS
 
-# Rows per row group (and so the most rows a rank's buffer holds) of each table.
-BATCH_ROWS = {"steps": 4096, "requests": 1024, "wall": 8192}
+# Rows per row group (and so the most rows a rank's buffer holds) of each table. A
+# request row holds a float per output token (thousands), a step row its collectives:
+# at dp 16 the buffers then hold about 20 MB and 65 MB when full.
+BATCH_ROWS = {"steps": 2048, "requests": 32, "wall": 8192}
 # Integer columns that grow by small steps, delta-encoded (a third of a steps table's
 # bytes otherwise); every other column is dictionary-encoded.
 DELTA_COLUMNS = {"steps": ("iter", "wave", "step_counter", "collectives.list.element.seq"),
