@@ -131,10 +131,10 @@ def test_sigterm_mid_run_stops_every_rank_reports_and_cleans_up(tmp_path, clikit
         load_run(out)
     metrics = compute_metrics(load_run(out, allow_partial=True))
     assert metrics["run_state"] == "interrupted"
-    assert metrics["steps"] > 0
-    # Nothing finished, but the requests in flight are there.
-    assert metrics["requests_finished"] == 0
-    assert metrics["requests_total"] == metrics["requests_unfinished"] == 6
+    # A rank process dies of SIGTERM before it writes its tables' footers: its records
+    # are lost (docs/records.md), and the partial run reads as no steps and no requests.
+    # (Rank threads close their tables on the way out: the test below.)
+    assert metrics["steps"] == 0 and metrics["requests_total"] == 0
 
 
 def test_sigterm_stops_a_thread_transport_run_and_reports_every_rank(tmp_path, clikit):
