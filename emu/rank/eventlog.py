@@ -55,25 +55,40 @@ class StepRecord:
     control_plane: ControlCharge | None = None
 
     def row(self, rank: int) -> tuple:
-        """The record as a row of the steps table (emu.records.schema.STEP_FIELDS)."""
+        """The record as a row of the steps table (emu.records.schema.STEP_FIELDS), its
+        nested values as tuples of plain values (structs by position): a rank holds a
+        row group's rows, and tuples of such values leave the garbage collector's sight
+        (lists and dicts would be walked by every full collection)."""
         control = self.control_plane
         return (rank, self.iter, self.wave, self.step_counter, self.clock_us / 1e6,
                 self.own_cost_us / 1e6, self.step_us / 1e6, self.dummy, self.num_running,
                 self.num_waiting, self.running_blocks, self.waiting_blocks,
-                self.scheduled_tokens, self.plan_applied, self.paused, self.resumed,
-                self.admitted, self.preempted, self.finished, self.plan_generated,
+                self.scheduled_tokens, _plan(self.plan_applied), tuple(self.paused),
+                tuple(self.resumed), tuple(self.admitted), tuple(self.preempted),
+                tuple(self.finished), _plan(self.plan_generated),
                 self.plan_generated is not None, self.kv_free_blocks, self.kv_held_blocks,
-                self.paused_kv_blocks, self.collectives,
-                None if control is None else control.to_dict())
+                tuple(self.paused_kv_blocks.items()),
+                tuple((c["dtype"], c["op"], c["seq"], tuple(c["shape"]), c["site"])
+                      for c in self.collectives),
+                None if control is None else (
+                    control.charged_us / 1e6, control.collectives_us / 1e6,
+                    control.planner_us / 1e6, True if control.measured else None))
+
+
+def _plan(plan: dict | None) -> tuple | None:
+    """A plan as the steps table's struct, by position."""
+    if plan is None:
+        return None
+    return plan["freeze"], tuple(plan["in_blk"]), tuple(plan["out_blk"])
 
 
 def request_row(rank: int, record: dict, logged_after_iter: int | None) -> tuple:
-    """A request record (the engines' dictionary) as a row of the requests table."""
+    """A request record (the engines' dictionary) as a row of the requests table (its
+    lists as tuples, see ``StepRecord.row``)."""
     return (rank, record["request_id"], record["arrival_s"], record["prompt_tokens"],
             record["output_tokens"], record["first_scheduled_s"], record["finish_s"],
-            record["token_times_s"],
-            [{"start_s": start, "end_s": end} for start, end in record["pauses"]],
-            logged_after_iter)
+            tuple(record["token_times_s"]),
+            tuple((start, end) for start, end in record["pauses"]), logged_after_iter)
 
 
 class EventLog:
