@@ -16,10 +16,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from emu.records.schema import REQUESTS, SCHEMAS, STEPS, VERSION_KEY, WALL, path
+from emu.records.schema import COMPLETE, REQUESTS, SCHEMAS, STEPS, VERSION_KEY, WALL, path
 
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
-_STEPS_FILE = re.compile(r"^rank(\d+)\.steps\.parquet$")
+_STEPS_DIR = re.compile(r"^rank(\d+)\.steps$")
+_PART = re.compile(r"^part-(\d+)\.parquet$")
 _LEGACY_FILE = re.compile(r"^rank(\d+)\.events\.jsonl$")
 # Rows turned into dictionaries at a time.
 _CHUNK_ROWS = 4096
@@ -38,7 +39,8 @@ def record_ranks(run_dir: Path) -> list[int]:
     LegacyRunError for a directory of JSON Lines event logs."""
     run_dir = Path(run_dir)
     names = [p.name for p in run_dir.iterdir()]
-    ranks = sorted(int(m.group(1)) for name in names if (m := _STEPS_FILE.match(name)))
+    ranks = sorted(int(m.group(1)) for name in names
+                   if (m := _STEPS_DIR.match(name)) and (run_dir / name).is_dir())
     if not ranks and any(_LEGACY_FILE.match(name) for name in names):
         raise LegacyRunError(
             f"{run_dir}: its records are JSON Lines event logs (rank<r>.events.jsonl) from "
@@ -48,18 +50,25 @@ def record_ranks(run_dir: Path) -> list[int]:
 
 def read_table(run_dir: Path, rank: int, table: str, columns: list[str] | None = None, *,
                partial: bool = False) -> pa.Table:
-    """Rank ``rank``'s ``table`` (only ``columns``, if given). A file the rank never
-    closed (it was killed) has no footer: with ``partial`` it reads as no rows, else
-    RecordsError."""
-    file = path(run_dir, rank, table)
-    try:
-        parquet = pq.ParquetFile(file)
-    except (OSError, pa.ArrowInvalid) as exc:
-        if partial:
-            return SCHEMAS[table].empty_table().select(columns or SCHEMAS[table].names)
-        raise RecordsError(f"{file}: not a readable Parquet file ({exc})") from None
-    _check_version(file, parquet.schema_arrow)
-    return parquet.read(columns=columns)
+    """Rank ``rank``'s ``table`` (only ``columns``, if given): its parts in order. A table
+    its rank never closed (the rank was killed: no ``_complete`` marker) reads, with
+    ``partial``, as the parts the rank wrote (its unwritten buffer is lost), else raises
+    RecordsError; so does a part that is not readable Parquet."""
+    directory = path(run_dir, rank, table)
+    if not (directory / COMPLETE).is_file() and not partial:
+        raise RecordsError(f"{directory}: rank {rank} never closed its {table} records "
+                           f"(no {COMPLETE} marker: the rank was killed); they are partial")
+    parts = sorted((int(m.group(1)), p) for p in (directory.iterdir() if directory.is_dir()
+                                                  else ()) if (m := _PART.match(p.name)))
+    tables = [SCHEMAS[table].empty_table().select(columns or SCHEMAS[table].names)]
+    for _, part in parts:
+        try:
+            parquet = pq.ParquetFile(part)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise RecordsError(f"{part}: not a readable Parquet file ({exc})") from None
+        _check_version(part, parquet.schema_arrow)
+        tables.append(parquet.read(columns=columns))
+    return pa.concat_tables(tables)
 
 
 def has_table(run_dir: Path, rank: int, table: str) -> bool:

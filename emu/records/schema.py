@@ -1,5 +1,6 @@
-"""The three record tables of a run, one Parquet file of each per rank, and their
-schema (docs/records.md). ``SCHEMA_VERSION`` is written into every file's key-value
+"""The three record tables of a run, one directory of Parquet parts of each per rank
+(``rank<r>.<table>/part-<n>.parquet``, then ``_complete`` once the rank closed it), and
+their schema (docs/records.md). ``SCHEMA_VERSION`` is written into every file's key-value
 metadata (``dyntra.schema_version``) and is raised whenever a column changes meaning,
 type or name."""
 
@@ -13,6 +14,9 @@ SCHEMA_VERSION = 1
 VERSION_KEY = b"dyntra.schema_version"
 
 STEPS, REQUESTS, WALL = "steps", "requests", "wall"
+# Written into a table's directory by the rank once its last part is: a table without it
+# is partial (its rank was killed).
+COMPLETE = "_complete"
 # The legacy JSON Lines logs of a run written before the Parquet records.
 LEGACY_EVENTS = "rank{rank}.events.jsonl"
 LEGACY_WALL = "rank{rank}.wall.jsonl"
@@ -67,5 +71,11 @@ SCHEMAS = {STEPS: _schema(STEP_FIELDS), REQUESTS: _schema(REQUEST_FIELDS),
 
 
 def path(run_dir: Path, rank: int, table: str) -> Path:
-    """``rank<r>.<table>.parquet`` in ``run_dir``."""
-    return Path(run_dir) / f"rank{rank}.{table}.parquet"
+    """``rank<r>.<table>``, the directory of the table's parts, in ``run_dir``."""
+    return Path(run_dir) / f"rank{rank}.{table}"
+
+
+def part_name(index: int) -> str:
+    """The file name of a table's part ``index`` (parts are read in index order)."""
+    return f"part-{index:05d}.parquet"
+

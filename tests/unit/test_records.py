@@ -1,20 +1,25 @@
 """The records a rank writes (emu/rank/eventlog.py through emu/records): every step and
 request record comes back from its Parquet table as the event log's JSON line, byte for
-byte the generic encoder's output of the record; and a rank's buffer never holds more
-than a row group's rows, whatever the length of the run."""
+byte the generic encoder's output of the record; a rank's buffer never holds more than
+a part's rows, whatever the length of the run; and a rank killed by a signal keeps every
+part it wrote."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emu.rank.control_costs import ControlCharge
 from emu.rank.eventlog import EventLog, StepRecord
 from emu.records import writer
-from emu.records.reader import event_lines
+from emu.records.reader import RecordsError, event_lines, read_table
 from emu.records.schema import path
 
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
@@ -91,21 +96,44 @@ def test_records_read_back_as_the_event_logs_lines(tmp_path_factory, steps, in_f
 
 
 def test_a_buffer_never_holds_more_than_a_row_group(tmp_path, monkeypatch):
-    """Rows are written in row groups of ``batch_rows`` as they come: after every
-    append the buffer holds fewer than that, and the file's row groups are full ones
-    and the rest."""
-    file = tmp_path / "wall.parquet"
-    table = writer.TableWriter(file, "wall", batch_rows=3)
+    """Rows are written in parts of ``batch_rows`` as they come: after every append the
+    buffer holds fewer than that, and the parts are full ones and the rest."""
+    directory = tmp_path / "rank0.wall"
+    table = writer.TableWriter(directory, "wall", batch_rows=3)
     held = []
     for i in range(10):
         table.append((0, i, 0.5, None, None))
         held.append(len(table.rows))
     table.close()
     assert max(held) < 3 and held == [1, 2, 0] * 3 + [1]
-    parquet = pq.ParquetFile(file)
-    assert [parquet.metadata.row_group(g).num_rows
-            for g in range(parquet.num_row_groups)] == [3, 3, 3, 1]
-    assert parquet.read()["iter"].to_pylist() == list(range(10))
+    assert _part_rows(directory) == [3, 3, 3, 1]
+    assert read_table(tmp_path, 0, "wall")["iter"].to_pylist() == list(range(10))
+
+
+def _part_rows(directory) -> list[int]:
+    """The rows of each part of a table's directory, in part order."""
+    return [pq.ParquetFile(part).metadata.num_rows
+            for part in sorted(directory.glob("part-*.parquet"))]
+
+
+def test_a_killed_rank_keeps_every_part_it_wrote(tmp_path):
+    """A rank killed mid-table (here: its writer abandoned, its open part never closed)
+    leaves the parts it flushed: they read back, in order, as a partial table, and
+    never as a complete one."""
+    source = "\n".join([
+        "import sys",
+        "from emu.records.writer import TableWriter",
+        "table = TableWriter(sys.argv[1], 'wall', batch_rows=3)",
+        "for i in range(8):",
+        "    table.append((0, i, 0.5, None, None))",
+        "import os, signal",
+        "os.kill(os.getpid(), signal.SIGKILL)"])
+    killed = subprocess.run([sys.executable, "-c", source, str(tmp_path / "rank0.wall")],
+                            check=False)
+    assert killed.returncode == -signal.SIGKILL
+    assert read_table(tmp_path, 0, "wall", partial=True)["iter"].to_pylist() == list(range(6))
+    with pytest.raises(RecordsError, match="never closed its wall records"):
+        read_table(tmp_path, 0, "wall")
 
 
 def test_a_rank_writes_its_steps_in_row_groups_of_its_batch(tmp_path, monkeypatch):
@@ -117,6 +145,4 @@ def test_a_rank_writes_its_steps_in_row_groups_of_its_batch(tmp_path, monkeypatc
         log.step(record, [])
         assert len(log._steps.rows) < 4
     log.close()
-    parquet = pq.ParquetFile(path(tmp_path, 2, "steps"))
-    assert [parquet.metadata.row_group(g).num_rows
-            for g in range(parquet.num_row_groups)] == [4, 4, 1]
+    assert _part_rows(path(tmp_path, 2, "steps")) == [4, 4, 1]
