@@ -82,8 +82,8 @@ def event_logs(run: pathlib.Path, checkout: pathlib.Path) -> dict[str, bytes]:
     logs = {p.name: p.read_bytes() for p in run.glob("rank*.events.jsonl")}
     if logs:
         return logs
-    for p in run.glob("rank*.steps.parquet"):
-        rank = p.name[len("rank"):-len(".steps.parquet")]
+    for p in run.glob("rank*.steps"):
+        rank = p.name[len("rank"):-len(".steps")]
         logs[f"rank{rank}.events.jsonl"] = subprocess.run(
             [str(checkout / ".venv" / "bin" / "python"), "-m", "emu", "events", str(run),
              "--rank", rank], check=True, capture_output=True, cwd=checkout).stdout

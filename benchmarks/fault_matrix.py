@@ -219,7 +219,7 @@ def _importing_torch(p: psutil.Process) -> bool:
 
 def _logs_opened(out: Path, dp: int) -> bool:
     """Every rank's engine loop has started (it opens its step records first)."""
-    return all((out / f"rank{r}.steps.parquet").exists() for r in range(dp))
+    return all((out / f"rank{r}.steps").exists() for r in range(dp))
 
 
 def _logs_written(out: Path, dp: int) -> bool:

@@ -8,7 +8,7 @@ package fails to import, which is how ``dyntra_lb.planner.front`` falls back to 
 planner on a machine without numba (``IMPLEMENTATION == "python"``; the script prints
 what each side reports). The event logs of both runs of a pair must be byte-identical
 (same plans; the script exits 1 otherwise). Per run: p50 / p99 of ``planner_s`` over
-every planning step of every rank (``rank<r>.wall.parquet``); the table shows the median
+every planning step of every rank (``rank<r>.wall/``); the table shows the median
 over the pairs and the ratio Python / compiled.
 
     .venv/bin/python benchmarks/planner_engine_bench.py                 # longtail, dp 4, 3 pairs

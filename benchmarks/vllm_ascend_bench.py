@@ -109,8 +109,8 @@ def sample(table: str, side: str, dp: int, out: pathlib.Path) -> dict:
 
 def event_logs(out: pathlib.Path) -> list[bytes]:
     return ["".join(line + "\n" for line in event_lines(p.parent, int(
-        p.name[len("rank"):-len(".steps.parquet")]))).encode()
-            for p in sorted(out.rglob("rank*.steps.parquet"))]
+        p.name[len("rank"):-len(".steps")]))).encode()
+            for p in sorted(out.rglob("rank*.steps"))]
 
 
 def main() -> int:

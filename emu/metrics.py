@@ -1,6 +1,6 @@
 """Run metrics, computed after a run from the records its ranks left in its output
-directory (emu/records: ``rank<r>.steps.parquet``, ``rank<r>.requests.parquet``, and the
-wall-clock ``rank<r>.wall.parquet``).
+directory (emu/records: ``rank<r>.steps/``, ``rank<r>.requests/``, and the
+wall-clock ``rank<r>.wall/``).
 
 `load_run` reads a directory into a `Run` of numpy columns (no Python object per record:
 a run of hours holds millions of steps and token times); `compute_metrics` turns a `Run`
@@ -150,7 +150,7 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
     try:
         ranks = record_ranks(out_dir)
         if not ranks:
-            raise RunError(f"{out_dir}: no rank<r>.steps.parquet files found")
+            raise RunError(f"{out_dir}: no records (rank<r>.steps/)")
         if ranks != list(range(len(ranks))):
             raise RunError(f"{out_dir}: records of ranks {ranks}; expected ranks "
                            f"0..{len(ranks) - 1} without gaps")

@@ -17,9 +17,9 @@ with ``transport="thread"``) runs ``dp_size`` ranks, each handed the run's engin
 whole trace (``emu.impl.Implementation.run_rank``), and the result lists every rank's
 summary and the paths of the files it wrote into ``out_dir``:
 
-- ``rank<r>.steps.parquet``, ``rank<r>.requests.parquet``: the deterministic step and
+- ``rank<r>.steps/``, ``rank<r>.requests/``: the deterministic step and
   request records (docs/records.md; ``dyntra-emu events`` prints them as JSON Lines);
-- ``rank<r>.wall.parquet``: wall-clock times per step (planner, DyntraLB collectives);
+- ``rank<r>.wall/``: wall-clock times per step (planner, DyntraLB collectives);
 - ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled);
 - ``run.json``: whether the run finished (``emu.run_status``): "running" while it runs,
   then "complete", "failed" or "interrupted";

@@ -22,7 +22,7 @@ def cmd_convert(args) -> int:
     except (ConvertError, OSError) as exc:
         raise UsageError(str(exc)) from None
     print(f"Converted the logs of ranks 0..{ranks[-1]} in {run_dir} to Parquet records "
-          "(rank<r>.steps.parquet, rank<r>.requests.parquet, rank<r>.wall.parquet); the "
+          "(rank<r>.steps/, rank<r>.requests/, rank<r>.wall/); the "
           "JSON Lines files are kept")
     return 0
 

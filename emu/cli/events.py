@@ -20,8 +20,8 @@ examples:
   dyntra-emu events runs/lt --wall --rank 0      # the wall-clock log
   dyntra-emu convert runs/old                    # a run directory of JSON Lines logs
 
-The records themselves are Parquet (rank<r>.steps.parquet, rank<r>.requests.parquet,
-rank<r>.wall.parquet): pandas, polars and DuckDB read them as they are (docs/records.md).
+The records themselves are Parquet (rank<r>.steps/, rank<r>.requests/,
+rank<r>.wall/): pandas, polars and DuckDB read them as they are (docs/records.md).
 """
 
 
@@ -42,7 +42,7 @@ def cmd_events(args) -> int:
     except RecordsError as exc:
         raise UsageError(str(exc)) from None
     if not ranks:
-        raise UsageError(f"{run_dir}: no records (rank<r>.steps.parquet)")
+        raise UsageError(f"{run_dir}: no records (rank<r>.steps/)")
     if args.rank is not None:
         if args.rank not in ranks:
             raise UsageError(f"--rank {args.rank}: {run_dir} has records of ranks "

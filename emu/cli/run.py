@@ -29,8 +29,8 @@ examples:
   dyntra-emu run --no-dyntra-lb                  # plain DP, same as --additional-config '{}'
 
 The output directory gets the records in Parquet (docs/records.md):
-rank<r>.steps.parquet and rank<r>.requests.parquet (`dyntra-emu events` prints them as
-JSON Lines), rank<r>.wall.parquet (wall-clock times); rank<r>.log (DyntraLB log),
+rank<r>.steps/ and rank<r>.requests/ (`dyntra-emu events` prints them as
+JSON Lines), rank<r>.wall/ (wall-clock times); rank<r>.log (DyntraLB log),
 rank<r>.progress.jsonl (what the progress bar reads), metrics.json (docs/metrics.md),
 summary.md, the plots load.png, bubble.png, tpot.png, and run.json (whether the run
 finished: complete, failed, interrupted; error.txt then holds every rank's report).

@@ -8,6 +8,7 @@ rank's event log (emu/rank/eventlog.py) on every step and by ``emu.records.conve
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,9 +28,10 @@ DELTA_COLUMNS = {"steps": ("iter", "wave", "step_counter", "collectives.list.ele
 
 class TableWriter:
     """``directory``'s parts of ``table`` (emu.records.schema), ``batch_rows`` rows each
-    (the last one shorter). The part being filled is open under a hidden name
-    (``.part-<n>.parquet.tmp``, which readers skip) and renamed into place once its
-    footer is written; ``close`` writes the ``_complete`` marker."""
+    (the last one shorter), in place of any table written there before. The part being
+    filled is open under a hidden name (``.part-<n>.parquet.tmp``, which readers skip)
+    and renamed into place once its footer is written; ``close`` writes the
+    ``_complete`` marker."""
 
     def __init__(self, directory: Path, table: str, batch_rows: int | None = None):
         self.schema = SCHEMAS[table]
@@ -43,6 +45,8 @@ class TableWriter:
             compression="zstd", compression_level=3,
             use_dictionary=[name for name in self.schema.names if name not in delta],
             column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
+        if self.directory.is_dir() and not self.directory.is_symlink():
+            shutil.rmtree(self.directory)  # the table written before (a run converted again)
         self.directory.mkdir()
         self._open()
 

@@ -66,7 +66,7 @@ def test_ab_off_against_default_config(cli, tiny_trace, tmp_path, clikit):
     assert metrics_a["config"]["additional_config"] == off
     assert metrics_b["config"]["additional_config"] == clikit.STATIC
     for run in ("a", "b"):
-        assert (out / run / "rank1.steps.parquet").exists()
+        assert (out / run / "rank1.steps").exists()
     for png in ("load_ab.png", "bubble_ab.png", "tpot_ab.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
     summary = (out / "summary.md").read_text()

@@ -34,8 +34,9 @@ def _changed_copy(run, tmp_path, rank: int, iteration: int):
     event logs as JSON Lines, the one changed, converted to records."""
     copy = tmp_path / "changed"
     shutil.copytree(run, copy)
-    for table in copy.glob("rank*.parquet"):
-        table.unlink()
+    for table in ("steps", "requests", "wall"):
+        for directory in copy.glob(f"rank*.{table}"):
+            shutil.rmtree(directory)
     for r in range(2):
         records = events(run, r)
         if r == rank:

@@ -24,7 +24,7 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     out.mkdir()
     # A stale rank log of an earlier dp=3 run: --overwrite must remove it, or the
     # metrics would mix a third rank into this dp=2 run.
-    (out / "rank2.steps.parquet").write_text("stale\n")
+    (out / "rank2.steps").write_text("stale\n")
 
     # The console script in its own process: the one end-to-end run of `run` as typed.
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--seed", "7", "--out", out,
@@ -46,9 +46,9 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
 
     names = {p.name for p in out.iterdir()}
     for rank in (0, 1):
-        assert {f"rank{rank}.steps.parquet", f"rank{rank}.requests.parquet",
-                f"rank{rank}.wall.parquet", f"rank{rank}.log"} <= names
-    assert "rank2.steps.parquet" not in names
+        assert {f"rank{rank}.steps", f"rank{rank}.requests",
+                f"rank{rank}.wall", f"rank{rank}.log"} <= names
+    assert "rank2.steps" not in names
     for png in ("load.png", "bubble.png", "tpot.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
 

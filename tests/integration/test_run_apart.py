@@ -84,8 +84,8 @@ def test_sigterm_stops_the_run_apart_its_ranks_and_its_process(tmp_path):
     try:
         deadline = time.monotonic() + 180
         # Wait until both ranks run (the run's process and its rank processes exist).
-        while not (out / "rank1.steps.parquet").exists() or not (
-                out / "rank0.steps.parquet").exists():
+        while not (out / "rank1.steps").exists() or not (
+                out / "rank0.steps").exists():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.2)

@@ -163,7 +163,7 @@ def test_different_dp_sizes_are_bad_input(tmp_path):
 
 def test_a_directory_without_records_is_bad_input(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DiffInputError, match=r"no rank<r>\.steps\.parquet"):
+    with pytest.raises(DiffInputError, match=r"no records \(rank<r>\.steps/\)"):
         read_run(tmp_path / "empty", "A")
 
 

@@ -281,11 +281,11 @@ def test_load_run_errors(tmp_path):
     with pytest.raises(RunError, match="not a directory"):
         load_run(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(RunError, match=r"no rank<r>\.steps\.parquet files"):
+    with pytest.raises(RunError, match=r"no records \(rank<r>\.steps/\)"):
         load_run(tmp_path / "empty")
     gap = _write_run(tmp_path / "gap", [RANK0, RANK1])
     for table in ("steps", "requests"):
-        (gap / f"rank1.{table}.parquet").rename(gap / f"rank2.{table}.parquet")
+        (gap / f"rank1.{table}").rename(gap / f"rank2.{table}")
     with pytest.raises(RunError, match=r"ranks \[0, 2\]; expected ranks 0\.\.1"):
         load_run(gap)
     short = _write_run(tmp_path / "short", [RANK0, RANK1[:2] + RANK1[4:]])
@@ -299,8 +299,8 @@ def test_load_run_errors(tmp_path):
     with pytest.raises(ConvertError, match="unknown record kind 'wave'"):
         _write_run(tmp_path / "odd", [[{"kind": "wave"}]])
     torn = _write_run(tmp_path / "torn", [RANK0])
-    (torn / "rank0.steps.parquet").write_bytes(b"PAR1 cut short")
-    with pytest.raises(RunError, match=r"rank0\.steps\.parquet: not a readable Parquet"):
+    (torn / "rank0.steps" / "part-00000.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(RunError, match=r"part-00000\.parquet: not a readable Parquet"):
         load_run(torn)
 
 

@@ -47,7 +47,7 @@ def copy_of_tree(tmp_path: pathlib.Path, name: str, rule: str | None = None) -> 
 
 def _plans(run_dir: pathlib.Path) -> list[list]:
     """Every rank's generated plans, step by step, from its event log."""
-    ranks = len(list(run_dir.glob("rank*.steps.parquet")))
+    ranks = len(list(run_dir.glob("rank*.steps")))
     return [[step["plan_generated"] for step in events(run_dir, rank)
              if step["kind"] == "step"]
             for rank in range(ranks)]

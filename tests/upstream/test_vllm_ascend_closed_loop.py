@@ -34,7 +34,7 @@ def test_the_limit_holds_on_vllm_ascend_and_matches_the_kit(tmp_path):
 
     held, sent = Counter(), {}
     run_dir = tmp_path / "diff" / "b"
-    for rank in range(len(list(run_dir.glob("rank*.steps.parquet")))):
+    for rank in range(len(list(run_dir.glob("rank*.steps")))):
         for record in events(run_dir, rank):
             if record["kind"] == "step":
                 held[record["iter"]] += record["num_running"] + record["num_waiting"]

@@ -36,8 +36,8 @@ def _steps(events: list[dict]) -> list[dict]:
 
 
 def _request(run_dir: pathlib.Path, request_id: str) -> dict:
-    for log in run_dir.glob("rank*.steps.parquet"):
-        for record in events(run_dir, int(log.name[len("rank"):-len(".steps.parquet")])):
+    for log in run_dir.glob("rank*.steps"):
+        for record in events(run_dir, int(log.name[len("rank"):-len(".steps")])):
             if record["kind"] == "request" and record["request_id"] == request_id:
                 return record
     raise KeyError(request_id)
