@@ -69,7 +69,7 @@ def cmd_run(args) -> int:
                      plots=plots)
     print(summary_table(metrics))
     print(f"\nOutputs in {out_dir}/: summary.md, metrics.json, "
-          f"{', '.join(p.name for p in plots)}, rank<r>.*.parquet"
+          f"{', '.join(p.name for p in plots)}, rank<r>.<table>/"
           + (f"; timeline in {timeline}" if timeline is not None else ""))
     return 0
 
