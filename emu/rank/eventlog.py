@@ -1,6 +1,6 @@
 """The records a rank writes while it runs: its step and request records and its
 wall-clock times, each into its Parquet table (emu/records: ``rank<r>.steps/``,
-``rank<r>.requests/``, ``rank<r>.wall/``), in bounded row groups as the run
+``rank<r>.requests/``, ``rank<r>.wall/``), in bounded parts as the run
 goes. Step and request records are deterministic (virtual time only); the wall table
 holds the wall-clock time of each iteration (and of the planner and DyntraLB's
 collectives), which differs from run to run. Both engine implementations write through

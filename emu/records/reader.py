@@ -1,6 +1,6 @@
 """Reading a run's records back: which ranks wrote them, a table's columns (what the
 metrics read), and the records as the event log's dictionaries and JSON Lines (what
-``dyntra-emu events``, ``diff`` and ``timeline`` read), row group by row group.
+``dyntra-emu events``, ``diff`` and ``timeline`` read), part by part.
 
 A run directory written before the records were Parquet holds JSON Lines logs instead
 (``rank<r>.events.jsonl``): reading it raises ``LegacyRunError``, whose message names
