@@ -7,7 +7,10 @@ vllm-ascend) and transport (thread, process), both checkouts run ``dyntra-emu ru
 into directories of their own (each checkout's code in its own environments:
 ``.venv``, ``.venv-upstream`` for vllm-ascend), and this script compares:
 
-- every ``rank<r>.events.jsonl`` and ``rank<r>.log``, byte for byte;
+- every rank's event log, byte for byte: what ``dyntra-emu events RUN --rank r`` of the
+  side whose runs hold Parquet records prints, or its ``rank<r>.events.jsonl`` (a
+  checkout from before the records were Parquet);
+- every ``rank<r>.log``, byte for byte;
 - ``metrics.json`` without its ``wall`` section (wall-clock seconds), byte for byte
   once the section is taken out;
 
@@ -73,18 +76,36 @@ def metrics_without_wall(path: pathlib.Path) -> str:
     return json.dumps(metrics, indent=2, sort_keys=True)
 
 
-def compare_run(a: pathlib.Path, b: pathlib.Path) -> list[str]:
-    """What differs between two run directories (empty: nothing)."""
-    names = sorted(p.name for p in a.iterdir()
-                   if p.name.endswith((".events.jsonl", ".log")))
-    other = sorted(p.name for p in b.iterdir()
-                   if p.name.endswith((".events.jsonl", ".log")))
+def event_logs(run: pathlib.Path, checkout: pathlib.Path) -> dict[str, bytes]:
+    """Each rank's event log by its old file name: ``rank<r>.events.jsonl`` where the run
+    wrote one, else what ``dyntra-emu events`` of ``checkout`` prints."""
+    logs = {p.name: p.read_bytes() for p in run.glob("rank*.events.jsonl")}
+    if logs:
+        return logs
+    for p in run.glob("rank*.steps"):
+        rank = p.name[len("rank"):-len(".steps")]
+        logs[f"rank{rank}.events.jsonl"] = subprocess.run(
+            [str(checkout / ".venv" / "bin" / "python"), "-m", "emu", "events", str(run),
+             "--rank", rank], check=True, capture_output=True, cwd=checkout).stdout
+    return logs
+
+
+def compare_run(a: pathlib.Path, b: pathlib.Path, checkout_a: pathlib.Path,
+                checkout_b: pathlib.Path) -> tuple[list[str], int]:
+    """What differs between two run directories (empty: nothing), and the step records
+    of ``a``."""
+    files_a = {**event_logs(a, checkout_a),
+               **{p.name: p.read_bytes() for p in a.glob("rank*.log")}}
+    files_b = {**event_logs(b, checkout_b),
+               **{p.name: p.read_bytes() for p in b.glob("rank*.log")}}
+    names, other = sorted(files_a), sorted(files_b)
     problems = [] if names == other else [f"files {names} against {other}"]
-    problems += [name for name in names if name in other
-                 and (a / name).read_bytes() != (b / name).read_bytes()]
+    problems += [name for name in names if name in other and files_a[name] != files_b[name]]
+    steps = sum(log.count(b'"kind":"step"') for name, log in files_a.items()
+                if name.endswith(".events.jsonl"))
     if metrics_without_wall(a / "metrics.json") != metrics_without_wall(b / "metrics.json"):
         problems.append("metrics.json (without wall)")
-    return problems
+    return problems, steps
 
 
 def main() -> int:
@@ -111,9 +132,8 @@ def main() -> int:
                     for side, checkout in checkouts.items():
                         produce(checkout, argv, impl, args.vllm_ascend, outs[side],
                                 "metrics.json")
-                    problems = compare_run(outs["this"], outs["baseline"])
-                    steps = sum(1 for p in outs["this"].glob("rank*.events.jsonl")
-                                for line in p.open() if '"kind":"step"' in line)
+                    problems, steps = compare_run(outs["this"], outs["baseline"],
+                                                  checkouts["this"], checkouts["baseline"])
                     compared += 1
                     differing += bool(problems)
                     verdict = "DIFFERENT: " + ", ".join(problems) if problems else "identical"

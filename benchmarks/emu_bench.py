@@ -43,6 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from emu.cluster.launcher import launch  # noqa: E402
+from emu.records.reader import step_records
 from emu.spec import RunSpec, check  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 
@@ -70,29 +71,25 @@ def bench_trace(dp_size: int, steps: int) -> list[TraceRequest]:
     ]
 
 
-def _collective_plan(event_log: pathlib.Path, ctx) -> list:
-    """The recorded collective sequence as ready-to-call closures on preallocated
-    tensors (one buffer set per site)."""
+def _collective_plan(run_dir: pathlib.Path, ctx) -> list:
+    """The recorded collective sequence of this rank as ready-to-call closures on
+    preallocated tensors (one buffer set per site)."""
     buffers: dict[tuple, tuple] = {}
     calls = []
-    with open(event_log) as f:
-        for line in f:
-            record = json.loads(line)
-            if record["kind"] != "step":
-                continue
-            for c in record["collectives"]:
-                key = (c["site"], c["op"], tuple(c["shape"]))
-                if key not in buffers:
-                    tensor = torch.zeros(c["shape"], dtype=getattr(torch, c["dtype"]))
-                    outputs = [torch.zeros_like(tensor) for _ in range(ctx.dp_size)]
-                    group = ctx.device_group if c["site"] == "engine.lockstep" else ctx.dp_group
-                    buffers[key] = (tensor, outputs, group)
-                tensor, outputs, group = buffers[key]
-                if c["op"] == "all_gather":
-                    calls.append((dist.all_gather, (outputs, tensor), {"group": group}))
-                else:
-                    op = dist.ReduceOp.SUM if c["op"] == "all_reduce_sum" else dist.ReduceOp.MAX
-                    calls.append((dist.all_reduce, (tensor,), {"op": op, "group": group}))
+    for record in step_records(run_dir, ctx.rank):
+        for c in record["collectives"]:
+            key = (c["site"], c["op"], tuple(c["shape"]))
+            if key not in buffers:
+                tensor = torch.zeros(c["shape"], dtype=getattr(torch, c["dtype"]))
+                outputs = [torch.zeros_like(tensor) for _ in range(ctx.dp_size)]
+                group = ctx.device_group if c["site"] == "engine.lockstep" else ctx.dp_group
+                buffers[key] = (tensor, outputs, group)
+            tensor, outputs, group = buffers[key]
+            if c["op"] == "all_gather":
+                calls.append((dist.all_gather, (outputs, tensor), {"group": group}))
+            else:
+                op = dist.ReduceOp.SUM if c["op"] == "all_reduce_sum" else dist.ReduceOp.MAX
+                calls.append((dist.all_reduce, (tensor,), {"op": op, "group": group}))
     return calls
 
 
@@ -102,7 +99,7 @@ def _rank_bench(ctx, args) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = dataclasses.replace(ctx, out_dir=out_dir)
     summary = implementation.make_engine(ctx, engine_spec).run()
-    calls = _collective_plan(out_dir / f"rank{ctx.rank}.events.jsonl", ctx)
+    calls = _collective_plan(out_dir, ctx)
     emu_s, bare_s = [], []
     for pair in range(repeats):
         # Alternate which half of the pair runs first, so that a drift in machine

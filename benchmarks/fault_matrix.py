@@ -218,14 +218,14 @@ def _importing_torch(p: psutil.Process) -> bool:
 
 
 def _logs_opened(out: Path, dp: int) -> bool:
-    """Every rank's engine loop has started (it opens its event log first)."""
-    return all((out / f"rank{r}.events.jsonl").exists() for r in range(dp))
+    """Every rank's engine loop has started (it opens its step records first)."""
+    return all((out / f"rank{r}.steps").exists() for r in range(dp))
 
 
 def _logs_written(out: Path, dp: int) -> bool:
-    """Every rank has written event-log records (they are buffered: some steps in)."""
-    return all((out / f"rank{r}.events.jsonl").exists()
-               and (out / f"rank{r}.events.jsonl").stat().st_size > 0 for r in range(dp))
+    """Every rank has finished a request (its progress feed has a line: some steps in)."""
+    return all((out / f"rank{r}.progress.jsonl").exists()
+               and (out / f"rank{r}.progress.jsonl").stat().st_size > 0 for r in range(dp))
 
 
 def command(path: RunPath, case: Case, dp: int, trace: Path, out: Path,

@@ -8,7 +8,7 @@ package fails to import, which is how ``dyntra_lb.planner.front`` falls back to 
 planner on a machine without numba (``IMPLEMENTATION == "python"``; the script prints
 what each side reports). The event logs of both runs of a pair must be byte-identical
 (same plans; the script exits 1 otherwise). Per run: p50 / p99 of ``planner_s`` over
-every planning step of every rank (``rank<r>.wall.jsonl``); the table shows the median
+every planning step of every rank (``rank<r>.wall/``); the table shows the median
 over the pairs and the ratio Python / compiled.
 
     .venv/bin/python benchmarks/planner_engine_bench.py                 # longtail, dp 4, 3 pairs
@@ -24,7 +24,15 @@ import subprocess
 import sys
 import tempfile
 
-from sidebyside import REPO, end_line, machine_line, pairs, planner_times, print_planner_table
+from sidebyside import (
+    REPO,
+    end_line,
+    event_logs,
+    machine_line,
+    pairs,
+    planner_times,
+    print_planner_table,
+)
 
 SIDES = ("python", "compiled")
 _NO_NUMBA = 'raise ImportError("numba hidden by benchmarks/planner_engine_bench.py")\n'
@@ -48,8 +56,7 @@ def one_run(args, env: dict, out: pathlib.Path) -> dict:
     subprocess.run([sys.executable, "-m", "emu", "run", "--workload", args.workload,
                     "--dp", str(args.dp), "--out", str(out), "--quiet"],
                    env=env, check=True, capture_output=True, cwd=REPO)
-    return {"times": planner_times(sorted(out.glob("rank*.wall.jsonl"))),
-            "events": [p.read_bytes() for p in sorted(out.glob("rank*.events.jsonl"))]}
+    return {"times": planner_times(out), "events": event_logs(out)}
 
 
 def main() -> int:

@@ -26,6 +26,7 @@ from sidebyside import (
     STATIC,
     TREE,
     end_line,
+    event_logs,
     machine_line,
     pairs,
     planner_times,
@@ -44,8 +45,8 @@ def one_run(planner: str, trace, dp: int, out: pathlib.Path) -> dict:
                    device="cpu", impl="vllm-ascend", vllm_ascend=TREE, planner=planner)
     start = time.perf_counter()
     result = run_cluster(spec)
-    return {"times": planner_times(result.wall_logs), "wall_s": time.perf_counter() - start,
-            "events": [p.read_bytes() for p in result.event_logs],
+    return {"times": planner_times(result.out_dir), "wall_s": time.perf_counter() - start,
+            "events": event_logs(result.out_dir),
             "steps": result.ranks[0].steps, "plans": result.ranks[0].num_plans}
 
 

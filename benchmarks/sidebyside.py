@@ -9,7 +9,6 @@ repo root on ``sys.path``, so ``emu`` and ``dyntra_lb`` import from this checkou
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import platform
@@ -18,6 +17,8 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
+
+from emu.records.reader import event_lines, record_ranks, wall_records
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -48,10 +49,17 @@ def pairs(sides: Sequence[str], repeats: int, run: Callable[[int, str], dict]
         yield {side: run(pair, side) for side in order}
 
 
-def planner_times(wall_logs: Iterable[pathlib.Path]) -> np.ndarray:
-    """``planner_s`` of every step where the planner ran, over the given wall logs."""
-    return np.array([w["planner_s"] for path in wall_logs
-                     for w in map(json.loads, path.open()) if w.get("planner_s")])
+def planner_times(run_dir: pathlib.Path) -> np.ndarray:
+    """``planner_s`` of every step where the planner ran, over every rank's wall table of
+    the run in ``run_dir``."""
+    return np.array([w["planner_s"] for rank in record_ranks(run_dir)
+                     for w in wall_records(run_dir, rank) if w.get("planner_s")])
+
+
+def event_logs(run_dir: pathlib.Path) -> list[bytes]:
+    """Every rank's event log (``dyntra-emu events --rank r``), byte for byte."""
+    return ["".join(line + "\n" for line in event_lines(run_dir, rank)).encode()
+            for rank in record_ranks(run_dir)]
 
 
 def print_planner_table(times: dict[str, list[np.ndarray]], slow: str, fast: str) -> None:

@@ -44,6 +44,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from emu.records.reader import wall_records  # noqa: E402
 from emu.run import run_cluster  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
@@ -77,14 +78,16 @@ def steady_trace(steps: int, dp_size: int, seed: int = 0) -> list[TraceRequest]:
 
 
 class Sampler(threading.Thread):
-    """Samples every rank process of this launcher (RSS, fds, steps logged) until
-    stopped."""
+    """Samples every rank process of this launcher (RSS, fds, and the steps that finished
+    requests, from the progress feed) until stopped."""
 
     _STEP = b'"kind":"step"'
 
     def __init__(self, out_dir: pathlib.Path, dp_size: int, interval_s: float):
         super().__init__(name="soak-sampler", daemon=True)
-        self.logs = [out_dir / f"rank{r}.events.jsonl" for r in range(dp_size)]
+        # each rank's progress feed (emu/rank/eventlog.py): a step line for every step
+        # that finished requests, written as it happens
+        self.logs = [out_dir / f"rank{r}.progress.jsonl" for r in range(dp_size)]
         self.interval_s = interval_s
         self.procs: dict[int, psutil.Process] = {}
         self.offsets = [0] * dp_size
@@ -137,19 +140,18 @@ class Sampler(threading.Thread):
                                  "rss": rss, "fds": fds})
 
 
-def step_rates(wall_log: pathlib.Path, window: int) -> list[dict]:
-    """Steps per second of each full window of ``window`` iterations (wall log)."""
+def step_rates(run_dir: pathlib.Path, window: int) -> list[dict]:
+    """Steps per second of each full window of ``window`` iterations (rank 0's wall
+    table)."""
     rates, total, count, first = [], 0.0, 0, 0
-    with open(wall_log) as f:
-        for line in f:
-            record = json.loads(line)
-            total += record["step_wall_s"]
-            count += 1
-            if count == window:
-                rates.append({"steps": f"{first}-{first + window - 1}",
-                              "steps_per_s": window / total})
-                first += window
-                total, count = 0.0, 0
+    for record in wall_records(run_dir, 0):
+        total += record["step_wall_s"]
+        count += 1
+        if count == window:
+            rates.append({"steps": f"{first}-{first + window - 1}",
+                          "steps_per_s": window / total})
+            first += window
+            total, count = 0.0, 0
     return rates
 
 
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
 
     ranks = summarize(sampler.samples, DP_SIZE, args.warmup)
-    rates = step_rates(result.wall_logs[0], args.window)
+    rates = step_rates(result.out_dir, args.window)
     report = {
         "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

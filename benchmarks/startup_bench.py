@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from emu.records.reader import event_lines
+
 METHODS = ("spawn", "forkserver")
 BLOCK_SIZE = 16
 
@@ -74,7 +76,7 @@ def sample(method: str, dp: int, out: pathlib.Path) -> dict:
 
 
 def event_logs(out: pathlib.Path, dp: int) -> list[bytes]:
-    return [(out / run / f"rank{r}.events.jsonl").read_bytes()
+    return ["".join(line + "\n" for line in event_lines(out / run, r)).encode()
             for run in ("first", "again") for r in range(dp)]
 
 

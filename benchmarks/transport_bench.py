@@ -23,7 +23,6 @@ run's and no run inherits another's state.
 from __future__ import annotations
 
 import argparse
-import filecmp
 import json
 import os
 import pathlib
@@ -34,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from emu.records.reader import event_lines
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_WORKLOAD = ROOT / "fixtures" / "workloads" / "default.jsonl"
@@ -91,8 +92,7 @@ def run_one(workload: pathlib.Path, dp: int, transport: str, out: pathlib.Path,
 
 
 def same_event_logs(a: pathlib.Path, b: pathlib.Path, dp: int) -> bool:
-    return all(filecmp.cmp(a / f"rank{r}.events.jsonl", b / f"rank{r}.events.jsonl",
-                           shallow=False) for r in range(dp))
+    return all(list(event_lines(a, r)) == list(event_lines(b, r)) for r in range(dp))
 
 
 def scaled_workload(dp: int, tmp: pathlib.Path) -> pathlib.Path:

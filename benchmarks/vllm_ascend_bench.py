@@ -39,6 +39,8 @@ import time
 
 from sidebyside import REPO, STATIC, TREE, end_line, machine_line
 
+from emu.records.reader import event_lines
+
 BLOCK_SIZE = 16
 
 
@@ -106,7 +108,9 @@ def sample(table: str, side: str, dp: int, out: pathlib.Path) -> dict:
 
 
 def event_logs(out: pathlib.Path) -> list[bytes]:
-    return [p.read_bytes() for p in sorted(out.rglob("rank*.events.jsonl"))]
+    return ["".join(line + "\n" for line in event_lines(p.parent, int(
+        p.name[len("rank"):-len(".steps")]))).encode()
+            for p in sorted(out.rglob("rank*.steps"))]
 
 
 def main() -> int:

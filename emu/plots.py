@@ -98,8 +98,7 @@ def plot_load_ab(run_a: Run, run_b: Run, labels, path) -> None:
     and the least loaded rank on one axis."""
     fig = Figure(figsize=(11, 9.5), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
-    top = max((max(rank, default=0) for run in (run_a, run_b)
-               for rank in step_series(run).running_blocks), default=0)
+    top = max(int(step_series(run).running_blocks.max(initial=0)) for run in (run_a, run_b))
     for ax, run, label in zip(axes[:2], (run_a, run_b), labels, strict=True):
         _draw_rank_loads(ax, run)
         ax.set_title(f"{label}: KV blocks of running requests per rank")
@@ -109,7 +108,7 @@ def plot_load_ab(run_a: Run, run_b: Run, labels, path) -> None:
     ax = axes[2]
     for run, label, colour in zip((run_a, run_b), labels, _RUN_COLOURS, strict=True):
         s = step_series(run)
-        if not s.iters:
+        if not len(s.iters):
             continue
         loads = np.asarray(s.running_blocks)
         ax.plot(s.iters, loads.max(axis=0) - loads.min(axis=0), color=colour, lw=0.9,
@@ -199,15 +198,13 @@ def _draw_rank_loads(ax, run: Run) -> None:
 
 def _active_spans(iters, active) -> list[tuple[int, int]]:
     """Runs of consecutive steps with a plan applied, as (first iter, last iter)."""
-    spans: list[tuple[int, int]] = []
-    for it, on in zip(iters, active, strict=True):
-        if not on:
-            continue
-        if spans and spans[-1][1] == it - 1:
-            spans[-1] = (spans[-1][0], it)
-        else:
-            spans.append((it, it))
-    return spans
+    its = np.asarray(iters)[np.asarray(active, dtype=bool)]
+    if not its.size:
+        return []
+    breaks = np.flatnonzero(np.diff(its) != 1)
+    starts = np.concatenate([its[:1], its[breaks + 1]])
+    stops = np.concatenate([its[breaks], its[-1:]])
+    return list(zip(starts.tolist(), stops.tolist(), strict=True))
 
 
 def _rolling_mean(values: np.ndarray, window: int) -> np.ndarray:

@@ -20,8 +20,9 @@ with ``transport="thread"``) runs ``dp_size`` ranks, each handed the run's engin
 whole trace (``emu.impl.Implementation.run_rank``), and the result lists every rank's
 summary and the paths of the files it wrote into ``out_dir``:
 
-- ``rank<r>.events.jsonl``: the deterministic event log (step and request records);
-- ``rank<r>.wall.jsonl``: wall-clock times per step (planner, DyntraLB collectives);
+- ``rank<r>.steps/``, ``rank<r>.requests/``: the deterministic step and
+  request records (docs/records.md; ``dyntra-emu events`` prints them as JSON Lines);
+- ``rank<r>.wall/``: wall-clock times per step (planner, DyntraLB collectives);
 - ``rank<r>.log``: the rank's ``dyntra_lb`` log (diagnostics lines when enabled);
 - ``run.json``: whether the run finished (``emu.run_status``): "running" while it runs,
   then "complete", "failed" or "interrupted";
@@ -43,24 +44,23 @@ from emu.cluster.transport import (
     TorchrunTransport,
     Transport,
 )
-from emu.metrics import Run, compute_metrics, load_run, read_events, write_metrics
+from emu.metrics import Run, compute_metrics, load_run, write_metrics
 from emu.rank import dp_sync
 from emu.rank.context import RankSummary
+from emu.records.reader import event_lines, event_records
 from emu.run_status import write_status
 from emu.spec import CheckedRun, RunSpec, check
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """Summaries (by rank), the files each rank wrote and, from ``run``, the metrics
-    (metrics.json's dictionary) and the run as its event logs read (``loaded``: what
-    the metrics were computed from, for plots and timelines without reading the logs
+    """Summaries (by rank), the logs each rank wrote and, from ``run``, the metrics
+    (metrics.json's dictionary) and the run as its records read (``loaded``: what
+    the metrics were computed from, for plots and timelines without reading the records
     again); both None from ``run_cluster``."""
 
     out_dir: pathlib.Path
     ranks: list[RankSummary]
-    event_logs: list[pathlib.Path]
-    wall_logs: list[pathlib.Path]
     logs: list[pathlib.Path]
     metrics: dict | None = None
     loaded: Run | None = None
@@ -69,9 +69,14 @@ class RunResult:
     def truncated(self) -> bool:
         return any(r.truncated for r in self.ranks)
 
+    def event_log(self, rank: int) -> bytes:
+        """``rank``'s event log as JSON Lines (what ``dyntra-emu events --rank`` prints)."""
+        return "".join(line + "\n" for line in event_lines(self.out_dir, rank)).encode()
+
     def events(self, rank: int) -> list[dict]:
-        """Parsed records of ``rank``'s event log, in file order."""
-        return read_events(self.event_logs[rank])
+        """``rank``'s step and request records, in event-log order
+        (``emu.records.reader.event_records``)."""
+        return list(event_records(self.out_dir, rank))
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -146,8 +151,6 @@ def _run_cluster(checked: CheckedRun) -> RunResult:
     return RunResult(
         out_dir=out_dir,
         ranks=list(summaries),
-        event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
-        wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
         logs=[out_dir / f"rank{r}.log" for r in ranks],
     )
 

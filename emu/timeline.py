@@ -64,10 +64,11 @@ def timeline_events(run: Run) -> list[dict]:
     events = []
     for rank in range(run.dp_size):
         events += _metadata(rank)
-    for rank, steps in enumerate(run.steps):
-        events += _rank_events(rank, steps)
+    for rank in range(run.dp_size):
+        events += _rank_events(rank, run.step_records(rank))
     finished = run.state in (None, "complete")
-    events += _wave_ends(run.steps[0], finished) if run.steps and run.steps[0] else []
+    first = run.step_records(0) if run.dp_size else []
+    events += _wave_ends(first, finished) if first else []
     return events
 
 

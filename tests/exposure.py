@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.held_logs import holds_a_step
+
 LOOPBACK = ("127.0.0.1", "::1")
 _SHARED_ROOTS = ("/dev/shm/", "/tmp/")
 
@@ -106,7 +108,7 @@ def watch_run(argv: list[str], tmp_path: Path, out: Path, env: dict | None = Non
     try:
         while proc.poll() is None:
             assert time.monotonic() < deadline, f"the run did not end within {timeout} s"
-            under_way = any(p.stat().st_size > 0 for p in out.glob("rank*.events.jsonl"))
+            under_way = any(map(holds_a_step, out.glob("rank*.steps")))
             _sample(proc.pid, tmp, tmp_path, observed)
             observed.samples_under_way += under_way and proc.poll() is None
             time.sleep(0.05)

@@ -10,7 +10,9 @@ import sys
 
 from emu.cli import (
     ab,
+    convert,
     diff,
+    events,
     explain,
     fit_cost,
     gate,
@@ -34,7 +36,6 @@ from emu.cli.errors import (
 )
 from emu.cli.flags import Formatter, wrap
 from emu.cli.recipe_hint import apply_recipe_setup, given_dests
-from emu.metrics import frozen_runs
 from emu.recipes import is_recipe
 
 EPILOG = """\
@@ -50,6 +51,7 @@ examples:
   dyntra-emu diff --workload longtail --dp 2     # kit vs vllm-ascend's DyntraLB, step by step
   dyntra-emu gate runs/x --baseline runs/base    # regression gate for nightly jobs and CI
   dyntra-emu timeline runs/x                     # the run's timeline, for Perfetto
+  dyntra-emu events runs/x --rank 0 | jq .       # a run's records as JSON Lines
   dyntra-emu <command> --help                    # options of one command
 
 Bundled workloads: default, uniform, longtail, bimodal (fixtures/workloads/). Trace
@@ -59,7 +61,7 @@ Metrics are documented in docs/metrics.md.
 
 # The subcommands, in the order --help lists them.
 COMMANDS = (run, ab, validate, inspect, fit_cost, replay, explain, sweep, tune, diff, gate,
-            timeline)
+            timeline, events, convert)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,8 +95,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        with frozen_runs():
-            return args.func(args)
+        return args.func(args)
     except UsageError as exc:
         _print_problems(prog, exc.problems)
         return EXIT_USAGE

@@ -8,13 +8,17 @@ through a symbolic link: docs/security.md).
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime
 from pathlib import Path
 
 from emu.cli.errors import UsageError
 
 # Files a run leaves in its directory; --overwrite removes exactly these.
-RUN_FILES = ("run.json", "rank*.events.jsonl", "rank*.wall.jsonl", "rank*.log", "metrics.json",
+# (rank*.events.jsonl and rank*.wall.jsonl: the JSON Lines logs of earlier versions.)
+RUN_FILES = ("run.json", "rank*.steps", "rank*.requests",
+             "rank*.wall", "rank*.progress.jsonl", "rank*.events.jsonl",
+             "rank*.wall.jsonl", "rank*.log", "metrics.json",
               "summary.md", "error.txt", "load.png", "bubble.png", "tpot.png",
               "load_ab.png", "bubble_ab.png", "tpot_ab.png", "load_diff.png", "diff.json",
               "ab.json", "timeline.json")
@@ -71,7 +75,10 @@ def prepare_out_dir(out: Path, overwrite: bool, subdirs: tuple[str, ...] = ()) -
                          "directory or pass --overwrite to replace it")
     _make_dirs(out, dirs)
     for p in stale:
-        p.unlink()
+        if p.is_dir() and not p.is_symlink():  # a record table's parts
+            shutil.rmtree(p)
+        else:
+            p.unlink()
     _make_dirs(out, [out / s for s in links])
     return out
 

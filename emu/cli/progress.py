@@ -48,7 +48,7 @@ class RunLog:
     _STEP = b'"kind":"step"'
 
     def __init__(self, out_dir: Path, dp: int):
-        self.paths = [out_dir / f"rank{r}.events.jsonl" for r in range(dp)]
+        self.paths = [out_dir / f"rank{r}.progress.jsonl" for r in range(dp)]
         self.offsets = [0] * dp
         self.done = 0
         self.clock_s = 0.0

@@ -28,8 +28,10 @@ examples:
       '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "dynamic"}}}'
   dyntra-emu run --no-dyntra-lb                  # plain DP, same as --additional-config '{}'
 
-The output directory gets rank<r>.events.jsonl (event logs), rank<r>.wall.jsonl
-(wall-clock times), rank<r>.log (DyntraLB log), metrics.json (docs/metrics.md),
+The output directory gets the records in Parquet (docs/records.md):
+rank<r>.steps/ and rank<r>.requests/ (`dyntra-emu events` prints them as
+JSON Lines), rank<r>.wall/ (wall-clock times); rank<r>.log (DyntraLB log),
+rank<r>.progress.jsonl (what the progress bar reads), metrics.json (docs/metrics.md),
 summary.md, the plots load.png, bubble.png, tpot.png, and run.json (whether the run
 finished: complete, failed, interrupted; error.txt then holds every rank's report).
 SIGINT (Ctrl-C) and SIGTERM stop every rank and exit 130 and 143.
@@ -67,7 +69,7 @@ def cmd_run(args) -> int:
                      plots=plots)
     print(summary_table(metrics))
     print(f"\nOutputs in {out_dir}/: summary.md, metrics.json, "
-          f"{', '.join(p.name for p in plots)}, rank<r>.events.jsonl"
+          f"{', '.join(p.name for p in plots)}, rank<r>.<table>/"
           + (f"; timeline in {timeline}" if timeline is not None else ""))
     return 0
 

@@ -89,7 +89,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                          "virtual time."),
         formatter_class=Formatter, allow_abbrev=False, epilog=EPILOG)
     parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="a run's output directory (rank<r>.events.jsonl)")
+                        help="a run's output directory (its rank<r>.steps/ records)")
     parser.add_argument("--out", metavar="FILE",
                         help=f"where to write it (default: RUN_DIR/{DEFAULT_NAME})")
     parser.set_defaults(func=cmd_timeline)

@@ -96,16 +96,23 @@ def _may_begin(board, index: int) -> bool:
 def _pack(run_dir: Path) -> dict[str, bytes]:
     if not run_dir.is_dir():
         return {}
-    return {p.name: zlib.compress(p.read_bytes()) for p in sorted(run_dir.iterdir())
-            if p.is_file()}
+    files = sorted(p for p in run_dir.iterdir() if p.is_file())
+    files += sorted(p for d in run_dir.iterdir() if d.is_dir() for p in d.iterdir()
+                    if p.is_file())  # a record table's parts: rank<r>.<table>/part-<n>
+    return {p.relative_to(run_dir).as_posix(): zlib.compress(p.read_bytes()) for p in files}
 
 
 def unpack(files: dict[str, bytes], out_dir: Path) -> None:
     """On the driver: write a task's ``files`` into the run's ``out_dir``. A name is a
-    plain file name; anything else is refused."""
+    plain file name or one in a directory of the run (``rank<r>.<table>/part-<n>``);
+    anything else is refused."""
     for name, data in files.items():
-        if name in ("", ".", "..") or os.sep in name or (os.altsep and os.altsep in name):
+        parts = name.split("/")
+        if len(parts) > 2 or any(part in ("", ".", "..") or os.sep in part
+                                 or (os.altsep and os.altsep in part) for part in parts):
             raise ValueError(f"a Ray task sent back a file named {name!r}")
+        if len(parts) == 2:
+            (out_dir / parts[0]).mkdir(exist_ok=True)
         (out_dir / name).write_bytes(zlib.decompress(data))
 
 

@@ -92,7 +92,7 @@ class RunLogs:
 
 
 def read_run(directory, label: str) -> RunLogs:
-    """The run in ``directory`` (``rank<r>.events.jsonl``, optional ``rank<r>.log``), a
+    """The run in ``directory`` (its records, optional ``rank<r>.log``), a
     failed one as far as every rank logged. Raises DiffInputError naming the directory."""
     directory = Path(directory)
     status = read_status(directory) if directory.is_dir() else None
@@ -104,9 +104,9 @@ def read_run(directory, label: str) -> RunLogs:
     except RunError as exc:
         raise DiffInputError(str(exc)) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DiffInputError(f"{directory}: cannot read the event logs: {exc}") from None
+        raise DiffInputError(f"{directory}: cannot read the records: {exc}") from None
     requests: list[dict[str, dict]] = [{} for _ in range(run.dp_size)]
-    for record in run.requests:
+    for record in run.request_records():
         requests[record["rank"]][record["request_id"]] = record
     logs = []
     for rank in range(run.dp_size):
@@ -119,7 +119,8 @@ def read_run(directory, label: str) -> RunLogs:
         if failure is not None:
             messages = _first_iterations(messages, len(run.steps[rank]))
         logs.append(messages)
-    return RunLogs(label, directory, run.steps, requests, logs, failure)
+    steps = [run.step_records(rank) for rank in range(run.dp_size)]
+    return RunLogs(label, directory, steps, requests, logs, failure)
 
 
 def _first_iterations(messages: list[tuple[int, str]], count: int) -> list[tuple[int, str]]:

@@ -89,9 +89,8 @@ class RankHarness(ABC):
         """Run the engine's loop until the trace is exhausted and the last wave has
         ended (or ``max_steps``); returns this rank's summary."""
         out = self.ctx.out_dir
-        self.events = EventLog(out / f"rank{self.dp_rank}.events.jsonl" if out else None,
-                               self.dp_rank)
-        self.wall = WallLog(out / f"rank{self.dp_rank}.wall.jsonl" if out else None)
+        self.events = EventLog(out, self.dp_rank)
+        self.wall = WallLog(out, self.dp_rank)
         start = time.perf_counter()
         try:
             self._run_loop()

@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from tests.records import events
+
 pytestmark = pytest.mark.integration
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -64,7 +66,7 @@ def test_ab_off_against_default_config(cli, tiny_trace, tmp_path, clikit):
     assert metrics_a["config"]["additional_config"] == off
     assert metrics_b["config"]["additional_config"] == clikit.STATIC
     for run in ("a", "b"):
-        assert (out / run / "rank1.events.jsonl").exists()
+        assert (out / run / "rank1.steps").exists()
     for png in ("load_ab.png", "bubble_ab.png", "tpot_ab.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
     summary = (out / "summary.md").read_text()
@@ -156,7 +158,7 @@ def test_planner_b_compares_two_planners_on_the_same_config(cli, tiny_trace, tmp
     assert a["additional_config"]["scheduler_config"]["dyntra_lb_config"]["enabled"] is True
     # both runs balanced: plans were made on each side
     for side in ("a", "b"):
-        steps = [json.loads(line) for line in (out / side / "rank0.events.jsonl").open()]
+        steps = events(out / side, 0)
         assert any(s.get("plan_generated") for s in steps if s["kind"] == "step"), side
     assert "planner reference -> planner fill-protect" in proc.stdout
 

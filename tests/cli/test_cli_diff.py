@@ -9,6 +9,9 @@ import shutil
 
 import pytest
 
+from emu.records.convert import convert_run
+from tests.records import events
+
 
 @pytest.fixture(scope="module")
 def kit_run(tmp_path_factory):
@@ -27,14 +30,21 @@ def kit_run(tmp_path_factory):
 
 
 def _changed_copy(run, tmp_path, rank: int, iteration: int):
-    """A copy of ``run`` whose rank ``rank`` generated another plan at ``iteration``."""
+    """A copy of ``run`` whose rank ``rank`` generated another plan at ``iteration``: its
+    event logs as JSON Lines, the one changed, converted to records."""
     copy = tmp_path / "changed"
     shutil.copytree(run, copy)
-    path = copy / f"rank{rank}.events.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    step = next(r for r in records if r["kind"] == "step" and r["iter"] == iteration)
-    step["plan_generated"] = {"out_blk": [99], "in_blk": [], "freeze": True}
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    for table in ("steps", "requests", "wall"):
+        for directory in copy.glob(f"rank*.{table}"):
+            shutil.rmtree(directory)
+    for r in range(2):
+        records = events(run, r)
+        if r == rank:
+            step = next(s for s in records if s["kind"] == "step" and s["iter"] == iteration)
+            step["plan_generated"] = {"out_blk": [99], "in_blk": [], "freeze": True}
+        (copy / f"rank{r}.events.jsonl").write_text(
+            "".join(json.dumps(s, sort_keys=True) + "\n" for s in records))
+    convert_run(copy)
     return copy
 
 
@@ -73,7 +83,7 @@ def test_json_report_on_stdout(cli, kit_run, tmp_path):
 
 @pytest.mark.parametrize("args,fragment", [
     (["only-one"], "DIR_A DIR_B: expected two run directories, got 1"),
-    (["missing-a", "missing-b"], "missing-a: not a directory with a run's event logs"),
+    (["missing-a", "missing-b"], "missing-a: not a directory with a run's records"),
 ])
 def test_bad_directories(cli, clikit, args, fragment):
     clikit.assert_user_error(cli("diff", *args), fragment)

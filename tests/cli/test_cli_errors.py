@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.held_logs import holds_a_step
 
 STATIC = '{"scheduler_config": {"dyntra_lb_config": {"enabled": true, "mode": "static"}}}'
 
@@ -124,11 +127,11 @@ def test_request_larger_than_the_kv_pool(cli, tmp_path, clikit):
 def test_out_dir_with_a_previous_run_is_kept(cli, tmp_path, tiny_trace, clikit):
     out = tmp_path / "old"
     out.mkdir()
-    (out / "rank0.events.jsonl").write_text("{}\n")
+    (out / "rank0.steps").write_text("{}\n")
     (out / "metrics.json").write_text("{}\n")
     proc = cli("run", "--workload", tiny_trace, "--dp", "2", "--out", out)
     clikit.assert_user_error(proc, f"--out {out}: already holds a run (metrics.json, "
-                                   "rank0.events.jsonl); choose a new directory or pass "
+                                   "rank0.steps); choose a new directory or pass "
                                    "--overwrite")
     assert (out / "metrics.json").read_text() == "{}\n"
 
@@ -202,14 +205,14 @@ def test_a_killed_rank_is_named(tmp_path, clikit):
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        log = out / "rank1.events.jsonl"
-        while not (log.exists() and log.stat().st_size > 0):
+        log = out / "rank1.steps"
+        while not holds_a_step(log):
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "rank 1 never wrote its event log"
+            assert time.monotonic() < deadline, "rank 1 never opened its step records"
             time.sleep(0.1)
         rank1 = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if any(f.path == str(log) for f in p.open_files())]
-        assert rank1, "no process has rank1.events.jsonl open"
+                 if any(Path(f.path).parent == log for f in p.open_files())]
+        assert rank1, "no process has rank1.steps open"
         rank1[0].send_signal(signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)
     finally:

@@ -10,6 +10,7 @@ import pytest
 
 from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
+from tests.records import events
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "1.5", "two", ""])
@@ -37,8 +38,7 @@ def test_the_limit_is_recorded_and_holds(cli, tiny_trace, clikit, tmp_path):
     assert metrics["requests_finished"] == 10
     held = {}
     for rank in range(2):
-        for line in (out / f"rank{rank}.events.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for record in events(out, rank):
             if record["kind"] == "step":
                 held[record["iter"]] = (held.get(record["iter"], 0) + record["num_running"]
                                         + record["num_waiting"])

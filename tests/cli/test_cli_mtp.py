@@ -11,6 +11,8 @@ from itertools import pairwise
 
 import pytest
 
+from tests.records import event_log, events
+
 pytestmark = pytest.mark.integration
 
 STATIC = json.dumps({"scheduler_config": {"dyntra_lb_config": {
@@ -18,7 +20,7 @@ STATIC = json.dumps({"scheduler_config": {"dyntra_lb_config": {
 
 
 def _events(out, rank):
-    return [json.loads(line) for line in (out / f"rank{rank}.events.jsonl").open()]
+    return events(out, rank)
 
 
 def test_mtp_run_emits_several_tokens_per_step_on_both_transports(cli, clikit, tmp_path,
@@ -34,8 +36,7 @@ def test_mtp_run_emits_several_tokens_per_step_on_both_transports(cli, clikit, t
         runs[profile, transport] = out
     mtp, plain = runs["kv-token-mtp3", "process"], runs["kv-token", "thread"]
     for rank in range(2):
-        logs = [(runs["kv-token-mtp3", t] / f"rank{rank}.events.jsonl").read_bytes()
-                for t in ("process", "thread")]
+        logs = [event_log(runs["kv-token-mtp3", t], rank) for t in ("process", "thread")]
         assert logs[0] and logs[0] == logs[1]
 
     m_mtp, m_plain = (json.loads((out / "metrics.json").read_text()) for out in (mtp, plain))

@@ -30,6 +30,7 @@ import pytest
 
 from tests.held_logs import event_logs_held, holds_a_step
 from tests.ray_tmpdir import pymp_left
+from tests.records import event_log
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +45,10 @@ def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
         a, b = local / name, ray / name
         assert (_without_wall(json.loads((a / "metrics.json").read_text()))
                 == _without_wall(json.loads((b / "metrics.json").read_text()))), name
-        logs = sorted(p.name for p in a.glob("rank*.events.jsonl"))
-        assert logs and logs == sorted(p.name for p in b.glob("rank*.events.jsonl")), name
-        for log in logs:
-            assert (a / log).read_bytes() == (b / log).read_bytes(), (name, log)
+        logs = sorted(p.name for p in a.glob("rank*.steps"))
+        assert logs and logs == sorted(p.name for p in b.glob("rank*.steps")), name
+        for rank in range(len(logs)):
+            assert event_log(a, rank) == event_log(b, rank), (name, rank)
 
 
 @pytest.mark.timeout(900)  # the reference may be running on the other worker first
@@ -78,7 +79,7 @@ def test_sweep_on_ray_equals_local(sweep_2x2, cli, clikit, tmp_path, ray_install
 def _open_events_log(processes) -> Path | None:
     """A rank event log a Ray task is writing, once it holds a step."""
     return next((path for paths in event_logs_held(processes).values() for path in paths
-                 if path.name == "rank1.events.jsonl" and holds_a_step(path)), None)
+                 if path.name == "rank1.steps" and holds_a_step(path)), None)
 
 
 def _ignore_sigint() -> None:

@@ -104,7 +104,7 @@ class Placements(threading.Thread):
                 node = self.nodes.node_of(process)
                 if node is not None:
                     for log in logs:
-                        # a Ray task's run directory: <scratch>/run/rank<r>.events.jsonl
+                        # a Ray task's run directory: <scratch>/run/rank<r>.steps/
                         self.runs.setdefault(str(log.parent.parent), set()).add(node)
 
     def __enter__(self) -> Placements:

@@ -24,7 +24,7 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
     out.mkdir()
     # A stale rank log of an earlier dp=3 run: --overwrite must remove it, or the
     # metrics would mix a third rank into this dp=2 run.
-    (out / "rank2.events.jsonl").write_text("stale\n")
+    (out / "rank2.steps").write_text("stale\n")
 
     # The console script in its own process: the one end-to-end run of `run` as typed.
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--seed", "7", "--out", out,
@@ -47,9 +47,9 @@ def test_run_writes_every_output(cli, tiny_trace, tmp_path, clikit):
 
     names = {p.name for p in out.iterdir()}
     for rank in (0, 1):
-        assert {f"rank{rank}.events.jsonl", f"rank{rank}.wall.jsonl",
-                f"rank{rank}.log"} <= names
-    assert "rank2.events.jsonl" not in names
+        assert {f"rank{rank}.steps", f"rank{rank}.requests",
+                f"rank{rank}.wall", f"rank{rank}.log"} <= names
+    assert "rank2.steps" not in names
     for png in ("load.png", "bubble.png", "tpot.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
 
@@ -135,44 +135,27 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit, monkeyp
         dict.fromkeys(RESOLVED_ONCE, 1), calls
 
 
-def test_run_reads_each_event_log_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):
-    """The metrics and the plots come from one reading of the logs: the run as read
-    for the metrics (``RunResult.loaded``) is the one the plots draw. The records are
-    out of the garbage collector's sight while the metrics are computed (frozen), and
-    back in it when the command ends."""
-    import builtins
-    import gc
-    import io
+def test_run_reads_each_record_table_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):
+    """The metrics and the plots come from one reading of the records: the run as read
+    for the metrics (``RunResult.loaded``) is the one the plots draw."""
+    import emu.metrics
 
-    import emu.run
-
-    frozen_while_measuring = []
-    compute = emu.run.compute_metrics
-
-    def watched_compute(*args, **kwargs):
-        frozen_while_measuring.append(gc.get_freeze_count())
-        return compute(*args, **kwargs)
-
-    monkeypatch.setattr(emu.run, "compute_metrics", watched_compute)
     reads: list[str] = []
-    real_open = io.open
+    read_table = emu.metrics.read_table
 
-    def counting_open(file, mode="r", *args, **kwargs):
-        if str(file).endswith(".events.jsonl") and not set(mode) & set("wax+"):
-            reads.append(Path(file).name)
-        return real_open(file, mode, *args, **kwargs)
+    def counting_read(run_dir, rank, table, *args, **kwargs):
+        reads.append(f"rank{rank}.{table}")
+        return read_table(run_dir, rank, table, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", counting_open)
-    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(emu.metrics, "read_table", counting_read)
     out = tmp_path / "out"
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--transport", "thread",
                "--out", out)
 
     assert proc.returncode == 0, proc.stderr
     assert (out / "load.png").exists() and (out / "metrics.json").exists()
-    assert sorted(reads) == ["rank0.events.jsonl", "rank1.events.jsonl"]
-    assert len(frozen_while_measuring) == 1 and frozen_while_measuring[0] > 0
-    assert gc.get_freeze_count() == 0
+    assert sorted(reads) == [f"rank{r}.{t}" for r in (0, 1)
+                             for t in ("requests", "steps", "wall")]
 
 
 @pytest.mark.parametrize("command", [None, "run", "ab", "validate"])

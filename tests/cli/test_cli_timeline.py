@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.records import events as records
+
 pytestmark = pytest.mark.integration
 
 # Chrome DevTools' trace engine (npm @paulirish/trace_engine), the parser behind its
@@ -162,8 +164,7 @@ def read_as_viewer(document) -> dict:
 
 
 def _steps(run_dir, rank) -> list[dict]:
-    lines = (run_dir / f"rank{rank}.events.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "step"]
+    return [r for r in records(run_dir, rank) if r["kind"] == "step"]
 
 
 def _us(seconds: float) -> int:

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.records import events
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 THREADS = ["--transport", "thread", "--quiet"]
 
 
 def request_records(out: Path) -> list[dict]:
-    return [record for rank in (0, 1)
-            for line in (out / f"rank{rank}.events.jsonl").read_text().splitlines()
-            if (record := json.loads(line))["kind"] == "request"]
+    return [record for rank in (0, 1) for record in events(out, rank)
+            if record["kind"] == "request"]
 
 
 @pytest.mark.parametrize("sample,ids", [

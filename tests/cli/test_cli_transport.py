@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.records import event_log
+
 pytestmark = pytest.mark.integration
 
 
@@ -22,9 +24,11 @@ def test_run_with_threads_matches_processes(cli, clikit, tmp_path, tiny_trace):
                    config, "--transport", transport, "--quiet", "--out", transport)
         assert proc.returncode == 0, proc.stderr
     for rank in range(2):
-        for name in (f"rank{rank}.events.jsonl", f"rank{rank}.log"):
-            a = (tmp_path / "process" / name).read_bytes()
-            assert a and a == (tmp_path / "thread" / name).read_bytes(), name
+        a, b = event_log(tmp_path / "process", rank), event_log(tmp_path / "thread", rank)
+        assert a and a == b, f"rank {rank}'s records"
+        name = f"rank{rank}.log"
+        a = (tmp_path / "process" / name).read_bytes()
+        assert a and a == (tmp_path / "thread" / name).read_bytes(), name
     metrics = [json.loads((tmp_path / t / "metrics.json").read_text())
                for t in ("process", "thread")]
     assert metrics[0].pop("wall") != metrics[1].pop("wall")  # measured, so never equal

@@ -117,14 +117,14 @@ def _outside(tmp_path: Path) -> Path:
     """Files outside the output directory that a symbolic link inside it points to."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    for name in ("metrics.json", "rank0.events.jsonl", "rank0.log", "keep.txt"):
+    for name in ("metrics.json", "rank0.steps", "rank0.log", "keep.txt"):
         (outside / name).write_text(f"not the kit's: {name}\n")
     return outside
 
 
 def _untouched(outside: Path) -> None:
     assert sorted(p.name for p in outside.iterdir()) == [
-        "keep.txt", "metrics.json", "rank0.events.jsonl", "rank0.log"]
+        "keep.txt", "metrics.json", "rank0.log", "rank0.steps"]
     for p in outside.iterdir():
         assert p.read_text() == f"not the kit's: {p.name}\n"
 
@@ -137,7 +137,7 @@ def test_overwrite_removes_links_named_like_run_files_not_their_targets(cli, tmp
     outside = _outside(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("metrics.json", "rank0.log", "rank0.events.jsonl"):
+    for name in ("metrics.json", "rank0.log", "rank0.steps"):
         (out / name).symlink_to(outside / name)
     (out / "rank1.log").symlink_to(outside / "new.log")  # dangling: would create it
     refused = cli("run", "--workload", tiny_trace, *clikit.SMALL, *THREAD, "--out", out)
@@ -145,8 +145,9 @@ def test_overwrite_removes_links_named_like_run_files_not_their_targets(cli, tmp
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, *THREAD, "--out", out, "--overwrite")
     assert proc.returncode == 0, proc.stderr
     _untouched(outside)
-    for name in ("metrics.json", "rank0.log", "rank0.events.jsonl", "rank1.log"):
+    for name in ("metrics.json", "rank0.log", "rank1.log"):
         assert not (out / name).is_symlink() and (out / name).is_file(), name
+    assert not (out / "rank0.steps").is_symlink() and (out / "rank0.steps").is_dir()
     assert json.loads((out / "metrics.json").read_text())["requests_finished"] == 10
 
 

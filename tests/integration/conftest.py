@@ -130,8 +130,6 @@ def shared_runs(tmp_path_factory, subdir: str, make_spec):
             summaries = [RankSummary(**s) for s in json.loads(done.read_text())]
             ranks = range(dp_size)
             return RunResult(out_dir=out_dir, ranks=summaries,
-                             event_logs=[out_dir / f"rank{r}.events.jsonl" for r in ranks],
-                             wall_logs=[out_dir / f"rank{r}.wall.jsonl" for r in ranks],
                              logs=[out_dir / f"rank{r}.log" for r in ranks])
 
     return get

@@ -222,8 +222,8 @@ def test_correct_placement_survives_1000_wave_boundaries(tmp_path, no_leftover_p
     assert [r.waves for r in gloo.ranks] == [GLOO_WAVES] * 2
     assert len(_idle_waves(gloo, rank=1)) > GLOO_WAVES // 5
     for rank in (0, 1):
-        lines = gloo.event_logs[rank].read_bytes().splitlines(keepends=True)
-        assert lines == result.event_logs[rank].read_bytes().splitlines(
+        lines = gloo.event_log(rank).splitlines(keepends=True)
+        assert lines == result.event_log(rank).splitlines(
             keepends=True)[:len(lines)], rank
 
 

@@ -5,8 +5,6 @@ runs, and on no other step."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from emu.rank.dp_sync import syncs
@@ -27,8 +25,8 @@ def _steps(tmp_path, interval: int | None) -> list[list[dict]]:
     run = run_cluster(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path / str(interval),
                               block_size=16, device="cpu", transport="thread",
                               dp_sync_interval=interval, additional_config={}))
-    return [[r for line in path.read_text().splitlines()
-             if (r := json.loads(line))["kind"] == "step"] for path in run.event_logs]
+    return [[r for r in run.events(rank) if r["kind"] == "step"]
+            for rank in range(len(run.ranks))]
 
 
 @pytest.mark.parametrize("interval", [None, 4])

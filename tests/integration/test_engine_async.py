@@ -9,7 +9,6 @@ the kit against it step by step)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -17,6 +16,7 @@ from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
+from tests.records import events
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +26,11 @@ MTP = dataclasses.replace(PROFILES["kv-token-mtp3"], control_plane=None)
 
 
 def _steps(out_dir) -> list[dict]:
-    return [r for line in (out_dir / "rank0.events.jsonl").open()
-            if (r := json.loads(line))["kind"] == "step"]
+    return [r for r in events(out_dir, 0) if r["kind"] == "step"]
 
 
 def _request(out_dir) -> dict:
-    return next(r for line in (out_dir / "rank0.events.jsonl").open()
-                if (r := json.loads(line))["kind"] == "request")
+    return next(r for r in events(out_dir, 0) if r["kind"] == "request")
 
 
 def test_async_runs_the_synchronous_steps_one_step_later(tmp_path):

@@ -13,7 +13,6 @@ in flight is (the last test, with a control plane slower than the steps)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -25,6 +24,7 @@ from emu.run import run_cluster
 from emu.sites import ALLGATHER_SITE, FLAG_SITE, PLANNER_COST_SITE
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
+from tests.records import event_log, events
 
 pytestmark = pytest.mark.integration
 
@@ -55,8 +55,7 @@ def _spec(out_dir, profile, config=DYNAMIC, **kw) -> RunSpec:
 
 
 def _steps(out_dir, rank: int) -> list[dict]:
-    with open(out_dir / f"rank{rank}.events.jsonl") as f:
-        return [r for r in map(json.loads, f) if r["kind"] == "step"]
+    return [r for r in events(out_dir, rank) if r["kind"] == "step"]
 
 
 def _by_hand_us(step: dict) -> int:
@@ -136,8 +135,7 @@ def test_with_the_control_plane_off_no_step_record_carries_it(runs):
 def test_rank_processes_charge_as_rank_threads(runs, tmp_path):
     run_cluster(dataclasses.replace(_spec(tmp_path, PROFILE), transport="process"))
     for rank in range(DP):
-        name = f"rank{rank}.events.jsonl"
-        assert (tmp_path / name).read_bytes() == (runs["on"] / name).read_bytes()
+        assert event_log(tmp_path, rank) == event_log(runs["on"], rank)
 
 
 def test_measured_planner_cost_is_the_slowest_ranks_wall_time(tmp_path):

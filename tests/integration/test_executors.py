@@ -118,7 +118,7 @@ class RankKiller(threading.Thread):
             time.sleep(0.1)
             logs = event_logs_held(psutil.Process().children(recursive=True))
             ranks = [process for process, paths in logs.items()
-                     if [path.name for path in paths] == ["rank0.events.jsonl"]]
+                     if [path.name for path in paths] == ["rank0.steps"]]
             held = [path for paths in logs.values() for path in paths]
             self.most_runs = max(self.most_runs, len({path.parent for path in held}))
             if len(ranks) == 1 and len(held) >= 3 and all(map(holds_a_step, held)):
@@ -172,7 +172,7 @@ def test_a_killed_rank_stops_the_batch_and_every_run(executor, tmp_path, request
     assert "rank 0 failed: killed by signal SIGKILL" in (killed / "error.txt").read_text()
     assert json.loads((killed / "run.json").read_text())["state"] == "failed"
     assert json.loads((endless / "run.json").read_text())["state"] == "interrupted"
-    assert (endless / "rank1.events.jsonl").stat().st_size > 0
+    assert holds_a_step(endless / "rank1.steps")
     assert killer.most_runs == 2, f"{killer.most_runs} runs under way at once"
     assert list(queued.iterdir()) == []  # the third run never began
     started = {p for p in descendants.seen - before if not _helper_of_this_process(p)}

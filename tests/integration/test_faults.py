@@ -7,7 +7,6 @@ DyntraLB static mode with bubble_threshold 1.0, so plans are made and applied)."
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from emu.faults import FaultPlan
 from emu.run import RunResult, run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest, wave_boundary_trace, wave_ends
+from tests.records import events
 
 pytestmark = pytest.mark.integration
 
@@ -223,8 +223,7 @@ def test_never_completing_load_ends_in_a_named_failure(dyntra_cluster, tmp_path,
     assert "stopped after 5 s of virtual time" in err.message
     # Rank 1 closed its log on the way out: everything else it held had finished, and
     # the stuck request kept the wave alive with dummy steps until the timeout.
-    log = tmp_path / "dyntra-cluster-1" / "rank1.events.jsonl"
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = events(tmp_path / "dyntra-cluster-1", 1)
     rank1 = [r for r in records if r["kind"] == "step"]
     last = rank1[-1]
     assert last["clock_s"] + last["step_time_s"] >= 5.0
@@ -261,7 +260,7 @@ def test_delay_below_the_timeout_changes_nothing_in_the_event_logs(tmp_path, bas
         "delay:rank=1,site=dyntra_lb.allgather,step=40,seconds=1.5",
         "delay:rank=0,site=engine.dp_sync,step=10,seconds=0.5"]))
     for rank in range(2):
-        assert delayed.event_logs[rank].read_bytes() == baseline.event_logs[rank].read_bytes()
+        assert delayed.event_log(rank) == baseline.event_log(rank)
 
 
 def test_delay_beyond_the_timeout_fails_named(tmp_path, no_leftover_processes):

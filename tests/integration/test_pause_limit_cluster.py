@@ -6,7 +6,6 @@ policy forgets to resume a request at its limit is caught by strict mode, named.
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -16,6 +15,7 @@ from emu.cluster.supervision import ClusterError
 from emu.run import run
 from emu.spec import check
 from tests.integration.test_strict_promises import BROKEN_RANK, promise_spec
+from tests.records import events
 
 pytestmark = pytest.mark.integration
 
@@ -27,8 +27,7 @@ def _paused_ms(out_dir) -> tuple[dict[str, float], float]:
     longest step (ms) of any rank, from consecutive step records."""
     paused, longest_step = {}, 0.0
     for rank in (0, 1):
-        with open(out_dir / f"rank{rank}.events.jsonl") as f:
-            records = [json.loads(line) for line in f]
+        records = events(out_dir, rank)
         for r in records:
             if r["kind"] == "request":
                 paused[r["request_id"]] = sum(  # a pause open at the finish ends there

@@ -46,7 +46,7 @@ def test_fixture_runs_a_cluster(dyntra_cluster):
     assert any(s["plan_applied"] is not None for s in run.steps(0))
     assert {r["request_id"] for r in run.requests(0)} == {f"big-{i}" for i in range(4)}
     assert len(run.requests()) == 8
-    assert run.out_dir.is_dir() and (run.out_dir / "rank1.events.jsonl").exists()
+    assert run.out_dir.is_dir() and (run.out_dir / "rank1.steps").exists()
 
 
 def test_default_dp_and_trace_requests(dyntra_cluster):

@@ -30,7 +30,7 @@ def test_a_run_apart_is_the_same_run(tmp_path, no_leftover_processes):
     apart = run_apart(check(dataclasses.replace(spec("static", 2, tmp_path / "apart"),
                                                 transport="thread")))
     for rank in range(2):
-        assert apart.event_logs[rank].read_bytes() == here.event_logs[rank].read_bytes()
+        assert apart.event_log(rank) == here.event_log(rank)
     written = json.loads((tmp_path / "apart" / "metrics.json").read_text())
     assert written == apart.metrics
     assert {k: v for k, v in apart.metrics.items() if k != "wall"} == \
@@ -86,8 +86,8 @@ def test_sigterm_stops_the_run_apart_its_ranks_and_its_process(tmp_path):
     try:
         deadline = time.monotonic() + 180
         # Wait until both ranks run (the run's process and its rank processes exist).
-        while not (out / "rank1.events.jsonl").exists() or not (
-                out / "rank0.events.jsonl").exists():
+        while not (out / "rank1.steps").exists() or not (
+                out / "rank0.steps").exists():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.2)

@@ -6,7 +6,6 @@ test_strict_promises.py."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -18,6 +17,7 @@ from emu.offline.logscan import read_log
 from emu.run import run_cluster
 from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
+from tests.records import events
 
 pytestmark = pytest.mark.integration
 
@@ -124,8 +124,7 @@ def test_leaked_kv_blocks_are_named(tmp_path):
     err = _run_sabotaged(_spec(_small_trace(), tmp_path), 1, "leak", "victim")
     # named at the very step victim finished (its step record is the last one written;
     # the failed rank's request records follow it)
-    with open(tmp_path / "rank1.events.jsonl") as f:
-        records = [json.loads(line) for line in f]
+    records = events(tmp_path, 1)
     last = [r for r in records if r["kind"] == "step"][-1]
     assert last["finished"] == ["victim"]
     assert re.fullmatch(

@@ -8,7 +8,6 @@ Real rank processes and gloo groups, dp 2, the workload of ``promise_trace``."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -19,6 +18,7 @@ from emu.run import run_cluster
 from emu.spec import RunSpec, check
 from emu.workload import TraceRequest
 from tests.integration.conftest import static_trace
+from tests.records import events
 
 pytestmark = pytest.mark.integration
 
@@ -203,8 +203,7 @@ def test_a_broken_promise_is_named_with_its_rank_iteration_and_request(tmp_path,
     match = re.fullmatch(head + BROKEN[kind], err.message)
     assert match, err.message
     # named where it happened: that iteration is the broken rank's last step record
-    with open(tmp_path / f"rank{BROKEN_RANK}.events.jsonl") as f:
-        steps = [r for r in map(json.loads, f) if r["kind"] == "step"]
+    steps = [r for r in events(tmp_path, BROKEN_RANK) if r["kind"] == "step"]
     assert steps[-1]["iter"] == int(match.group(1))
     assert "emu/impl/kit/invariants.py" in err.details[BROKEN_RANK]
 

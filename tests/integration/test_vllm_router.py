@@ -5,8 +5,6 @@ lockstep collective carries what the balancer reads."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from emu.run import run_cluster
@@ -26,8 +24,7 @@ def ranks_and_shapes(tmp_path, router: str) -> tuple[dict, set]:
     run = run_cluster(RunSpec(trace=TRACE, dp_size=2, out_dir=tmp_path / router,
                               router=router, block_size=16, device="cpu",
                               transport="thread", **servers))
-    records = [json.loads(line) for path in run.event_logs
-               for line in path.read_text().splitlines()]
+    records = [r for rank in range(len(run.ranks)) for r in run.events(rank)]
     ranks = {r["request_id"]: r["rank"] for r in records if r["kind"] == "request"}
     shapes = {tuple(c["shape"]) for r in records if r["kind"] == "step"
               for c in r["collectives"] if c["site"] == LOCKSTEP_SITE}
@@ -55,8 +52,7 @@ def test_finished_requests_leave_the_balancers_count(tmp_path):
     run = run_cluster(RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, router="vllm",
                               block_size=16, device="cpu", transport="thread",
                               api_server_count=1))
-    records = [json.loads(line) for path in run.event_logs
-               for line in path.read_text().splitlines()]
+    records = [r for rank in range(len(run.ranks)) for r in run.events(rank)]
     request = {r["request_id"]: r for r in records if r["kind"] == "request"}
     assert max(request[f"p{i}"]["finish_s"] for i in range(3)) < 0.4
     assert request["q0"]["finish_s"] > 0.6  # rank 1 still busy when u0 arrives
@@ -81,8 +77,7 @@ def test_each_api_server_counts_only_its_own_requests_in_flight(tmp_path):
              TraceRequest("u0", 0.0, 16, 4)]
     run = run_cluster(RunSpec(trace=trace, dp_size=2, out_dir=tmp_path, router="vllm",
                               block_size=16, device="cpu", transport="thread", seed=seed))
-    records = [json.loads(line) for path in run.event_logs
-               for line in path.read_text().splitlines()]
+    records = [r for rank in range(len(run.ranks)) for r in run.events(rank)]
     ranks = {r["request_id"]: r["rank"] for r in records if r["kind"] == "request"}
     assert ranks["u0"] == 0  # one shared count (4 in flight on rank 0) would say rank 1
     # the lockstep carries each rank's finishes per server: (w, r, f0, f1, kv) per rank

@@ -171,7 +171,7 @@ def _run(charges):
     for i, charge in enumerate(charges):
         steps.append(_step(clock, 0.02, charge, active=i > 0))
         clock += 0.02 + (charge.charged_us / 1e6 if charge is not None else 0)
-    return Run(dp_size=1, steps=[steps], requests=[])
+    return Run.from_records(dp_size=1, steps=[steps], requests=[])
 
 
 def test_metrics_sum_the_charges():

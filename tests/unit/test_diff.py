@@ -10,6 +10,7 @@ import json
 import pytest
 
 from emu.offline.diff import DiffInputError, compare, format_report, plot_load, read_run
+from emu.records.convert import convert_run
 from emu.run_status import write_status
 
 
@@ -52,6 +53,7 @@ def write_run(directory, steps, requests=None, logs=None):
         (directory / f"rank{rank}.events.jsonl").write_text("\n".join(lines) + "\n")
         if logs is not None:
             (directory / f"rank{rank}.log").write_text(logs[rank])
+    convert_run(directory)
     return directory
 
 
@@ -159,10 +161,18 @@ def test_different_dp_sizes_are_bad_input(tmp_path):
         compare(a, b)
 
 
-def test_a_directory_without_event_logs_is_bad_input(tmp_path):
+def test_a_directory_without_records_is_bad_input(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DiffInputError, match="no rank<r>.events.jsonl"):
+    with pytest.raises(DiffInputError, match=r"no records \(rank<r>\.steps/\)"):
         read_run(tmp_path / "empty", "A")
+
+
+def test_a_directory_of_json_lines_logs_names_the_command_that_converts_it(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "rank0.events.jsonl").write_text("{}\n")
+    with pytest.raises(DiffInputError, match=f"convert them with: dyntra-emu convert {old}$"):
+        read_run(old, "A")
 
 
 _RULE = "=" * 85

@@ -19,12 +19,15 @@ from emu.executors.ray_task import unpack
 
 
 def test_a_tasks_files_land_in_the_run_directory(tmp_path):
-    files = {"run.json": b'{"state": "complete"}\n', "rank0.events.jsonl": b"x" * 5000}
+    files = {"run.json": b'{"state": "complete"}\n',
+             "rank0.steps/part-00000.parquet": b"x" * 5000, "rank0.steps/_complete": b""}
     unpack({name: zlib.compress(data) for name, data in files.items()}, tmp_path)
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+    assert {p.relative_to(tmp_path).as_posix(): p.read_bytes()
+            for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
-@pytest.mark.parametrize("name", ["../escape", "sub/file", "..", ""])
+@pytest.mark.parametrize("name", ["../escape", "sub/../file", "a/b/file", "sub/", "/file",
+                                  "..", ""])
 def test_a_file_name_with_a_path_is_refused(tmp_path, name):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -1,8 +1,8 @@
 """Metrics from hand-written event logs (emu/metrics.py); every expected number below is
 worked out by hand from the records in `tiny_run`."""
 
-import gc
 import json
+import math
 
 import pytest
 
@@ -11,12 +11,12 @@ from emu.metrics import (
     RunError,
     compute_metrics,
     distribution,
-    frozen_runs,
     load_run,
     step_series,
     tpot_values_ms,
     write_metrics,
 )
+from emu.records.convert import ConvertError, convert_run
 from emu.run_status import unfinished_note, write_status
 
 approx = pytest.approx
@@ -74,6 +74,7 @@ def _write_run(path, ranks, wall=None):
     for r, recs in (wall or {}).items():
         (path / f"rank{r}.wall.jsonl").write_text(
             "".join(json.dumps(rec) + "\n" for rec in recs))
+    convert_run(path)
     return path
 
 
@@ -92,9 +93,9 @@ def m(tiny_run):
 def test_load_run_splits_records(tiny_run):
     assert tiny_run.dp_size == 2
     assert [len(s) for s in tiny_run.steps] == [4, 4]
-    assert sorted(r["request_id"] for r in tiny_run.requests) == ["A", "B", "C", "D"]
-    assert tiny_run.wall == [[{"iter": 2, "planner_s": 0.001, "lb_comm_s": 0.002},
-                              {"iter": 3, "planner_s": 0.003, "lb_comm_s": 0.004}], []]
+    assert sorted(r["request_id"] for r in tiny_run.request_records()) == ["A", "B", "C", "D"]
+    assert [w.planner_s.tolist() for w in tiny_run.wall] == [[0.001, 0.003], []]
+    assert [w.collectives_s.tolist() for w in tiny_run.wall] == [[0.002, 0.004], []]
 
 
 def test_time_steps_and_throughput(m):
@@ -115,7 +116,8 @@ def test_bubble_ratio(m):
 
 def test_balance_ratio_skips_steps_without_load(m, tiny_run):
     # steps: (10, 30) -> 20/30; (20, 0) -> 10/20; (0, 40) -> 20/40; (0, 0) excluded
-    assert step_series(tiny_run).balance == approx([2 / 3, 0.5, 0.5, None])
+    balance = step_series(tiny_run).balance
+    assert balance[:3].tolist() == approx([2 / 3, 0.5, 0.5]) and math.isnan(balance[3])
     assert m["balance_ratio"] == approx((2 / 3 + 0.5 + 0.5) / 3)
     assert m["balance_steps"] == 3
 
@@ -268,21 +270,22 @@ def test_empty_distribution_and_run_without_steps(tmp_path):
 
 def test_step_series(tiny_run):
     s = step_series(tiny_run)
-    assert s.iters == [1, 2, 3, 4]
-    assert s.clock_s == approx([0.0, 0.03, 0.06, 0.10])
-    assert s.running_blocks == [[10, 20, 0, 0], [30, 0, 40, 0]]
-    assert s.bubble == approx([0.01 / 0.06, 0.02 / 0.06, 0.02 / 0.08, 0.0])
-    assert s.lb_active == [False, True, True, False]
+    assert s.iters.tolist() == [1, 2, 3, 4]
+    assert s.clock_s.tolist() == approx([0.0, 0.03, 0.06, 0.10])
+    assert s.running_blocks.tolist() == [[10, 20, 0, 0], [30, 0, 40, 0]]
+    assert s.bubble.tolist() == approx([0.01 / 0.06, 0.02 / 0.06, 0.02 / 0.08, 0.0])
+    assert s.lb_active.tolist() == [False, True, True, False]
 
 
 def test_load_run_errors(tmp_path):
     with pytest.raises(RunError, match="not a directory"):
         load_run(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(RunError, match=r"no rank<r>\.events\.jsonl files"):
+    with pytest.raises(RunError, match=r"no records \(rank<r>\.steps/\)"):
         load_run(tmp_path / "empty")
     gap = _write_run(tmp_path / "gap", [RANK0, RANK1])
-    (gap / "rank1.events.jsonl").rename(gap / "rank2.events.jsonl")
+    for table in ("steps", "requests"):
+        (gap / f"rank1.{table}").rename(gap / f"rank2.{table}")
     with pytest.raises(RunError, match=r"ranks \[0, 2\]; expected ranks 0\.\.1"):
         load_run(gap)
     short = _write_run(tmp_path / "short", [RANK0, RANK1[:2] + RANK1[4:]])
@@ -291,19 +294,22 @@ def test_load_run_errors(tmp_path):
     bad = _write_run(tmp_path / "bad", [RANK0])
     with open(bad / "rank0.events.jsonl", "a") as f:
         f.write('{"kind": "step", \n')
-    with pytest.raises(RunError, match=r"rank0\.events\.jsonl:7: invalid JSON"):
-        load_run(bad)
-    odd = _write_run(tmp_path / "odd", [[{"kind": "wave"}]])
-    with pytest.raises(RunError, match="unknown record kind 'wave'"):
-        load_run(odd)
+    with pytest.raises(ConvertError, match=r"rank0\.events\.jsonl:7: invalid JSON"):
+        convert_run(bad)
+    with pytest.raises(ConvertError, match="unknown record kind 'wave'"):
+        _write_run(tmp_path / "odd", [[{"kind": "wave"}]])
+    torn = _write_run(tmp_path / "torn", [RANK0])
+    (torn / "rank0.steps" / "part-00000.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(RunError, match=r"part-00000\.parquet: not a readable Parquet"):
+        load_run(torn)
 
 
 # ------------------------------------------------------------- partial runs (issue 12)
 
 
 def _interrupted_run(tmp_path, state="interrupted"):
-    """A run stopped mid-way: rank 1 got one step further than rank 0, rank 0's last
-    line is cut off, and only A's request record was written (B, C were in flight)."""
+    """A run stopped mid-way: rank 1 got one step further than rank 0, and only A's
+    request record was written (B, C were in flight)."""
     rank0 = [step(0, 1, 0.0, 0.02, 0.03, 10), request(0, "A", 0.0, 0.0, [0.03], 0.03),
              step(0, 2, 0.03, 0.03, 0.03, 20)]
     rank0[2]["admitted"] = ["B"]
@@ -311,8 +317,6 @@ def _interrupted_run(tmp_path, state="interrupted"):
              step(1, 3, 0.06, 0.01, 0.03, 0)]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = _write_run(tmp_path / "partial", [rank0, rank1])
-    with open(path / "rank0.events.jsonl", "a") as f:
-        f.write('{"kind": "step", "rank": 0, "it')  # the write the SIGTERM cut short
     write_status(path, state, reason="interrupted by SIGTERM: every rank was stopped")
     return path
 
@@ -329,8 +333,9 @@ def test_an_unfinished_run_is_refused_by_default(tmp_path):
 def test_an_unfinished_run_read_as_partial_keeps_its_requests_in_flight(tmp_path):
     run = load_run(_interrupted_run(tmp_path), allow_partial=True)
     assert run.state == "interrupted"
-    assert [[s["iter"] for s in rank] for rank in run.steps] == [[1, 2], [1, 2]]
-    unfinished = {(r["rank"], r["request_id"]): r for r in run.requests if r.get("unfinished")}
+    assert [rank.iter.tolist() for rank in run.steps] == [[1, 2], [1, 2]]
+    unfinished = {(r["rank"], r["request_id"]): r for r in run.request_records()
+                  if r.get("unfinished")}
     assert sorted(unfinished) == [(0, "B"), (1, "C")]
     m = compute_metrics(run)
     assert m["run_state"] == "interrupted"
@@ -398,40 +403,14 @@ def test_itl_takes_gaps_within_requests_only():
     and a request whose first token comes before the previous one's last."""
     from itertools import pairwise
 
-    from emu.metrics import _itl_ms
+    from emu.metrics import Run, _itl_ms
+
+    def columns(times):
+        records = [{"rank": 0, "request_id": str(i), "token_times_s": t, "pauses": []}
+                   for i, t in enumerate(times)]
+        return Run.from_records(1, [[]], records).requests
 
     times = [[], [1.0, 1.5, 1.5, 2.0], [], [0.5], [0.25, 3.0], []]
-    requests = [{"token_times_s": t} for t in times]
     expected = [(b - a) * 1e3 for t in times for a, b in pairwise(t) if b != a]
-    assert _itl_ms(requests).tolist() == expected == [500.0, 500.0, 2750.0]
-    assert _itl_ms([]).tolist() == []
-
-
-def test_runs_are_frozen_only_within_a_scope_that_thaws_them(tmp_path):
-    """`load_run` on its own (the pytest fixture, a library caller) freezes nothing;
-    within `frozen_runs` the records are frozen once read and thawed when it ends."""
-    logs = _write_run(tmp_path / "run", [RANK0, RANK1])
-    assert gc.get_freeze_count() == 0  # nothing left frozen by an earlier test
-    run = load_run(logs)
-    assert gc.get_freeze_count() == 0
-    with frozen_runs():
-        with frozen_runs():  # nested: the outer scope thaws
-            frozen = load_run(logs)
-            assert gc.get_freeze_count() > 0
-        assert gc.get_freeze_count() > 0
-    assert gc.get_freeze_count() == 0
-    assert frozen.steps == run.steps and frozen.requests == run.requests
-
-
-def test_a_process_already_holding_frozen_objects_is_left_as_it_is(tmp_path):
-    logs = _write_run(tmp_path / "run", [RANK0, RANK1])
-    gc.freeze()  # its owner's
-    try:
-        before = gc.get_freeze_count()
-        with frozen_runs():
-            load_run(logs)
-            assert gc.get_freeze_count() == before
-        assert gc.get_freeze_count() == before
-    finally:
-        gc.unfreeze()
-
+    assert _itl_ms(columns(times)).tolist() == expected == [500.0, 500.0, 2750.0]
+    assert _itl_ms(columns([])).tolist() == []

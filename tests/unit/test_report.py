@@ -68,7 +68,7 @@ def synthetic_run(seed: int, *, dp: int = 4, steps: int = 400, balance_from: int
     if wall:
         wall_recs = [[{"iter": s["iter"], "planner_s": 2e-4, "lb_comm_s": 5e-4}
                       for s in rank if s["lb_active"]] for rank in rank_steps]
-    return Run(dp_size=dp, steps=rank_steps, requests=requests, wall=wall_recs)
+    return Run.from_records(dp_size=dp, steps=rank_steps, requests=requests, wall=wall_recs)
 
 
 def _png_size(path):
@@ -101,7 +101,7 @@ def test_summary_table_shows_headline_numbers(runs):
 
 
 def test_summary_table_handles_empty_run():
-    m = compute_metrics(Run(dp_size=1, steps=[[]], requests=[]))
+    m = compute_metrics(Run.from_records(dp_size=1, steps=[[]], requests=[]))
     text = summary_table(m)
     assert "throughput" in text and "- tok/s" in text
 
@@ -196,7 +196,7 @@ def test_plots_are_written_as_readable_pngs(runs, tmp_path):
 
 
 def test_plots_survive_a_run_without_steps_or_tokens(tmp_path):
-    empty = Run(dp_size=2, steps=[[], []], requests=[])
+    empty = Run.from_records(dp_size=2, steps=[[], []], requests=[])
     write_plots(empty, tmp_path)
     write_ab_plots(empty, empty, ("a", "b"), tmp_path)
     assert all((tmp_path / n).exists() for n in ("load.png", "tpot_ab.png"))

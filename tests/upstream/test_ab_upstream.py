@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from emu.impl.vllm_ascend.tree import content_hash
+from tests.records import event_log, events
 from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
@@ -50,9 +51,10 @@ def copy_of_tree(tmp_path: pathlib.Path, name: str, rule: str | None = None) -> 
 
 def _plans(run_dir: pathlib.Path) -> list[list]:
     """Every rank's generated plans, step by step, from its event log."""
-    return [[step["plan_generated"] for step in map(json.loads, open(log))
+    ranks = len(list(run_dir.glob("rank*.steps")))
+    return [[step["plan_generated"] for step in events(run_dir, rank)
              if step["kind"] == "step"]
-            for log in sorted(run_dir.glob("rank*.events.jsonl"))]
+            for rank in range(ranks)]
 
 
 def _metrics(run_dir: pathlib.Path) -> dict:
@@ -125,8 +127,7 @@ def test_the_same_tree_twice_changes_nothing(tmp_path):
     assert "warning: --vllm-ascend-a and --vllm-ascend-b hold the same vllm-ascend" in \
         proc.stderr
     for rank in range(2):
-        log = f"rank{rank}.events.jsonl"
-        assert (out / "a" / log).read_bytes() == (out / "b" / log).read_bytes()
+        assert event_log(out / "a", rank) == event_log(out / "b", rank)
     a, b = _metrics(out / "a"), _metrics(out / "b")
     assert a["config"]["vllm_ascend"] != b["config"]["vllm_ascend"]
     assert a["plan_churn"]["active_steps"] > 0

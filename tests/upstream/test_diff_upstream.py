@@ -17,8 +17,10 @@ import subprocess
 import pytest
 
 from emu.metrics import compute_metrics, load_run
+from emu.records.reader import wall_records
 from emu.run import run_cluster
 from tests.integration.conftest import spec
+from tests.records import events
 from tests.upstream.conftest import REPO, TREE, dyntra_emu, upstream_spec
 
 pytestmark = pytest.mark.integration
@@ -101,8 +103,8 @@ def mutated_tree(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def _first_plan_difference(dir_a: pathlib.Path, dir_b: pathlib.Path, dp: int):
     """(iteration, rank) of the first generated plan that differs, read from the logs."""
-    steps = [[[json.loads(line) for line in (d / f"rank{r}.events.jsonl").open()
-               if '"kind":"step"' in line] for r in range(dp)] for d in (dir_a, dir_b)]
+    steps = [[[s for s in events(d, r) if s["kind"] == "step"] for r in range(dp)]
+             for d in (dir_a, dir_b)]
     for i in range(min(len(steps[0][0]), len(steps[1][0]))):
         for r in range(dp):
             if steps[0][r][i]["plan_generated"] != steps[1][r][i]["plan_generated"]:
@@ -149,11 +151,11 @@ def test_the_reference_planner_in_vllm_ascends_engine_changes_no_byte(upstream_r
     swapped = run_cluster(upstream_spec(name, 2, tmp_path / "reference-planner",
                                         planner="reference"))
     for rank in range(2):
-        assert swapped.event_logs[rank].read_bytes() == own.event_logs[rank].read_bytes()
+        assert swapped.event_log(rank) == own.event_log(rank)
     metrics_plans = sum(s.num_plans for s in swapped.ranks)
     assert metrics_plans > 0
     for result in (own, swapped):
-        timed = [json.loads(line) for line in result.wall_logs[0].open()]
+        timed = list(wall_records(result.out_dir, 0))
         assert all("planner_s" in w for w in timed)
         assert sum(w["planner_s"] > 0 for w in timed) == result.ranks[0].num_plans
 
@@ -176,5 +178,5 @@ def test_the_opt_in_planner_runs_the_same_in_both_engines(tmp_path):
                                              planner="fill-protect")))
     reference = run_cluster(starved(spec("static", 2, tmp_path / "reference")))
     for rank in range(2):
-        assert ours.event_logs[rank].read_bytes() == kit.event_logs[rank].read_bytes()
-    assert kit.event_logs[0].read_bytes() != reference.event_logs[0].read_bytes()
+        assert ours.event_log(rank) == kit.event_log(rank)
+    assert kit.event_log(0) != reference.event_log(0)

@@ -13,6 +13,7 @@ import pytest
 
 from emu.impl.vllm_ascend.tree import installed_vllm
 from emu.rank.dp_sync import DEFAULT_INTERVAL, has_configurable_cadence
+from tests.records import events
 from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
@@ -49,8 +50,7 @@ def test_kit_and_vllm_ascend_are_identical_at_the_installed_cadence(tmp_path, in
         assert config["dp_sync"] == expected
         assert config.get("vllm_version", VERSION) == VERSION
     # the cadence ran: a wave ended on a step only the installed cadence syncs
-    records = [json.loads(line) for line in (tmp_path / "b" / "rank0.events.jsonl")
-               .read_text().splitlines()]
+    records = events(tmp_path / "b", 0)
     steps = [r for r in records if r["kind"] == "step"]
     ends = [s["step_counter"] for i, s in enumerate(steps)
             if i + 1 == len(steps) or steps[i + 1]["wave"] != s["wave"]]

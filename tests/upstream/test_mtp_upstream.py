@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from tests.records import events
 from tests.upstream.conftest import REPO, TREE
 from tests.upstream.test_diff_upstream import _diff
 
@@ -30,9 +31,8 @@ def _first_requests(workload: str, out, n: int = 16, max_output: int = 60):
 
 
 def _records(run_dir, dp: int, kind: str) -> list[dict]:
-    return [record for rank in range(dp)
-            for line in (run_dir / f"rank{rank}.events.jsonl").open()
-            if (record := json.loads(line)).get("kind") == kind]
+    return [record for rank in range(dp) for record in events(run_dir, rank)
+            if record.get("kind") == kind]
 
 
 @pytest.mark.parametrize("dp", [2, 4])

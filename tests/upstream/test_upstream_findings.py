@@ -15,6 +15,7 @@ from emu.rank.costs import PROFILES
 from emu.run import run_cluster
 from emu.spec import RunSpec
 from emu.workload import TraceRequest
+from tests.records import events
 from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
@@ -61,8 +62,7 @@ def test_a_kv_tight_rank_stops_for_good_with_its_kv_held_by_a_paused_request(tmp
                                   "3 unfinished request(s) but no token scheduled for 30 "
                                   "steps"), failure
         assert "r0 (PREEMPTED, DyntraLB-paused)" in failure
-    steps = [json.loads(line) for line in (tmp_path / "diff" / "b" / "rank0.events.jsonl")
-             .read_text().splitlines() if '"kind":"step"' in line]
+    steps = [s for s in events(tmp_path / "diff" / "b", 0) if s["kind"] == "step"]
     last = max(s["iter"] for s in steps if s["scheduled_tokens"])
     stuck = [s for s in steps if s["iter"] > last]
     assert len(stuck) == 30 - 1  # the 30th step without a token raised before it was logged

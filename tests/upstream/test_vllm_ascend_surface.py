@@ -23,6 +23,7 @@ from tests.integration.test_faults import (
     make_spec,
     two_wave_trace,
 )
+from tests.records import event_log, events
 from tests.upstream.conftest import TREE, dyntra_emu
 
 pytestmark = pytest.mark.integration
@@ -35,8 +36,8 @@ def _steps(events: list[dict]) -> list[dict]:
 
 
 def _request(run_dir: pathlib.Path, request_id: str) -> dict:
-    for log in run_dir.glob("rank*.events.jsonl"):
-        for record in map(json.loads, open(log)):
+    for log in run_dir.glob("rank*.steps"):
+        for record in events(run_dir, int(log.name[len("rank"):-len(".steps")])):
             if record["kind"] == "request" and record["request_id"] == request_id:
                 return record
     raise KeyError(request_id)
@@ -92,9 +93,7 @@ def test_vllm_ascend_under_torchrun_is_the_launchers_run(tmp_path):
     direct = dyntra_emu(*flags, "--dp", 2, "--transport", "thread", "--out", tmp_path / "direct")
     assert direct.returncode == 0, direct.stderr
     for rank in range(2):
-        log = f"rank{rank}.events.jsonl"
-        assert (tmp_path / "torchrun" / log).read_bytes() == \
-            (tmp_path / "direct" / log).read_bytes()
+        assert event_log(tmp_path / "torchrun", rank) == event_log(tmp_path / "direct", rank)
     metrics = json.loads((tmp_path / "torchrun" / "metrics.json").read_text())
     assert metrics["config"]["impl"] == "vllm-ascend"
     assert metrics["requests_finished"] == len(two_wave_trace())

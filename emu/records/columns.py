@@ -1,0 +1,191 @@
+"""A run's records as numpy columns, what the metrics and plots compute from: a rank's
+step columns, every rank's request columns (token times and pauses flattened, with
+offsets), a rank's wall columns. Made from the Parquet tables (``from_*_table``) or,
+for callers holding record dictionaries (unit tests, a converted JSON Lines log), from
+those (``records_table``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from emu.records.schema import REQUESTS, SCHEMAS, STEPS, WALL
+
+# The step columns the metrics and plots read.
+STEP_COLUMNS = ["iter", "wave", "step_counter", "clock_s", "own_cost_s", "step_time_s",
+                "dummy", "running_blocks", "lb_active", "plan_applied", "paused", "resumed",
+                "preempted", "control_plane"]
+# Added for a partial run: the requests its steps show.
+PARTIAL_STEP_COLUMNS = ["admitted"]
+
+
+@dataclass
+class StepColumns:
+    """One rank's steps, in iteration order. ``charged_s`` etc. are None when the run's
+    profile did not charge DyntraLB's control plane; ``plan_*`` are 0 / False where no
+    plan was applied (``plan_applied`` False)."""
+
+    iter: np.ndarray
+    wave: np.ndarray
+    step_counter: np.ndarray
+    clock_s: np.ndarray
+    own_cost_s: np.ndarray
+    step_time_s: np.ndarray
+    dummy: np.ndarray
+    running_blocks: np.ndarray
+    lb_active: np.ndarray
+    plan_applied: np.ndarray
+    plan_in: np.ndarray
+    plan_out: np.ndarray
+    plan_freeze: np.ndarray
+    paused: np.ndarray  # counts per step
+    resumed: np.ndarray
+    preempted: np.ndarray
+    charged_s: np.ndarray | None
+    collectives_s: np.ndarray | None
+    planner_s: np.ndarray | None
+    planner_measured: np.ndarray | None
+    # The request ids each step shows (partial runs only, else None).
+    shown_ids: list[pa.Array] | None = None
+
+    def __len__(self) -> int:
+        return len(self.iter)
+
+    def head(self, n: int) -> StepColumns:
+        """The first ``n`` steps."""
+        fields = {name: (value[:n] if isinstance(value, np.ndarray) else value)
+                  for name, value in vars(self).items()}
+        if self.shown_ids is not None:
+            fields["shown_ids"] = [ids[:n] for ids in self.shown_ids]
+        return StepColumns(**fields)
+
+
+@dataclass
+class RequestColumns:
+    """Every rank's requests, rank after rank, each rank's in the order it wrote them.
+    Missing values (a partial run's unfinished requests) are NaN."""
+
+    table: pa.Table  # rank, request_id and the rest as written
+    rank: np.ndarray
+    arrival_s: np.ndarray
+    first_scheduled_s: np.ndarray
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    token_offsets: np.ndarray  # request i's token times: token_times_s[off[i]:off[i+1]]
+    token_times_s: np.ndarray
+    pause_offsets: np.ndarray
+    pause_start_s: np.ndarray
+    pause_end_s: np.ndarray  # NaN: still paused when the run ended
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    @property
+    def token_counts(self) -> np.ndarray:
+        return np.diff(self.token_offsets)
+
+
+@dataclass
+class WallColumns:
+    """One rank's wall-clock seconds per step (NaN: not measured in that step)."""
+
+    step_wall_s: np.ndarray
+    planner_s: np.ndarray
+    collectives_s: np.ndarray
+
+
+def _numbers(column: pa.ChunkedArray | pa.Array, dtype=float) -> np.ndarray:
+    """A column as numpy; nulls NaN (floats) or 0 (anything else)."""
+    if dtype is float:
+        return np.asarray(column.to_numpy(zero_copy_only=False), dtype=float)
+    fill = False if pa.types.is_boolean(column.type) else 0
+    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _lengths(column) -> np.ndarray:
+    return _numbers(pc.list_value_length(column), np.int64)
+
+
+def from_steps_table(table: pa.Table) -> StepColumns:
+    """StepColumns of a steps table read with (at least) STEP_COLUMNS."""
+    plan = table["plan_applied"].combine_chunks()
+    control = table["control_plane"].combine_chunks()
+    charged = None if control.null_count == len(control) else control
+    shown = ([table[name] for name in ("admitted", "resumed", "paused", "preempted")]
+             if "admitted" in table.column_names else None)
+
+    def control_field(name, dtype=float):
+        return None if charged is None else _numbers(pc.struct_field(charged, name), dtype)
+
+    return StepColumns(
+        iter=_numbers(table["iter"], np.int64), wave=_numbers(table["wave"], np.int64),
+        step_counter=_numbers(table["step_counter"], np.int64),
+        clock_s=_numbers(table["clock_s"]), own_cost_s=_numbers(table["own_cost_s"]),
+        step_time_s=_numbers(table["step_time_s"]),
+        dummy=_numbers(table["dummy"], bool),
+        running_blocks=_numbers(table["running_blocks"], np.int64),
+        lb_active=_numbers(table["lb_active"], bool),
+        plan_applied=np.asarray(plan.is_valid().to_numpy(zero_copy_only=False), dtype=bool),
+        plan_in=_lengths(pc.struct_field(plan, "in_blk")),
+        plan_out=_lengths(pc.struct_field(plan, "out_blk")),
+        plan_freeze=_numbers(pc.struct_field(plan, "freeze"), bool),
+        paused=_lengths(table["paused"]), resumed=_lengths(table["resumed"]),
+        preempted=_lengths(table["preempted"]),
+        charged_s=control_field("charged_s"), collectives_s=control_field("collectives_s"),
+        planner_s=control_field("planner_s"),
+        planner_measured=control_field("planner_measured", bool),
+        shown_ids=shown)
+
+
+def from_requests_table(table: pa.Table) -> RequestColumns:
+    """RequestColumns of a requests table (every rank's, concatenated)."""
+    tokens = table["token_times_s"].combine_chunks()
+    pauses = table["pauses"].combine_chunks()
+    pause_values = pauses.flatten()
+    return RequestColumns(
+        table=table, rank=_numbers(table["rank"], np.int64),
+        arrival_s=_numbers(table["arrival_s"]),
+        first_scheduled_s=_numbers(table["first_scheduled_s"]),
+        finish_s=_numbers(table["finish_s"]), prompt_tokens=_numbers(table["prompt_tokens"]),
+        token_offsets=_offsets(tokens), token_times_s=_numbers(tokens.flatten()),
+        pause_offsets=_offsets(pauses),
+        pause_start_s=_numbers(pc.struct_field(pause_values, "start_s")),
+        pause_end_s=_numbers(pc.struct_field(pause_values, "end_s")))
+
+
+def _offsets(lists: pa.ListArray) -> np.ndarray:
+    """Where each list starts in its flattened values (and where the last ends), from 0."""
+    offsets = np.asarray(lists.offsets.to_numpy(), dtype=np.int64)
+    return offsets - offsets[0]
+
+
+def from_wall_table(table: pa.Table) -> WallColumns:
+    return WallColumns(step_wall_s=_numbers(table["step_wall_s"]),
+                       planner_s=_numbers(table["planner_s"]),
+                       collectives_s=_numbers(table["dyntra_lb_collectives_s"]))
+
+
+def records_table(records: list[dict], table: str) -> pa.Table:
+    """The ``table`` (steps, requests or wall) of record dictionaries as the event and
+    wall logs hold them (a request's ``pauses`` as [start, end] pairs)."""
+    schema = SCHEMAS[table]
+    rows = [record_row(record, table) for record in records]
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def record_row(record: dict, table: str) -> dict:
+    """A record dictionary as a row of ``table`` by column name (missing columns null)."""
+    row = dict(record)
+    if table == STEPS:
+        row.setdefault("control_plane", None)
+        row["lb_active"] = row.get("lb_active", row.get("plan_generated") is not None)
+    elif table == REQUESTS:
+        row["pauses"] = [{"start_s": start, "end_s": end} for start, end in row["pauses"]]
+    elif table == WALL:
+        row.setdefault("rank", 0)
+        # the name docs/interfaces.md gives DyntraLB's collective time
+        row.setdefault("dyntra_lb_collectives_s", row.get("lb_comm_s"))
+    return row
