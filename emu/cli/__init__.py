@@ -3,7 +3,7 @@
 Commands:
 
 - ``run``: one cluster run; progress on stderr, the summary table on stdout, and the
-  run's files (event logs, metrics.json, summary.md, PNG plots) in an output directory;
+  run's files (records, metrics.json, summary.md, PNG plots) in an output directory;
 - ``ab``: the same workload and seed twice, DyntraLB off and on (or two configs), with
   every metric side by side and overlay plots;
 - ``validate``: check a config and a trace for a DP size, list every problem;
@@ -19,7 +19,11 @@ Commands:
   step by step (emu/cli/diff.py, emu/offline/diff.py);
 - ``gate``: a run's metrics against a baseline's within per-metric tolerances, for
   nightly jobs and CI (emu/gate.py);
-- ``timeline``: a run directory's timeline in the Trace Event Format (emu/timeline.py).
+- ``timeline``: a run directory's timeline in the Trace Event Format (emu/timeline.py);
+- ``events``: a run's records as the JSON Lines event logs of earlier versions
+  (emu/records/reader.py);
+- ``convert``: a run directory of those JSON Lines logs turned into records
+  (emu/records/convert.py).
 
 ``emu.cli.main`` builds the parser and runs a command (the ``dyntra-emu`` console script
 and ``python -m emu``; there is no other entry point). Each command is a module with

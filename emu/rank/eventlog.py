@@ -91,6 +91,12 @@ def request_row(rank: int, record: dict, logged_after_iter: int | None) -> tuple
             tuple((start, end) for start, end in record["pauses"]), logged_after_iter)
 
 
+def _clock_line(step: StepRecord) -> str:
+    """The progress feed's line for ``step``: where the rank's virtual clock is."""
+    return (f'{{"clock_s":{step.clock_us / 1e6!r},"kind":"step",'
+            f'"step_time_s":{step.step_us / 1e6!r}}}\n')
+
+
 class EventLog:
     """A rank's step and request tables and its progress feed; ``out_dir`` None writes
     nothing."""
@@ -98,6 +104,7 @@ class EventLog:
     def __init__(self, out_dir: pathlib.Path | None, rank: int):
         self.rank = rank
         self._steps = self._requests = self._progress = None
+        self._last_step: StepRecord | None = None
         if out_dir is not None:
             self._steps = TableWriter(path(out_dir, rank, STEPS), STEPS)
             self._requests = TableWriter(path(out_dir, rank, REQUESTS), REQUESTS)
@@ -105,17 +112,17 @@ class EventLog:
 
     def step(self, step: StepRecord, finished: list[dict]) -> None:
         """One iteration's step record, then the records of the requests it finished;
-        the progress feed gets the step's clock and a line per finished request."""
+        the progress feed gets the step's clock and a line per finished request (and the
+        last step's clock when the log closes)."""
         if self._steps is None:
             return
         self._steps.append(step.row(self.rank))
+        self._last_step = step
         if not finished:  # most steps
             return
         for record in finished:
             self._requests.append(request_row(self.rank, record, step.iter))
-        self._progress.write(
-            f'{{"clock_s":{step.clock_us / 1e6!r},"kind":"step",'
-            f'"step_time_s":{step.step_us / 1e6!r}}}\n' + '{"kind":"request"}\n' * len(finished))
+        self._progress.write(_clock_line(step) + '{"kind":"request"}\n' * len(finished))
         self._progress.flush()
 
     def requests(self, records: list[dict]) -> None:
@@ -128,6 +135,8 @@ class EventLog:
         if self._steps is not None:
             self._steps.close()
             self._requests.close()
+            if self._last_step is not None:  # where the rank's clock ended
+                self._progress.write(_clock_line(self._last_step))
             self._progress.close()
 
 

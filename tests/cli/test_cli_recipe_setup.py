@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from emu.recipes import generator
+from tests.records import events
 
 TINY = ["--workload", "recipe:pr12292,n=3", "--dp", "2", "--device", "cpu",
         "--transport", "thread"]
@@ -18,9 +19,10 @@ def _config(out) -> dict:
 
 
 def _arrivals(out) -> list[float]:
-    """Every request's arrival, from every rank's event log."""
-    records = [json.loads(line) for path in out.glob("rank*.events.jsonl")
-               for line in path.read_text().splitlines()]
+    """Every request's arrival, from every rank's records."""
+    ranks = sorted(int(p.name[4:].split(".")[0]) for p in out.glob("rank*.requests"))
+    assert ranks, f"no request records in {out}"
+    records = [r for rank in ranks for r in events(out, rank)]
     return sorted(r["arrival_s"] for r in records if r.get("kind") == "request")
 
 
