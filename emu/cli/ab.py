@@ -66,7 +66,7 @@ examples:
       the A/B on 5 seeds, its 10 runs as Ray tasks on a local Ray
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
-a/ and b/ with each run's event logs and metrics.json. With --seeds: summary.md,
+a/ and b/ with each run's records and metrics.json. With --seeds: summary.md,
 ab.json (every run's metrics and the deltas; a baseline for `dyntra-emu gate`) and
 seed<s>/a, seed<s>/b with each seed's plots. With --vllm-ascend-a/-b, summary.md and
 ab.json say which tree is which (path, git commit, content hash).
@@ -275,7 +275,7 @@ def _report(pair, measured, labels, out_dir: Path, about: list[str], min_gain: f
     if labels[0] == OFF_LABEL:
         print(_verdict(min_gain, [(None, *metrics)]))
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
-          f"a/ and b/ (metrics.json and event logs of each run)")
+          f"a/ and b/ (metrics.json and records of each run)")
     return 0
 
 

@@ -39,10 +39,11 @@ def show_for(args, *, leader: bool = True) -> Show:
 
 
 class RunLog:
-    """Where one run has got to, read from its ranks' event logs as they grow: requests
-    finished (request records; the engine flushes its log when a request finishes) and
-    rank 0's virtual clock at the end of its last step. ``poll`` reads what the ranks
-    appended since the last poll (complete lines only)."""
+    """Where one run has got to, read from its ranks' progress feeds
+    (``rank<r>.progress.jsonl``) as they grow: requests finished (a line each, written
+    as the request finishes) and rank 0's virtual clock at the end of its last step with
+    a finish (and at its very last step, when its log closes). ``poll`` reads what the
+    ranks appended since the last poll (complete lines only)."""
 
     _REQUEST = b'"kind":"request"'
     _STEP = b'"kind":"step"'
@@ -89,7 +90,7 @@ class Progress:
     writing into one of ``out_dirs`` with ``dp`` ranks and ``requests`` requests.
 
     The runs go in the calling thread (Ctrl-C then stops their ranks); a daemon thread
-    polls the event logs: every ``POLL_S`` for the bar, every ``STATUS_INTERVAL_S`` for
+    polls the progress feeds: every ``POLL_S`` for the bar, every ``STATUS_INTERVAL_S`` for
     status lines. A run that printed status lines ends with one more, at its totals (one
     shorter than the interval reads no log)."""
 

@@ -208,7 +208,7 @@ def cmd_sweep(args) -> int:
         print(f"Best for {objective}: {best['name']} ({best['label']}):")
         print(f"--additional-config '{best_json}'")
     print(f"\nOutputs in {out_dir}/: summary.md, sweep.json, sweep.csv, pareto.png, "
-          "kv_blocks.png, runs/<name>/ (metrics.json and event logs of each run)")
+          "kv_blocks.png, runs/<name>/ (metrics.json and records of each run)")
     return 0
 
 
