@@ -44,7 +44,6 @@ mean change over the seeds with its 95 % confidence interval (Student's t), and 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -58,24 +57,26 @@ sys.path.insert(0, str(ROOT))
 
 from emu.cluster.supervision import ClusterError  # noqa: E402
 from emu.rank.costs import PROFILES, CostProfileError, load_profile  # noqa: E402
-from emu.recipes import mean_ci  # noqa: E402
+from emu.recipes import generator, mean_ci  # noqa: E402
 from emu.records.reader import event_lines, record_ranks  # noqa: E402
 from emu.run import run  # noqa: E402
 from emu.spec import RunSpec  # noqa: E402
 from emu.workload import TraceRequest  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("fixtures_generate",
-                                               ROOT / "fixtures" / "generate.py")
-generate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generate)
-
-DP = 8
-MAX_NUM_SEQS = 16  # 128 concurrent requests / 8 ranks
-MAX_CONCURRENCY = 128  # the PR's vllm bench serve --max-concurrency
-RATE = 400.0  # the PR's --request-rate
-BLOCK_SIZE = generate.PR12292_BLOCK_SIZE
-CONFIG_B = {"scheduler_config": {"dyntra_lb_config": {
-    "enabled": True, "long_req_block_threshold": 40}}}
+generate = generator()
+# The PR's settings, as fixtures/generate.py's RECIPE_SETUPS publishes them (with what is
+# assumed); benchmarks/starvation.py runs the same.
+SETUP = generate.RECIPE_SETUPS["pr12292"]
+DP = 8  # one decode instance with internal DP 8
+N = 1000  # requests, the PR's
+MAX_NUM_SEQS = SETUP["max_num_seqs"]  # 128 concurrent requests / 8 ranks
+MAX_CONCURRENCY = SETUP["max_concurrency"]  # the PR's vllm bench serve --max-concurrency
+RATE = SETUP["rate"]  # the PR's --request-rate
+BLOCK_SIZE = SETUP["block_size"]
+CONFIG_B = SETUP["additional_config"]
+# The RunSpec fields of every run of the PR's workload here.
+ENGINE_FIELDS = {"dp_size": DP, "max_num_seqs": MAX_NUM_SEQS, "block_size": BLOCK_SIZE,
+                 "max_concurrency": MAX_CONCURRENCY}
 PR = {"duration_s": (401.14, 376.32), "throughput_tok_s": (3194.35, 3405.27)}
 
 
@@ -96,10 +97,9 @@ def run_one(requests, config, profile, seed, out_dir, transport: str, impl: str 
     """One emulated run on ``impl`` (vllm-ascend's from ``tree``); its metrics plus the
     wall time it took. ``fields``: other RunSpec fields (``dp_sync_interval``,
     ``router``)."""
-    spec = RunSpec(trace=requests, dp_size=DP, out_dir=out_dir, additional_config=config,
-                   max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, cost_model=profile,
-                   seed=seed, device="cpu", collective_timeout_s=600.0,
-                   max_concurrency=MAX_CONCURRENCY, transport=transport, impl=impl,
+    spec = RunSpec(trace=requests, out_dir=out_dir, additional_config=config,
+                   cost_model=profile, seed=seed, device="cpu", collective_timeout_s=600.0,
+                   transport=transport, impl=impl, **ENGINE_FIELDS,
                    vllm_ascend=tree if impl == "vllm-ascend" else None,
                    async_scheduling=async_scheduling, **fields)
     start = time.monotonic()
@@ -124,7 +124,7 @@ def _pct(a: float, b: float) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=1000, help="requests (default 1000)")
+    parser.add_argument("--n", type=int, default=N, help=f"requests (default {N})")
     parser.add_argument("--rate", type=float, default=RATE,
                         help=f"request rate, requests/s, before the concurrency limit "
                              f"(default {RATE:g}, the PR's)")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
-import importlib.util
 import json
 import math
 import os
@@ -54,18 +53,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+import pr12292  # noqa: E402  (this directory's: the PR's settings)
 
 from emu.recipes import mean_ci  # noqa: E402
 from emu.workload import TraceRequest, load_trace, resolve_workload  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("fixtures_generate",
-                                               ROOT / "fixtures" / "generate.py")
-generate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generate)
-
+generate = pr12292.generate
 ENABLED = {"scheduler_config": {"dyntra_lb_config": {"enabled": True}}}
-PR_CONFIG = {"scheduler_config": {"dyntra_lb_config": {
-    "enabled": True, "long_req_block_threshold": 40}}}
 GPQA_SETUP = generate.RECIPE_SETUPS["pr12292-gpqa"]
 
 # Mooncake's released conversation trace (FAST25-release): mean input 12,035 tokens,
@@ -115,10 +109,8 @@ def workload(name: str, seed: int, mooncake_s: float) -> tuple[list, dict, dict]
     if name == "default":
         return load_trace(resolve_workload("default")), {"dp_size": 4}, ENABLED
     if name == "pr12292":
-        trace = generate.pr12292(1000, 400.0, seed)
-        return trace, {"dp_size": 8, "block_size": generate.PR12292_BLOCK_SIZE,
-                       "max_num_seqs": 16, "max_concurrency": 128,
-                       "cost_model": "kv-token-mtp3"}, PR_CONFIG
+        return (pr12292.trace(pr12292.N, pr12292.RATE, seed),
+                {**pr12292.ENGINE_FIELDS, "cost_model": "kv-token-mtp3"}, pr12292.CONFIG_B)
     if name == "gpqa":
         fields = {k: v for k, v in GPQA_SETUP.items() if k != "additional_config"}
         return (generate.pr12292_gpqa(seed=seed), {"dp_size": 8, **fields},

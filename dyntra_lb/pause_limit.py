@@ -1,6 +1,8 @@
 """An opt-in bound on how long DyntraLB may keep one request paused (``PauseLimit``), and
-the per-rank ledger that enforces it (``PauseLedger``). Not in production: with no
-limit, the policy never builds a ledger and pauses exactly as production does.
+the per-rank ledger that enforces it (``PauseLedger``), handed to ``DyntraLBPolicy`` as
+its pause rule (``LimitedPauses``, a ``dyntra_lb.pause_rule.PauseRule``). Not in
+production: with no limit (``pause_rule_for(None)``) the policy keeps production's rule
+and pauses exactly as production does.
 
 What counts: a request's *paused time* is the sum, over each of its DyntraLB pauses, of
 the time from the ``schedule()`` that paused it to the ``schedule()`` that resumed it
@@ -33,6 +35,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from dyntra_lb.pause_rule import PauseRule, ProductionPauses
 
 VICTIMS = ("next", "drop", "least-paused")
 
@@ -109,6 +114,42 @@ class PauseLedger:
                 pick = min(eligible, key=lambda i: self.paused_s(running_ids[i], now_s))
                 taken.add(pick)
         return sorted(taken)
+
+
+class LimitedPauses:
+    """The pause rule under a ``PauseLimit``: the ledger's victims, the due requests
+    resumed first, a running slot kept per paused request when there is a bound. It
+    keeps the step's time from ``begin_step`` for the ledger's records."""
+
+    def __init__(self, limit: PauseLimit):
+        self.ledger = PauseLedger(limit)
+        self._now_s = 0.0
+
+    def begin_step(self, now_s: float | None) -> list[str]:
+        self._now_s = now_s
+        return self.ledger.due_paused(now_s)
+
+    def victims(self, out_blk: Sequence[int], running: Sequence[Any],
+                counts: Sequence[int]) -> list[int]:
+        return self.ledger.victims(out_blk, [r.request_id for r in running], counts,
+                                   self._now_s)
+
+    def reserved_slots(self, paused: int) -> int:
+        return paused if self.ledger.limit.limit_s is not None else 0
+
+    def paused(self, request_id: str) -> None:
+        self.ledger.paused(request_id, self._now_s)
+
+    def resumed(self, request_id: str) -> None:
+        self.ledger.resumed(request_id, self._now_s)
+
+    def forget(self, request_id: str) -> None:
+        self.ledger.forget(request_id)
+
+
+def pause_rule_for(limit: PauseLimit | None) -> PauseRule:
+    """The pause rule of a run: production's without a limit, else ``LimitedPauses``."""
+    return ProductionPauses() if limit is None else LimitedPauses(limit)
 
 
 def _first_matches(out_blk: Sequence[int], counts: Sequence[int],

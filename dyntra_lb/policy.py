@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.diagnostics import pause_line
-from dyntra_lb.pause_limit import PauseLedger, PauseLimit
+from dyntra_lb.pause_rule import PauseRule, ProductionPauses
 from dyntra_lb.planner.front import Plan
 
 logger = logging.getLogger("dyntra_lb")
@@ -142,11 +142,13 @@ class DyntraLBPolicy:
 
     ``plan`` is this rank's plan for the next ``schedule()`` (``None`` = no plan,
     unrestricted admission); ``admit_req_ids`` is ``None`` when admission is
-    unrestricted, else the ids the waiting loop may admit this step.
+    unrestricted, else the ids the waiting loop may admit this step. ``pause_rule``
+    decides what a plan pauses (``dyntra_lb.pause_rule``): production's by default; the
+    kit's opt-in pause limit hands in ``dyntra_lb.pause_limit.pause_rule_for(limit)``.
     """
 
     def __init__(self, scheduler: SchedulerLike, *, enable_diagnostics: bool = False,
-                 pause_limit: PauseLimit | None = None):
+                 pause_rule: PauseRule | None = None):
         self.scheduler = scheduler
         self.enable_diagnostics = enable_diagnostics
         self.plan: Plan | None = None
@@ -155,11 +157,9 @@ class DyntraLBPolicy:
         self.admit_req_ids: set[str] | None = None
         policy = scheduler.policy
         self._priority = getattr(policy, "value", policy) == "priority"
-        # Opt-in, not in production (dyntra_lb.pause_limit): None pauses as production.
-        self.ledger = PauseLedger(pause_limit) if pause_limit is not None else None
-        self._due: set[str] = set()
-        self._reserved = 0  # slots kept for the paused requests (_reserve_slots)
-        self._now_s = 0.0
+        self.pause_rule: PauseRule = pause_rule or ProductionPauses()
+        self._due: set[str] = set()  # paused requests resumed first this step
+        self._reserved = 0  # running slots the paused requests keep (the rule's)
 
     # ----------------------------------------------------------- snapshot
 
@@ -303,27 +303,18 @@ class DyntraLBPolicy:
         set from ``in_blk`` (empty when frozen). Returns the paused requests in pause
         order (empty without a plan) so the scheduler can report them.
 
-        With a pause limit, ``now_s`` is the step's time: paused requests at their limit
-        go to the front of the waiting queues first, and the victims are chosen by the
-        ledger (``dyntra_lb.pause_limit``).
+        ``now_s`` is the step's time, for the pause rule: the requests it names go to the
+        front of the waiting queues first, and it chooses the victims
+        (``dyntra_lb.pause_rule``).
         """
         self.admit_req_ids = None
-        if self.ledger is not None:
-            self._now_s = now_s
-            self._resume_due_first()
+        self._resume_first(self.pause_rule.begin_step(now_s))
         plan = self.plan
+        out_blk = plan.out_blk if plan is not None else []
+        paused = self._pause_out_matches(out_blk) if out_blk else []
+        self._reserved = self.pause_rule.reserved_slots(len(self.paused_req_ids))
         if plan is None:
-            if self.ledger is not None:
-                self._reserve_slots()
             return []
-        if not plan.out_blk:
-            paused = []
-        elif self.ledger is not None:
-            paused = self._pause_limited(plan.out_blk)
-        else:
-            paused = self._pause_out_matches(plan.out_blk)
-        if self.ledger is not None:
-            self._reserve_slots()
         remaining_in = [] if plan.freeze else list(plan.in_blk)
         admit: set[str] = set()
         if remaining_in:
@@ -338,39 +329,23 @@ class DyntraLBPolicy:
         return paused
 
     def _pause_out_matches(self, out_blk: list[int]) -> list[Any]:
-        """Out matching: by current block count, in running-list order; unmatched
-        values are ignored.
-
-        The first pass prefers requests flagged ``lb_newly_added``. Nothing ever sets
-        that flag (a production quirk), so the pass is inert; it is kept because it is the
-        reference behaviour and an adapter could set the flag.
-        """
+        """Out matching: the pause rule's victims among the running requests, by their
+        current block counts, paused in the rule's order."""
         running = self.scheduler.running
-        remaining_out = list(out_blk)
         snapshot = list(running)
-        counts = self.running_block_counts()
-        paused: list[Any] = []
-        for newly_added_only in (True, False):
-            for request, blk in zip(snapshot, counts, strict=True):
-                if not remaining_out:
-                    return paused
-                if newly_added_only and not getattr(request, "lb_newly_added", False):
-                    continue
-                if not newly_added_only and request in paused:
-                    continue
-                if blk in remaining_out:
-                    remaining_out.remove(blk)
-                    running.remove(request)
-                    self._pause_request(request)
-                    paused.append(request)
+        paused = [snapshot[i] for i in self.pause_rule.victims(
+            out_blk, snapshot, self.running_block_counts())]
+        for request in paused:
+            running.remove(request)
+            self._pause_request(request)
         return paused
 
-    def _resume_due_first(self) -> None:
-        """Paused requests at their limit go to the front of ``skipped_waiting`` (the
-        queue the FCFS waiting loop visits first), longest paused first, and pass the
-        admission gate whatever the plan admits."""
+    def _resume_first(self, due: list[str]) -> None:
+        """The paused requests the rule names (under a pause limit: those at their
+        limit, longest paused first) go to the front of ``skipped_waiting`` (the queue
+        the FCFS waiting loop visits first) and pass the admission gate whatever the
+        plan admits."""
         scheduler = self.scheduler
-        due = self.ledger.due_paused(self._now_s)
         self._due = set(due)
         if not due:
             return
@@ -382,26 +357,6 @@ class DyntraLBPolicy:
         for request in reversed(requests):
             scheduler.skipped_waiting.prepend_request(request)
 
-    def _reserve_slots(self) -> None:
-        """Under a limit, each paused request keeps a running slot: a request that is not
-        paused is admitted only while the running requests and the paused ones (as this
-        step starts) leave a slot free. So a request that reaches its limit always finds
-        a slot; without this, new admissions fill the slots its pause freed."""
-        if self.ledger.limit.limit_s is not None:
-            self._reserved = len(self.paused_req_ids)
-
-    def _pause_limited(self, out_blk: list[int]) -> list[Any]:
-        """Out matching under a pause limit: the ledger's victims, in running order."""
-        running = self.scheduler.running
-        snapshot = list(running)
-        victims = self.ledger.victims(out_blk, [r.request_id for r in snapshot],
-                                      self.running_block_counts(), self._now_s)
-        paused = [snapshot[i] for i in victims]
-        for request in paused:
-            running.remove(request)
-            self._pause_request(request)
-        return paused
-
     def _pause_request(self, request: Any) -> None:
         """Stop decoding a request but keep its KV blocks and computed tokens, so
         it later resumes as a cached request. Unlike a preemption nothing is freed and
@@ -410,8 +365,7 @@ class DyntraLBPolicy:
             "Only running requests can be lb-paused"
         request.status = RequestStatus.PREEMPTED
         self.paused_req_ids.add(request.request_id)
-        if self.ledger is not None:
-            self.ledger.paused(request.request_id, self._now_s)
+        self.pause_rule.paused(request.request_id)
         if self.enable_diagnostics:
             logger.info(pause_line(request.request_id))
         self.scheduler.waiting.prepend_request(request)
@@ -433,19 +387,16 @@ class DyntraLBPolicy:
         """After scheduling (vLLM ``_update_after_schedule``): a scheduled request is
         no longer paused."""
         if self.paused_req_ids:
-            if self.ledger is not None:
-                for rid in self.paused_req_ids.intersection(req_ids):
-                    self.ledger.resumed(rid, self._now_s)
+            for rid in self.paused_req_ids.intersection(req_ids):
+                self.pause_rule.resumed(rid)
             self.paused_req_ids.difference_update(req_ids)
 
     def on_free(self, request: Any) -> None:
         """Before the scheduler frees a finished request."""
         self.paused_req_ids.discard(request.request_id)
-        if self.ledger is not None:
-            self.ledger.forget(request.request_id)
+        self.pause_rule.forget(request.request_id)
 
     def on_preempt(self, request: Any) -> None:
         """When the scheduler preempts a request (KV freed): it is no longer LB-paused."""
         self.paused_req_ids.discard(request.request_id)
-        if self.ledger is not None:
-            self.ledger.resumed(request.request_id, self._now_s)
+        self.pause_rule.resumed(request.request_id)

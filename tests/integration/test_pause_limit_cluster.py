@@ -59,7 +59,7 @@ def _never_resumes_first(engine):
     """A contributor's change drops the limit's resume: a request at its limit waits in
     the queue like any other."""
     policy = engine.scheduler.lb
-    policy._resume_due_first = lambda: None
+    policy._resume_first = lambda due: None
 
 
 def broken_target(ctx, args):

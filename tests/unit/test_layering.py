@@ -19,7 +19,7 @@ PACKAGE = ROOT / "dyntra_lb"
 PURE_MODULES = ["blocks", "config", "diagnostics", "payload", "planner.front",
                 "planner.registry", "planner.python", "planner.python_card",
                 "planner.compiled", "planner.compiled_steps", "planner.compiled_card",
-                "policy"]
+                "policy", "pause_rule", "pause_limit"]
 
 
 def _imported_roots(path: pathlib.Path) -> set[str]:

@@ -133,7 +133,7 @@ def test_a_request_at_its_limit_is_resumed_first_even_by_a_frozen_plan():
     out = step(scheduler, 2.0)  # paused 1.0 s: at its limit, resumed whatever the plan
     assert out.resumed_req_ids == ["r1"]
     assert r1.pauses == [[1.0, 2.0]]
-    assert scheduler.lb.ledger.paused_s("r1", 9.0) == pytest.approx(1.0)
+    assert scheduler.lb.pause_rule.ledger.paused_s("r1", 9.0) == pytest.approx(1.0)
 
 
 def test_a_request_at_its_limit_is_never_paused_again():

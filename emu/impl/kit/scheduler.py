@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from dyntra_lb.blocks import block_counts, num_blocks
 from dyntra_lb.diagnostics import scheduler_summary_line
-from dyntra_lb.pause_limit import PauseLimit
+from dyntra_lb.pause_limit import PauseLimit, pause_rule_for
 from dyntra_lb.policy import BLOCKED_STATUSES, DyntraLBPolicy, RequestStatus
 from emu.impl.kit.kv import BlockPool, KVCacheManager
 from emu.impl.kit.model_runner import ModelRunnerOutput
@@ -136,7 +136,7 @@ class Scheduler:
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
         self.enable_diagnostics = enable_diagnostics
         self.lb = DyntraLBPolicy(self, enable_diagnostics=enable_diagnostics,
-                                 pause_limit=pause_limit) if dyntra_lb else None
+                                 pause_rule=pause_rule_for(pause_limit)) if dyntra_lb else None
         self._now_s = 0.0
 
     # ------------------------------------------------------------------ intake
