@@ -1,6 +1,8 @@
 """Where ``--split N`` cuts a trace: N consecutive windows with an equal share of the
 requests (by arrival), each owning the requests that arrive inside it and replaying, before
-them, the ones that arrived in the ``warmup_s`` seconds before it.
+them, the ones that arrived in the ``warmup_s`` seconds before it (the warm-up) and, after
+them, those of the ``warmup_s`` seconds after it (the cool-down: the window's last
+requests finish under the load they would have met, not in an emptied cluster).
 
 Called by the commands (emu/cli/split.py) before any run starts, to make each window's
 trace, and by the stitch (emu/split/stitch.py) afterwards, to know which requests and
@@ -27,8 +29,9 @@ MAX_WINDOWS = 64
 class Window:
     """Window ``index`` of a split: it owns the requests arriving in
     [``start_s``, ``end_s``) (the last window: from ``start_s`` on, ``end_s`` None) and
-    replays first the ``warmup`` requests that arrived in the warm-up before ``start_s``.
-    Its measured span is the same interval of virtual time (the last: until its run
+    replays first the ``warmup`` requests that arrived in the warm-up before ``start_s``,
+    last the ``cooldown`` ones that arrived in as long after ``end_s``. Neither is
+    reported. Its measured span is the same interval of virtual time (the last: until its run
     ends); the first window starts at 0, the run's own start."""
 
     index: int
@@ -36,11 +39,12 @@ class Window:
     end_s: float | None
     warmup: tuple[TraceRequest, ...]
     owned: tuple[TraceRequest, ...]
+    cooldown: tuple[TraceRequest, ...] = ()
 
     @property
     def trace(self) -> list[TraceRequest]:
-        """What the window's run replays: the warm-up, then its own requests."""
-        return [*self.warmup, *self.owned]
+        """What the window's run replays: the warm-up, its own requests, the cool-down."""
+        return [*self.warmup, *self.owned, *self.cooldown]
 
     @property
     def name(self) -> str:
@@ -51,7 +55,7 @@ class Window:
         """The window in a message: its requests and its arrivals."""
         end = "the end" if self.end_s is None else f"{self.end_s:.3f} s"
         return (f"window {self.index} ({len(self.owned)} requests arriving "
-                f"{self.start_s:.3f} s to {end}, after {len(self.warmup)} warm-up requests)")
+                f"{self.start_s:.3f} s to {end})")
 
 
 def cut(trace: Sequence[TraceRequest], windows: int, warmup_s: float) -> list[Window]:
@@ -84,6 +88,8 @@ def cut(trace: Sequence[TraceRequest], windows: int, warmup_s: float) -> list[Wi
         first = bisect.bisect_left(times, start)
         stop = n if end is None else bisect.bisect_left(times, end)
         warm = bisect.bisect_left(times, start - warm_us)
+        cool = n if end is None else bisect.bisect_left(times, end + warm_us)
         out.append(Window(index, start / 1e6, None if end is None else end / 1e6,
-                          tuple(ordered[warm:first]), tuple(ordered[first:stop])))
+                          tuple(ordered[warm:first]), tuple(ordered[first:stop]),
+                          tuple(ordered[stop:cool])))
     return out

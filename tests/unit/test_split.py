@@ -30,7 +30,11 @@ def test_windows_hold_equal_shares_of_the_requests_and_own_each_once():
     # the warm-up: what arrived in the 2 s before the window (10.5, 11, 11.5, 12 for w1)
     assert windows[0].warmup == ()
     assert [r.arrival_s for r in windows[1].warmup] == [10.5, 11.0, 11.5, 12.0]
-    assert [r.request_id for r in windows[1].trace][:5] == ["r21", "r22", "r23", "r24", "r25"]
+    # the cool-down: what arrives in the 2 s after it (12.5 to 14 for w0); none after the
+    # last window
+    assert [r.arrival_s for r in windows[0].cooldown] == [12.5, 13.0, 13.5, 14.0]
+    assert windows[3].cooldown == ()
+    assert [r.request_id for r in windows[1].trace] == [f"r{i}" for i in range(21, 54)]
 
 
 def test_requests_arriving_together_stay_in_one_window():
@@ -41,10 +45,11 @@ def test_requests_arriving_together_stay_in_one_window():
                                                                  [2.0, 2.0, 3.0, 4.0]]
 
 
-def test_a_warmup_longer_than_the_trace_replays_everything_before():
+def test_a_warmup_longer_than_the_trace_replays_all_of_it_in_every_window():
     windows = cut(_trace([0.0, 1.0, 2.0, 3.0]), 2, warmup_s=100.0)
-    assert [r.request_id for r in windows[1].trace] == ["r0", "r1", "r2", "r3"]
-    assert [r.request_id for r in windows[1].owned] == ["r2", "r3"]
+    for window in windows:
+        assert [r.request_id for r in window.trace] == ["r0", "r1", "r2", "r3"]
+    assert [[r.request_id for r in w.owned] for w in windows] == [["r0", "r1"], ["r2", "r3"]]
 
 
 @pytest.mark.parametrize("arrivals, windows, warmup, message", [
