@@ -2,8 +2,8 @@
 the windows run as one batch on an executor (``emu.cli.batch``), and their measured
 parts stitched (``emu.split.stitch``).
 
-``run --split`` calls ``cmd_run_split``; ``ab --split`` calls ``window_specs`` and
-``run_windows`` for each side and compares the sides window by window.
+``run --split`` calls ``cmd_run_split``; ``ab --split`` calls ``run_split`` with its two
+sides and compares them window by window.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from emu.cli.batch import (
     FILL_CORES,
@@ -32,6 +34,9 @@ from emu.cli.progress import note
 from emu.knobs import Int
 from emu.spec import CheckedRun, SpecError
 from emu.split.windows import MAX_WINDOWS, Window, cut
+
+if TYPE_CHECKING:
+    from emu.metrics import Run
 
 # Where a split's windows write their runs, under the output directory.
 WINDOWS_DIR = "windows"
@@ -140,38 +145,88 @@ def prepare_windows(out_dir: Path, overwrite: bool, runs: Sequence[CheckedRun]) 
         Path(checked.spec.out_dir).mkdir(parents=True)
 
 
-def run_windows(args, executor, windows: Sequence[Window], runs: Sequence[CheckedRun],
-                what: str) -> list:
-    """Every window's run as one batch on ``executor``, then each read back
-    (``emu.metrics.Run``, in window order). A failed window is ClusterFailed naming it,
-    SIGINT or SIGTERM RunInterrupted (``run_batch``); nothing is stitched then."""
-    from emu.metrics import RunError, load_run
+@dataclass(frozen=True)
+class Side:
+    """One run a split cuts into windows: its checked run (whose out_dir gets the
+    stitched metrics.json and the windows/ directory), the name of its config in
+    messages, and its label in the batch's messages (``ab``'s "A (DyntraLB off)")."""
 
-    out = Path(runs[0].spec.out_dir).parent
-    run_batch(args, executor, runs, [w.describe() for w in windows], what,
-              f"{out}/w<k>/")
-    loaded = []
-    for window, checked in zip(windows, runs, strict=True):
-        try:
-            loaded.append(load_run(checked.spec.out_dir))
-        except RunError as exc:
-            raise ClusterFailed(f"{window.describe()}: its records cannot be read: "
-                                f"{exc}") from None
-    return loaded
+    checked: CheckedRun
+    source: str
+    label: str | None = None
 
 
-def split_record(windows: Sequence[Window], loaded: Sequence, warmup: float) -> tuple:
-    """The stitched metrics of the windows' runs and the stitched run (for the plots):
-    ``emu.split.stitch.measured_metrics``, with ``split`` recorded: the windows, the
-    warm-up, and per window its bounds, requests and measured figures
-    (``window_figures``). Returns (metrics, stitched run, each window's measured
-    metrics)."""
+@dataclass(frozen=True)
+class Stitched:
+    """A side's stitched answer: its metrics (written to its metrics.json), the stitched
+    run (for plots) and each window's measured metrics, in window order."""
+
+    metrics: dict
+    run: Run
+    windows: list[dict]
+
+
+def run_split(args, inputs: Inputs, sides: Sequence[Side], out_dir: Path, what: str
+              ) -> tuple[list[Window], list[Stitched]]:
+    """Every side cut into the same windows (``window_specs``), all their runs one batch
+    on the executor, each side stitched and its metrics.json written. The executor is
+    entered, then ``out_dir`` (and each side's directory) prepared, before anything
+    runs. A failed window is ClusterFailed naming it, SIGINT or SIGTERM RunInterrupted
+    (``run_batch``); nothing is stitched or written then."""
+    from emu.metrics import RunError, load_run, write_metrics
+    from emu.run import recorded_config
+
+    cut_sides = [window_specs(args, inputs, side.checked, side.source,
+                              Path(side.checked.spec.out_dir)) for side in sides]
+    windows = cut_sides[0][0]
+    runs = [run for _, side_runs in cut_sides for run in side_runs]
+    names = [f"{side.label} {w.describe()}" if side.label else w.describe()
+             for side in sides for w in windows]
+    specs = [run.spec for run in runs]
+    spec = sides[0].checked.spec
+    with batch_executor(args, specs, jobs_filling_cores(specs)) as executor:
+        prepare_out_dir(out_dir, args.overwrite)
+        for side, (_, side_runs) in zip(sides, cut_sides, strict=True):
+            prepare_windows(Path(side.checked.spec.out_dir), args.overwrite, side_runs)
+        note(args, f"{args.command}: {spec.workload} ({len(spec.trace)} requests) in "
+                   f"{len(windows)} windows of ~{len(spec.trace) // len(windows)} requests"
+                   f"{f' x {len(sides)} runs' if len(sides) > 1 else ''}, "
+                   f"{warmup_s(args):g} s warm-up, {spec.dp_size} ranks each, "
+                   f"{describe_executor(args, executor, specs[0])}; writing {out_dir}")
+        start = time.monotonic()
+        run_batch(args, executor, runs, names, what, f"{out_dir}/.../{WINDOWS_DIR}/w<k>/")
+        wall = time.monotonic() - start
+    note(args, f"{args.command}: {len(runs)} window runs finished in {wall:.1f} s "
+               "wall-clock")
+    stitched = []
+    for i, (side, (_, side_runs)) in enumerate(zip(sides, cut_sides, strict=True)):
+        loaded = []
+        side_names = names[i * len(windows):(i + 1) * len(windows)]
+        for name, checked in zip(side_names, side_runs, strict=True):
+            try:
+                loaded.append(load_run(checked.spec.out_dir))
+            except RunError as exc:
+                raise ClusterFailed(f"{name}: its records cannot be read: {exc}") from None
+        answer = split_record(windows, loaded, warmup_s(args))
+        answer.metrics["config"] = recorded_config(side.checked)
+        answer.metrics["seed"] = side.checked.spec.seed
+        stitched.append(answer)
+    for side, answer in zip(sides, stitched, strict=True):
+        write_metrics(answer.metrics, Path(side.checked.spec.out_dir) / "metrics.json")
+    return windows, stitched
+
+
+def split_record(windows: Sequence[Window], loaded: Sequence[Run], warmup: float
+                 ) -> Stitched:
+    """The stitched answer of the windows' runs (``emu.split.stitch.measured_metrics``)
+    with ``split`` recorded in its metrics: the windows, the warm-up, and per window its
+    bounds, requests and measured figures (``window_figures``)."""
     from emu.split.stitch import StitchError, measured_metrics
 
     last = windows[-1].index
     parts = list(zip(windows, loaded, strict=True))
     try:
-        metrics, stitched = measured_metrics(parts, last)
+        metrics, run = measured_metrics(parts, last)
         each = [measured_metrics([part], last)[0] for part in parts]
     except StitchError as exc:
         raise ClusterFailed(str(exc)) from None
@@ -182,7 +237,7 @@ def split_record(windows: Sequence[Window], loaded: Sequence, warmup: float) -> 
                         "cooldown_requests": len(w.cooldown),
                         **window_figures(m)} for w, m in zip(windows, each, strict=True)],
     }
-    return metrics, stitched, each
+    return Stitched(metrics, run, each)
 
 
 def window_figures(metrics: dict) -> dict:
@@ -192,6 +247,17 @@ def window_figures(metrics: dict) -> dict:
             "tpot_p50_ms": metrics["tpot_ms"]["p50"], "tpot_p99_ms": metrics["tpot_ms"]["p99"],
             "ttft_p99_ms": metrics["ttft_ms"]["p99"],
             "requests_paused_pct": metrics["pauses"]["requests_paused_pct"]}
+
+
+def window_spread(windows: list[tuple[int, dict, dict]], labels) -> str:
+    """``ab --split``'s table: each key delta of B against A in every window (its
+    measured part) and their mean with a 95 % CI over the windows, headed as what it
+    is: a spread over the trace's time, not over seeds."""
+    from emu.recipes import seed_table
+
+    return (f"{labels[1]} vs {labels[0]} in each of the {len(windows)} windows of the trace "
+            "(a spread over time, one trace; not over seeds):\n\n"
+            + seed_table(windows, column="window"))
 
 
 def stitched_line(metrics: dict) -> str:
@@ -207,34 +273,17 @@ def cmd_run_split(args, inputs: Inputs, checked: CheckedRun, source: str,
     """``run --split N``: the windows run on the executor, stitched into the output
     directory's metrics.json, summary.md and plots (written only once every window has
     finished and been stitched)."""
-    from emu.metrics import write_metrics
-    from emu.run import recorded_config
-
     spec = checked.spec
-    windows, runs = window_specs(args, inputs, checked, source, out_dir)
-    specs = [r.spec for r in runs]
-    with batch_executor(args, specs, jobs_filling_cores(specs)) as executor:
-        prepare_windows(out_dir, args.overwrite, runs)
-        note(args, f"run: {spec.workload} ({len(spec.trace)} requests) in {len(windows)} "
-                   f"windows of ~{len(spec.trace) // len(windows)} requests, "
-                   f"{warmup_s(args):g} s warm-up, {spec.dp_size} ranks each, "
-                   f"{describe_executor(args, executor, specs[0])}; writing {out_dir}")
-        start = time.monotonic()
-        loaded = run_windows(args, executor, windows, runs, "the split")
-        wall = time.monotonic() - start
-    metrics, stitched, _ = split_record(windows, loaded, warmup_s(args))
-    metrics["config"] = recorded_config(checked)
-    metrics["seed"] = spec.seed
-    note(args, f"run: {len(windows)} windows finished in {wall:.1f} s wall-clock")
+    _, [answer] = run_split(args, inputs, [Side(checked, source)], out_dir, "the split")
     # Imported only now: matplotlib costs a refused input or a failed run half a second.
     from emu.plots import write_plots
     from emu.report import summary_table, write_summary_md
 
-    plots = write_plots(stitched, out_dir)
+    metrics = answer.metrics
+    plots = write_plots(answer.run, out_dir)
     write_summary_md(out_dir / "summary.md", metrics,
-                     title=f"dyntra-emu run --split {len(windows)}: {spec.workload}, "
+                     title=f"dyntra-emu run --split {args.split}: {spec.workload}, "
                            f"dp={spec.dp_size}", plots=plots, about=[stitched_line(metrics)])
-    write_metrics(metrics, out_dir / "metrics.json")
     print(stitched_line(metrics) + "\n")
     print(summary_table(metrics))
     print(f"\nOutputs in {out_dir}/: summary.md, metrics.json, "

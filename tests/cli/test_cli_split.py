@@ -106,3 +106,61 @@ def test_bad_split_flags_are_refused_before_anything_runs(cli, tmp_path, tiny_tr
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, *flags, "--out", out)
     clikit.assert_user_error(proc, message)
     assert not out.exists()
+
+
+def test_a_failing_window_fails_the_run_names_it_and_stitches_nothing(cli, tmp_path,
+                                                                      clikit, monkeypatch):
+    # Window 1's run gets a wall-clock limit no cluster start can meet: it fails for real
+    # (its ranks stopped, error.txt), window 0 is stopped or finishes.
+    import dataclasses
+
+    import emu.cli.split as split
+
+    cut = split.window_specs
+
+    def failing_second(*args, **kwargs):
+        windows, runs = cut(*args, **kwargs)
+        spec = dataclasses.replace(runs[1].spec, run_timeout_s=0.001)
+        return windows, [runs[0], dataclasses.replace(runs[1], spec=spec)]
+
+    monkeypatch.setattr(split, "window_specs", failing_second)
+    trace = clikit.write_trace(tmp_path / "trace.jsonl", REQUESTS)
+    out = tmp_path / "out"
+    proc = cli("run", "--workload", trace, *clikit.SMALL, "--transport", "thread", "--split",
+               "2", "--split-warmup", "1", "--jobs", "2", "--out", out)
+    assert proc.returncode == 1, proc.stderr
+    assert ("dyntra-emu run: error: run window 1 (60 requests arriving 6.036 s to the "
+            "end) failed: run exceeded run_timeout_s=0.001") in proc.stderr
+    assert f"report in {out / 'windows' / 'w1' / 'error.txt'}" in proc.stderr
+    assert (out / "windows" / "w1" / "error.txt").exists()
+    assert not any((out / name).exists() for name in ("metrics.json", "summary.md",
+                                                      "load.png"))
+
+
+def test_ab_split_compares_the_sides_window_by_window(cli, tmp_path, clikit):
+    trace = clikit.write_trace(tmp_path / "trace.jsonl", REQUESTS)
+    out = tmp_path / "ab"
+    proc = cli("ab", "--workload", trace, *clikit.SMALL, "--transport", "thread",
+               "--additional-config", json.dumps(clikit.STATIC), "--split", "2",
+               "--split-warmup",
+               "1", "--jobs", "2", "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    sides = [json.loads((out / side / "metrics.json").read_text()) for side in "ab"]
+    assert [m["requests_total"] for m in sides] == [len(REQUESTS)] * 2
+    # each window's throughput gain, as each side's metrics.json records the window
+    gains = [(b["throughput_tok_s"] / a["throughput_tok_s"] - 1) * 100
+             for a, b in zip(*(m["split"]["per_window"] for m in sides), strict=True)]
+    assert len(gains) == 2
+    row = next(line for line in proc.stdout.splitlines()
+               if line.startswith("output throughput"))
+    assert row.split()[2:4] == [f"{g:+.2f}" for g in gains[:1]] + ["%"]
+    assert f"{gains[1]:+.2f} %" in row
+    assert "a spread over time, one trace; not over seeds" in proc.stdout
+    assert "Stitched from 2 windows" in proc.stdout
+    assert "## The gain per window" in (out / "summary.md").read_text()
+
+
+def test_ab_split_is_refused_with_seeds(cli, tmp_path, clikit):
+    proc = cli("ab", "--workload", "recipe:pr12292,n=20", *clikit.SMALL, "--seeds", "2",
+               "--split", "2", "--out", tmp_path / "ab")
+    clikit.assert_user_error(proc, "--split 2: not with --seeds")
