@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 from emu.knobs import is_int, is_number
 from emu.sites import COLLECTIVE_SITES, FLAG_SITE
-from emu.workload import TraceRequest
+from emu.workload.request import TraceRequest
 
 DEFAULT_KV_TIMEOUT_S = 30.0
 # A slowed rank's extra cost per step: at most a forward as a cost profile may price one

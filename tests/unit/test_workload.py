@@ -1,4 +1,4 @@
-"""Trace loading/validation and request routing (emu/workload.py)."""
+"""Trace loading/validation and request routing (emu.workload)."""
 
 import json
 

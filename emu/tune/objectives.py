@@ -1,0 +1,105 @@
+"""The study's objectives: what a trial is measured by, how a run's metrics become an
+objective's value, the estimate over seeds, and when one point dominates another."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from emu.recipes import mean_ci
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    name: str
+    label: str
+    unit: str
+    direction: str  # Optuna's: "maximize" or "minimize"
+
+    @property
+    def maximize(self) -> bool:
+        return self.direction == "maximize"
+
+
+OBJECTIVES = {o.name: o for o in (
+    Objective("throughput", "throughput gain over DyntraLB off", "%", "maximize"),
+    Objective("tpot_p99", "TPOT p99", "ms", "minimize"),
+    Objective("longest_pause", "longest pause", "ms", "minimize"),
+)}
+
+
+def parse_names(text: str, known: Sequence[str], flag: str) -> tuple[str, ...]:
+    """A comma-separated list of names out of ``known``, each once, in the order given;
+    ValueError names the flag and the first name that is not known."""
+    names = tuple(n.strip() for n in text.split(","))
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{flag} {text}: unknown name {name!r}; expected some of "
+                             f"{', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{flag} {text}: a name is given twice")
+    return names
+
+
+def objective_value(name: str, metrics: dict, baseline: dict) -> float:
+    """One run's value of objective ``name``; ``baseline`` is the run with DyntraLB off on
+    the same seed. ValueError when the run has no such figure (no finished request)."""
+    if name == "throughput":
+        on, off = metrics.get("throughput_tok_s"), baseline.get("throughput_tok_s")
+        if not on or not off:
+            raise ValueError("no output throughput")
+        return (on - off) / off * 100
+    if name == "tpot_p99":
+        value = (metrics.get("tpot_ms") or {}).get("p99")
+        if value is None:
+            raise ValueError("no TPOT (no request decoded two tokens)")
+        return float(value)
+    pauses = (metrics.get("pauses") or {}).get("duration_ms") or {}
+    return float(pauses.get("max") or 0.0)
+
+
+def estimate(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % confidence interval over seeds (Student's t); a
+    single seed has no interval (half-width 0: one fixed trace is exact)."""
+    if len(values) == 1:
+        return float(values[0]), 0.0
+    return mean_ci(list(values))
+
+
+def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[str]) -> bool:
+    """Whether point ``a`` is at least as good as ``b`` in every objective and better in
+    one (each objective in its direction)."""
+    signs = [1.0 if OBJECTIVES[name].maximize else -1.0 for name in objectives]
+    better = [s * x for s, x in zip(signs, a, strict=True)]
+    worse = [s * y for s, y in zip(signs, b, strict=True)]
+    return (all(x >= y for x, y in zip(better, worse, strict=True))
+            and any(x > y for x, y in zip(better, worse, strict=True)))
+
+
+def out_of_reach(partial: dict[str, dict[str, float]],
+                 finished: Sequence[dict[str, dict[str, float]]],
+                 objectives: Sequence[str]) -> bool:
+    """Whether a trial's first seeds keep it off the front: against some finished trial,
+    on the same seeds, the 95 % confidence interval of the difference in every objective
+    lies on the side of "no better" (the trial's most favourable end at best equal, and
+    worse in one). ``partial`` and each of ``finished`` map a seed (as text) to that
+    seed's objective values. Paired by seed, the intervals leave out what the seeds
+    share (one seed's traffic is heavier for every config)."""
+    for other in finished:
+        best_case = []
+        for name in objectives:
+            diffs = [values[name] - other[seed][name] for seed, values in partial.items()]
+            mean, half = estimate(diffs)
+            best_case.append(mean + half if OBJECTIVES[name].maximize else mean - half)
+        if dominates([0.0] * len(objectives), best_case, objectives):
+            return True
+    return False
+
+
+
+def interval_text(mean: float, half: float, signed: bool) -> str:
+    """An estimate as the status lines and the front's table show it: the mean, and its
+    95 % half-width unless it is 0 (one seed)."""
+    text = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    return text if half == 0 else f"{text} ± {half:.2f}"
+
