@@ -519,8 +519,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "it when its throughput gain is at least PCT %% (over --seeds, "
                              "with its 95 %% CI above 0), and quotes its tail cost either way "
                              f"(default: {DEFAULT_MIN_GAIN_PCT:g}; emu/verdict.py says why)")
-    add_split_options(parser, "each side's answer, the gain per window and its 95 %% CI "
-                              "over the windows (a spread over time, not seeds),")
+    add_split_options(parser, "each side is stitched from their measured parts, and the "
+                              "gain of each window reported with its 95 %% CI over the "
+                              "windows (a spread over time, not over seeds)")
     add_executor_options(parser, "the runs of --seeds or --split", FILL_CORES)
     add_run_options(parser)
     parser.set_defaults(func=cmd_ab)

@@ -49,10 +49,10 @@ def add_split_options(parser: argparse.ArgumentParser, what: str) -> None:
     """--split N and --split-warmup S; ``what`` says what the split measures."""
     parser.add_argument(
         "--split", type=Int(2, MAX_WINDOWS).parse, metavar="N",
-        help=f"cut the trace into N consecutive windows with an equal share of its requests, "
-             f"run them side by side on the executor (--executor, --jobs) and stitch {what} "
-             "from their measured parts: an approximation, whose measured error is in "
-             "benchmarks/RESULTS.md (docs/split.md)")
+        help=f"cut the trace into N consecutive windows with an equal share of its requests "
+             f"and run them side by side on the executor (--executor, --jobs); {what}. An "
+             "approximation, whose measured error is in benchmarks/RESULTS.md "
+             "(docs/split.md)")
     parser.add_argument(
         "--split-warmup", type=_seconds, metavar="S",
         help="with --split: each window first replays the requests that arrived in the S "
@@ -101,7 +101,8 @@ def check_split_flags(args, *, executor_flags: bool) -> None:
 
 def add_run_split_options(parser: argparse.ArgumentParser) -> None:
     """``run``'s --split, --split-warmup and the executor flags the windows run on."""
-    add_split_options(parser, "one metrics.json, summary and plot set")
+    add_split_options(parser, "their measured parts are stitched into one metrics.json, "
+                              "summary and plot set")
     add_executor_options(parser, "--split's windows", FILL_CORES)
 
 
@@ -247,6 +248,31 @@ def window_figures(metrics: dict) -> dict:
             "tpot_p50_ms": metrics["tpot_ms"]["p50"], "tpot_p99_ms": metrics["tpot_ms"]["p99"],
             "ttft_p99_ms": metrics["ttft_ms"]["p99"],
             "requests_paused_pct": metrics["pauses"]["requests_paused_pct"]}
+
+
+def window_measured(window: Window, last: int, out_dir: Path) -> dict:
+    """The measured metrics of ``window``'s run in ``out_dir`` (``last``: the split's last
+    window): what ``tune --split`` takes as a trial's metrics on that window, as it takes
+    a seed's."""
+    from emu.metrics import load_run
+    from emu.split.stitch import measured_metrics
+
+    return measured_metrics([(window, load_run(out_dir))], last)[0]
+
+
+def split_confidence(search: tuple[float, float] | None, windows: int) -> str:
+    """``tune --split``'s line on how sure the recommendation is: its throughput gain
+    over the trace's windows (``search``: mean and 95 % half-width, the search's
+    estimate), a spread over time."""
+    if search is None:
+        return "How sure: not measured (throughput is not among the objectives)."
+    mean, half = search
+    verdict = ("sure it wins on this trace: the 95 % CI lies above 0" if mean - half > 0
+               else "it loses on this trace: the 95 % CI lies below 0" if mean + half < 0
+               else "not sure: the 95 % CI includes 0")
+    return (f"How sure: {verdict}, {mean:+.2f} ± {half:.2f} % throughput over the "
+            f"{windows} windows of the trace (a spread over time, one trace; not over seeds: "
+            "how it carries over to other traffic is not measured).")
 
 
 def window_spread(windows: list[tuple[int, dict, dict]], labels) -> str:

@@ -164,3 +164,43 @@ def test_ab_split_is_refused_with_seeds(cli, tmp_path, clikit):
     proc = cli("ab", "--workload", "recipe:pr12292,n=20", *clikit.SMALL, "--seeds", "2",
                "--split", "2", "--out", tmp_path / "ab")
     clikit.assert_user_error(proc, "--split 2: not with --seeds")
+
+
+def test_tune_split_takes_each_window_as_a_seed(cli, tmp_path, clikit):
+    """`tune --split 2` on one trace: the windows stand for the seeds; what the study
+    keeps of each baseline window is its measured part (not the window's whole run), and
+    "How sure" is the spread over the windows."""
+    optuna = pytest.importorskip("optuna")
+    from emu.metrics import load_run
+    from emu.split.stitch import measured_metrics
+    from emu.split.windows import cut
+    from emu.tune import STUDY_NAME
+    from emu.tune.study import BASELINES_ATTR
+    from emu.workload import load_trace
+
+    trace = clikit.write_trace(tmp_path / "trace.jsonl", REQUESTS)
+    proc = cli("tune", "--workload", trace, *clikit.SMALL, "--objectives", "throughput",
+               "--knobs", "mode,start_step", "--trials", "2", "--min-gain", "0",
+               "--split", "2", "--split-warmup", "1", "--jobs", "2", "--out", "t")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert report["seeds"] == [0, 1] and report["ab"] is None
+    study = optuna.load_study(study_name=STUDY_NAME,
+                              storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
+    kept = study.user_attrs[BASELINES_ATTR]
+    windows = cut(load_trace(trace), 2, 1.0)
+    for window in windows:
+        out = tmp_path / "t" / "runs" / "baseline" / f"seed{window.index}"
+        measured = measured_metrics([(window, load_run(out))], last=1)[0]
+        whole_window = json.loads((out / "metrics.json").read_text())
+        assert kept[str(window.index)]["throughput_tok_s"] == pytest.approx(
+            measured["throughput_tok_s"], rel=1e-12)
+        assert measured["throughput_tok_s"] != pytest.approx(
+            whole_window["throughput_tok_s"], rel=1e-3)
+    assert "throughput over the 2 windows of the trace (a spread over time" in proc.stdout
+
+
+def test_tune_split_is_refused_with_seeds(cli, tmp_path, clikit, tiny_trace):
+    proc = cli("tune", "--workload", tiny_trace, *clikit.SMALL, "--split", "2", "--seeds",
+               "2", "--out", tmp_path / "t")
+    clikit.assert_user_error(proc, "--split 2: not with --seeds or --ab-seeds")
