@@ -206,7 +206,7 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     dp = run.dp_size
     steps, req = run.steps, run.requests
     n_steps = len(steps[0]) if steps else 0
-    virtual_time_s = max((float(np.max(_end_s(rank))) for rank in steps if len(rank)),
+    virtual_time_s = max((float(np.max(step_ends_s(rank))) for rank in steps if len(rank)),
                          default=0.0)
     busy_time_s = _sum(steps[0].step_time_s) if n_steps else 0.0
 
@@ -271,7 +271,7 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     }
 
 
-def _end_s(steps: StepColumns) -> np.ndarray:
+def step_ends_s(steps: StepColumns) -> np.ndarray:
     """When each step ended: its clock, its step time, and what DyntraLB's control plane
     charged after it."""
     charged = steps.charged_s if steps.charged_s is not None else 0.0

@@ -210,10 +210,11 @@ def seed_summary(pairs: list[tuple[int, dict, dict]]) -> list[tuple[str, list, t
     return rows
 
 
-def seed_table(pairs: list[tuple[int, dict, dict]]) -> str:
-    """The table ``ab --seeds`` prints: each seed's delta and the mean with its CI."""
+def seed_table(pairs: list[tuple[int, dict, dict]], column: str = "seed") -> str:
+    """The table ``ab --seeds`` prints: each seed's delta and the mean with its CI
+    (``ab --split``: each window's, ``column`` "window")."""
     seeds = [seed for seed, _, _ in pairs]
-    header = ["B vs A", *(f"seed {s}" for s in seeds), "mean ± 95 % CI"]
+    header = ["B vs A", *(f"{column} {s}" for s in seeds), "mean ± 95 % CI"]
     rows = []
     for label, deltas, ci in seed_summary(pairs):
         unit = " pp" if "points" in label else " %"

@@ -88,11 +88,12 @@ def _wall_rows(a: dict, b: dict, names=None) -> list[tuple] | None:
 
 
 def write_summary_md(path, metrics: dict, *, title: str = "dyntra-emu run",
-                     plots=()) -> None:
-    """summary.md of one run: the summary tables, the config and seed, and the plots
+                     plots=(), about=()) -> None:
+    """summary.md of one run: ``about`` (lines on what the run is, e.g. that it is
+    stitched from windows), the summary tables, the config and seed, and the plots
     (linked relative to the summary's directory)."""
     m = metrics
-    lines = [f"# {title}", ""]
+    lines = [f"# {title}", "", *_md_about(about)]
     lines += ["## Run", "", _md_table(["metric", "value"], _headline_rows(m))]
     lines += ["", "## Latency (ms)", "", _md_table(["", *_STATS], _latency_rows(m))]
     lines += ["", "## DyntraLB", "", _md_table(["metric", "value"], _lb_rows(m))]

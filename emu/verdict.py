@@ -53,10 +53,12 @@ def worth_it(gain_pct: float, ci_pct: float | None, min_gain: float) -> bool:
 
 
 def verdict_line(gain_pct: float, ci_pct: float | None, min_gain: float, tail: Tail,
-                 seeds: int = 1) -> str:
-    """``ab``'s closing line: worth it or keep DyntraLB off, the gain and the tail cost."""
+                 seeds: int = 1, samples: str = "seeds") -> str:
+    """``ab``'s closing line: worth it or keep DyntraLB off, the gain and the tail cost;
+    the gain over ``seeds`` samples, which are ``samples`` (seeds, or ``ab --split``'s
+    windows of one trace)."""
     gain = f"{gain_pct:+.2f} %" if ci_pct is None else f"{gain_pct:+.2f} ± {ci_pct:.2f} %"
-    over = "" if seeds == 1 else f" over {seeds} seeds"
+    over = "" if seeds == 1 else f" over {seeds} {samples}"
     if worth_it(gain_pct, ci_pct, min_gain):
         return (f"Verdict: worth it: throughput {gain}{over} over DyntraLB off (at least "
                 f"--min-gain {min_gain:g} %), at a tail cost of {tail.text()}.")

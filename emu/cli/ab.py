@@ -42,7 +42,15 @@ from emu.cli.inputs import (
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.progress import note
 from emu.cli.recipe_hint import print_setup_hint
-from emu.cli.running import resolve_launch, run_one
+from emu.cli.running import Measured, resolve_launch, run_one
+from emu.cli.split import (
+    Side,
+    add_split_options,
+    check_split_flags,
+    run_split,
+    stitched_line,
+    window_spread,
+)
 from emu.impl import PLANNERS
 from emu.knobs import Int
 from emu.recipes import is_recipe, mean_ci, seed_table
@@ -64,6 +72,8 @@ examples:
       a vllm-ascend branch (B) against its base (A): same trace, config and seeds
   dyntra-emu ab --workload recipe:pr12292,n=300 --seeds 5 --executor ray
       the A/B on 5 seeds, its 10 runs as Ray tasks on a local Ray
+  dyntra-emu ab --workload my_day.jsonl --split 4 --jobs 2
+      one fixed trace in 4 windows per side: the gain of each window and its spread
 
 The output directory gets summary.md, load_ab.png, bubble_ab.png, tpot_ab.png, and
 a/ and b/ with each run's records and metrics.json. With --seeds: summary.md,
@@ -115,10 +125,11 @@ def _ab_sources(args, trees) -> tuple[list[tuple[str, str]], tuple[str, str]]:
             (OFF_LABEL, "DyntraLB on"))
 
 
-def _verdict(min_gain: float, pairs: list[tuple]) -> str:
+def _verdict(min_gain: float, pairs: list[tuple], samples: str = "seeds") -> str:
     """The closing verdict of an A/B against DyntraLB off (``emu.verdict``): the
-    throughput gain (mean ± 95 % CI over the seeds), TPOT p99 of both sides (means) and
-    the longest pause of B (the worst seed)."""
+    throughput gain (mean ± 95 % CI over the seeds, or over ``ab --split``'s windows:
+    ``samples``), TPOT p99 of both sides (means) and the longest pause of B (the worst
+    seed or window)."""
     gains = [(b["throughput_tok_s"] / a["throughput_tok_s"] - 1) * 100 for _, a, b in pairs]
     gain, ci = (gains[0], None) if len(gains) == 1 else mean_ci(gains)
 
@@ -136,7 +147,7 @@ def _verdict(min_gain: float, pairs: list[tuple]) -> str:
     longest = [(b.get("pauses") or {}).get("longest_paused_ms") for _, _, b in pairs]
     tail = Tail(mean(1, "tpot_ms", "p99"), mean(2, "tpot_ms", "p99"),
                 None if None in longest else max(longest))
-    return verdict_line(gain, ci, min_gain, tail, seeds=len(pairs))
+    return verdict_line(gain, ci, min_gain, tail, seeds=len(pairs), samples=samples)
 
 
 def _config_flag(args) -> str:
@@ -203,6 +214,8 @@ def cmd_ab(args) -> int:
                                                                   strict=True)]))
     print_setup_hint(args.workload, pairs[0][1].spec)  # B: the side the published setup ran
     about = [] if trees is None else tree_lines(trees)
+    if args.split is not None:
+        return _run_split(args, launch, pairs[0], sources, labels, out_dir, about)
     if args.seeds is not None:
         # Each run of the batch has a fresh process of its own (a local job, or one a
         # Ray task starts): two trees on rank threads never meet in one process.
@@ -236,9 +249,31 @@ def _run_seeds(args, seeds, pairs, labels, out_dir: Path) -> list[list[dict]]:
     return [metrics[i:i + 2] for i in range(0, len(metrics), 2)]
 
 
-def _report(pair, measured, labels, out_dir: Path, about: list[str], min_gain: float) -> int:
+def _run_split(args, launch, pair, sources, labels, out_dir: Path, about: list[str]) -> int:
+    """``ab --split N``: both sides cut into the same windows, their 2N runs one batch
+    (``emu.cli.split.run_split``), each side stitched into a/ and b/; reported as one
+    A/B of the stitched answers, with the gain of each window and its 95 % CI over the
+    windows (a spread over time, not over seeds)."""
+    inputs = read_inputs(args, launch.dp, seed=args.seed)
+    sides = [Side(checked, source, f"{name.upper()} ({label})")
+             for checked, (_, source), name, label
+             in zip(pair, sources, RUN_DIRS, labels, strict=True)]
+    prepare_out_dir(out_dir, args.overwrite, RUN_DIRS)
+    _, stitched = run_split(args, inputs, sides, out_dir, "ab --split")
+    spread = [(index, a, b) for index, (a, b)
+              in enumerate(zip(stitched[0].windows, stitched[1].windows, strict=True))]
+    return _report(pair, [Measured(s.metrics, s.run) for s in stitched], labels, out_dir,
+                   [*about, stitched_line(stitched[0].metrics)], args.min_gain,
+                   windows=spread)
+
+
+def _report(pair, measured, labels, out_dir: Path, about: list[str], min_gain: float,
+            windows: list[tuple] | None = None) -> int:
     """One A/B: both runs' metrics side by side, the key metrics, the headroom, notes,
-    summary.md and the overlay plots; ``about`` lines (which tree is which) first."""
+    summary.md and the overlay plots; ``about`` lines (which tree is which) first. With
+    ``windows`` (``ab --split``: (index, metrics of A, metrics of B) per window), each
+    window's key deltas and their mean with its 95 % CI over the windows, which the
+    verdict takes as ``ab --seeds`` takes its seeds'."""
     from emu.no_effect import no_effect_notes
     from emu.report import (
         ab_table,
@@ -272,8 +307,14 @@ def _report(pair, measured, labels, out_dir: Path, about: list[str], min_gain: f
     for label, m in zip(labels, metrics, strict=True):
         for text in no_effect_notes(m):
             print(f"note ({label}): {text}")
+    if windows is not None:
+        spread = window_spread(windows, labels)
+        print(f"\n{spread}")
+        with (out_dir / "summary.md").open("a") as summary:
+            summary.write(f"\n## The gain per window\n\n```\n{spread}\n```\n")
     if labels[0] == OFF_LABEL:
-        print(_verdict(min_gain, [(None, *metrics)]))
+        print(_verdict(min_gain, windows or [(None, *metrics)],
+                       "windows" if windows else "seeds"))
     print(f"\nOutputs in {out_dir}/: summary.md, {', '.join(p.name for p in plots)}, "
           f"a/ and b/ (metrics.json and records of each run)")
     return 0
@@ -370,15 +411,19 @@ def _check_combinations(args) -> None:
     if args.additional_config is not None and (args.config_a or args.config_b):
         raise UsageError("--additional-config: not allowed with --config-a/--config-b "
                          "(give either one config for B, or both A and B)")
-    if args.seeds is None:
+    if args.split is not None and args.seeds is not None:
+        raise UsageError(f"--split {args.split}: not with --seeds (the spread of --split is "
+                         "over the windows of one trace, that of --seeds over its seeds)")
+    if args.seeds is None and args.split is None:
         given = [flag for flag, value in (("--executor ray", args.executor == "ray"),
                                           ("--jobs", args.jobs is not None),
                                           ("--ray-address", args.ray_address is not None))
                  if value]
         if given:
-            raise UsageError(f"{given[0]}: only with --seeds N (the runs of the seeds are "
+            raise UsageError(f"{given[0]}: only with --seeds N or --split N (their runs are "
                              "a batch; a single A/B runs its two runs here, one after the "
                              "other)")
+    check_split_flags(args, executor_flags=False)
     check_executor_flags(args)
 
 
@@ -474,7 +519,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "it when its throughput gain is at least PCT %% (over --seeds, "
                              "with its 95 %% CI above 0), and quotes its tail cost either way "
                              f"(default: {DEFAULT_MIN_GAIN_PCT:g}; emu/verdict.py says why)")
-    add_executor_options(parser, "the runs of --seeds", FILL_CORES)
+    add_split_options(parser, "each side is stitched from their measured parts, and the "
+                              "gain of each window reported with its 95 %% CI over the "
+                              "windows (a spread over time, not over seeds)")
+    add_executor_options(parser, "the runs of --seeds or --split", FILL_CORES)
     add_run_options(parser)
     parser.set_defaults(func=cmd_ab)
     return parser

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from emu.cli.errors import UsageError
 from emu.cli.flags import Formatter, add_fault_option, add_input_options, add_run_options, wrap
 from emu.cli.inputs import (
     build_spec,
@@ -16,6 +17,7 @@ from emu.cli.inputs import (
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.recipe_hint import print_setup_hint
 from emu.cli.running import resolve_launch, run_one
+from emu.cli.split import add_run_split_options, check_split_flags, cmd_run_split
 from emu.cli.timeline import check_timeline_path, save_timeline
 
 EPILOG = """\
@@ -35,12 +37,19 @@ rank<r>.progress.jsonl (what the progress bar reads), metrics.json (docs/metrics
 summary.md, the plots load.png, bubble.png, tpot.png, and run.json (whether the run
 finished: complete, failed, interrupted; error.txt then holds every rank's report).
 SIGINT (Ctrl-C) and SIGTERM stop every rank and exit 130 and 143.
+With --split N the trace runs as N windows side by side (docs/split.md): each
+window's run in windows/w<k>/, the stitched metrics.json, summary and plots
+in the output directory.
 Without --out it is runs/<date>-<time>-run under the current directory.
 """
 
 
 def cmd_run(args) -> int:
     launch = resolve_launch(args)
+    check_split_flags(args, executor_flags=True)
+    if args.split is not None and launch.torchrun is not None:
+        raise UsageError("--split: not under torchrun (the windows are runs of their own, "
+                         "started by dyntra-emu on an executor); start dyntra-emu directly")
     text, source, problems = config_source(args)
     inputs = read_inputs(args, launch.dp)
     out_dir = out_dir_path(args.out, "run")
@@ -52,6 +61,9 @@ def cmd_run(args) -> int:
     if launch.rank == 0:  # under torchrun: rank 0 warns and prepares the directory
         warn_ignored_keys("run", ignored_keys([(checked.config, source)]))
         print_setup_hint(args.workload, spec)
+    if args.split is not None:
+        return cmd_run_split(args, inputs, checked, source, out_dir)
+    if launch.rank == 0:
         prepare_out_dir(out_dir, args.overwrite)
     measured = run_one(args, checked, launch, "run")
     if measured is None:
@@ -83,6 +95,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_input_options(parser, single_config=True)
     add_run_options(parser)
     add_fault_option(parser)
+    add_run_split_options(parser)
     parser.add_argument("--timeline", metavar="FILE",
                         help="also write the run's timeline to FILE (Trace Event Format, for "
                              "Perfetto and chrome://tracing; `dyntra-emu timeline` writes it "

@@ -13,7 +13,6 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from emu.ab_seeds import write_ab_json
 from emu.cli.batch import (
     add_executor_options,
     batch_executor,
@@ -41,6 +40,8 @@ from emu.cli.inputs import (
 from emu.cli.outdir import out_dir_path, prepare_out_dir
 from emu.cli.progress import note
 from emu.cli.running import resolve_launch
+from emu.cli.split import add_split_options, check_split_flags, window_measured, window_specs
+from emu.cli.tune_ab import confidence, run_ab
 from emu.knobs import Int
 from emu.recipes import is_recipe, seed_summary, seed_table
 from emu.run import recorded_config
@@ -112,6 +113,7 @@ def cmd_tune(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     check_executor_flags(args)
+    check_split_flags(args, executor_flags=False)
     if args.trials == 0:
         raise UsageError("--trials 0: an empty budget, no trial would run; give 1 or more "
                          "(a resumed study adds that many)")
@@ -121,8 +123,12 @@ def cmd_tune(args) -> int:
     text, source = (read_config_arg(args.additional_config)
                     if args.additional_config is not None
                     else (json.dumps(BASE_CONFIG), "the default config (DyntraLB on)"))
-    bases, inputs, base_checked = _base_specs(args, launch, text, source, seeds + ab_seeds,
-                                              out_dir)
+    bases, inputs, base_checked = _base_specs(
+        args, launch, text, source, [args.seed] if args.split else seeds + ab_seeds, out_dir)
+    windows = []  # --split: the windows stand for the seeds, each measured part a seed's
+    if args.split is not None:
+        windows, runs = window_specs(args, inputs, base_checked, source, out_dir)
+        bases = {window.index: run.spec for window, run in zip(windows, runs, strict=True)}
     base_config = base_checked.config.raw
     lb = base_config["scheduler_config"]["dyntra_lb_config"]
     space = Space.for_traces(knobs, [bases[s].trace for s in seeds], bases[seeds[0]].block_size,
@@ -160,8 +166,11 @@ def cmd_tune(args) -> int:
             checked = [check(spec_of(*run)) for run in runs]  # each run's spec, once
             for run in checked:
                 _fresh_dir(Path(run.spec.out_dir))
-            return run_batch(args, executor, checked, names, "the study",
-                             f"{out_dir / 'runs'}/<trial>/seed<s>/")
+            metrics = run_batch(args, executor, checked, names, "the study",
+                                f"{out_dir / 'runs'}/<trial>/seed<s>/")
+            return metrics if not windows else [
+                window_measured(windows[seed], windows[-1].index, Path(run.spec.out_dir))
+                for (_, seed, _), run in zip(runs, checked, strict=True)]
 
         search = Search(study=study, space=space, objectives=objectives, seeds=tuple(seeds),
                         slots=slots, run_batch=batch, say=lambda text: note(args, text))
@@ -173,7 +182,7 @@ def cmd_tune(args) -> int:
         ab = None
         if best is not None and ab_seeds:
             with _resumable(storage, study):
-                ab = _ab(args, executor, bases, ab_seeds, base_config, best, out_dir)
+                ab = run_ab(args, executor, bases, ab_seeds, base_config, best, out_dir)
     return _report(args, out_dir, storage, study, rows, front, best, ab, base_config,
                    objectives, limits, seeds, ab_seeds, search.runs)
 
@@ -196,7 +205,13 @@ def _limits(args, objectives: Sequence[str]) -> dict[str, float]:
 
 def _seeds(args) -> tuple[list[int], list[int]]:
     """The search's workload seeds and the A/B's fresh ones after them (none for a
-    trace file: it is one workload whatever the seed)."""
+    trace file: it is one workload whatever the seed); with --split, the windows'
+    indices, and no A/B."""
+    if args.split is not None:
+        if args.seeds is not None or args.ab_seeds is not None:
+            raise UsageError(f"--split {args.split}: not with --seeds or --ab-seeds (its "
+                             "spread is over the windows of one trace, not over seeds)")
+        return list(range(args.split)), []
     recipe = is_recipe(args.workload)
     count = args.seeds if args.seeds is not None else (DEFAULT_SEEDS if recipe else 1)
     if not recipe:
@@ -353,66 +368,6 @@ def _counts(study) -> dict[str, int]:
     return counts
 
 
-# ----------------------------------------------------------------------- the A/B
-
-
-def _ab(args, executor, bases, seeds, base_config: dict, best: dict, out_dir: Path) -> dict:
-    """The recommendation against DyntraLB off on fresh seeds, as ``ab --seeds`` runs
-    them: ``ab/seed<s>/a`` and ``b``, and ``ab/ab.json``."""
-    ab_dir = out_dir / "ab"
-    if ab_dir.is_dir() and not ab_dir.is_symlink():
-        shutil.rmtree(ab_dir)
-    keys, fields = spec_fields(best["values"])
-    configs = ((with_lb(base_config, enabled=False), {}),
-               (with_lb(base_config, enabled=True, **keys), fields))
-    runs, names = [], []
-    for seed in seeds:
-        for side, (config, side_fields) in zip("ab", configs, strict=True):
-            spec = dataclasses.replace(bases[seed], additional_config=config, **side_fields,
-                                       out_dir=ab_dir / f"seed{seed}" / side)
-            runs.append(check(spec))
-            Path(spec.out_dir).mkdir(parents=True)
-            names.append(f"ab/seed{seed}/{side}")
-    note(args, f"tune: the A/B of trial {best['number']} against DyntraLB off on "
-               f"{len(seeds)} fresh seed(s) ({', '.join(map(str, seeds))})")
-    metrics = run_batch(args, executor, runs, names, "the A/B", f"{ab_dir}/seed<s>/a and b/")
-    pairs = [(seed, metrics[2 * i], metrics[2 * i + 1]) for i, seed in enumerate(seeds)]
-    labels = ("DyntraLB off", f"trial {best['number']}")
-    write_ab_json(ab_dir / "ab.json", workload=args.workload, dp_size=bases[seeds[0]].dp_size,
-                  labels=labels, pairs=pairs)
-    return {"seeds": seeds, "labels": labels, "pairs": pairs}
-
-
-def confidence(best: dict | None, ab: dict | None, fixed_trace: bool) -> str:
-    """The line on how sure the recommendation is."""
-    if best is None:
-        return "How sure: no A/B was run: the recommendation is to keep DyntraLB off."
-    search = best["estimates"].get("throughput")
-    if fixed_trace:
-        gain = "" if search is None else f" ({search[0]:+.2f} % throughput)"
-        return (f"How sure: exact for this trace{gain}: the emulator is deterministic and a "
-                "trace file is one workload, so there is no seed-to-seed spread to measure; "
-                "how it carries over to other traffic is not measured.")
-    if ab is None:
-        return "How sure: not measured (no fresh seeds: --ab-seeds 0)."
-    _, deltas, ci = seed_summary(ab["pairs"])[0]
-    if ci is None:
-        return (f"How sure: one fresh seed, {deltas[0]:+.2f} % throughput; no interval "
-                "(--ab-seeds 2 or more gives one).")
-    mean, half = ci
-    est = "" if search is None else (f" (the search estimated {search[0]:+.2f} ± "
-                                     f"{search[1]:.2f} % on its own seeds)")
-    if mean - half > 0:
-        verdict = "sure it wins: the 95 % CI of its throughput gain lies above 0"
-    elif mean + half < 0:
-        verdict = "it loses: the 95 % CI of its throughput gain lies below 0"
-    else:
-        verdict = ("not sure: the 95 % CI of its throughput gain includes 0; more trials "
-                   "or seeds may tell")
-    return (f"How sure: {verdict}, {mean:+.2f} ± {half:.2f} % over {len(deltas)} fresh "
-            f"seeds{est}.")
-
-
 # ----------------------------------------------------------------------- the report
 
 
@@ -479,7 +434,7 @@ def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, bas
         (out_dir / "recommended.json").write_text(json.dumps(recommended, indent=1) + "\n")
     elif (out_dir / "recommended.json").exists():
         (out_dir / "recommended.json").unlink()
-    sure = confidence(best, ab, not is_recipe(args.workload))
+    sure = confidence(best, ab, not is_recipe(args.workload), args.split)
     ab_table = None if ab is None else seed_table(ab["pairs"])
     ab_runs = 0 if ab is None else 2 * len(ab["seeds"])
     study_line = (f"Study: {sum(counts.values())} trials ({counts['complete']} complete, "
@@ -507,7 +462,8 @@ def _report(args, out_dir: Path, storage: str, study, rows, front, best, ab, bas
         f"A/B of trial {best['number']} against DyntraLB off on {len(ab['seeds'])} fresh "
         f"seeds ({', '.join(map(str, ab['seeds']))}), runs in {out_dir / 'ab'}:")
     md = [f"# dyntra-emu tune: {args.workload}", f"{study_line}.",
-          f"The Pareto front (* the recommendation), means over {len(seeds)} seed(s):", table,
+          f"The Pareto front (* the recommendation), means over {len(seeds)} "
+          f"{'windows' if args.split else 'seed(s)'}:", table,
           f"```\n{rec_text}\n```\n\n(`recommended.json` holds the config.)"]
     if ab is not None:
         md += [ab_intro, f"```\n{ab_table}\n```"]
@@ -582,6 +538,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-pause-ms", type=positive_ms, metavar="MS",
                         help="recommend the front's best throughput whose longest pause "
                              "(mean over the seeds) is <= MS")
+    add_split_options(parser, "each trial is measured on each window's measured part, "
+                              "which pruning and \"How sure\" take as they take seeds (a "
+                              "spread over time)")
     add_executor_options(parser, "the trials' runs",
                          "1: a study's trials depend on how many are asked at once")
     add_output_options(parser)

@@ -198,6 +198,33 @@ def test_sigterm_stops_a_sweep_and_says_what_is_partial(tmp_path, clikit):
     assert not (out / "sweep.json").exists()
 
 
+def test_sigterm_stops_a_split_run_and_stitches_nothing(tmp_path, clikit):
+    """`run --split 2` stopped while its windows run: each window's job stops its
+    cluster (run.json "interrupted"), as a sweep's runs stop; no stitched file."""
+    out = tmp_path / "split"
+    trace = clikit.write_trace(tmp_path / "long.jsonl", [
+        {"request_id": f"r{i}", "arrival_s": 0.01 * i, "prompt_tokens": 64 + 40 * i,
+         "output_tokens": 100_000} for i in range(8)])
+    proc = _start(clikit, trace, out, tmp_path / "tmp",
+                  flags=("--split", "2", "--split-warmup", "0", "--jobs", "2"))
+    for window in ("w0", "w1"):
+        _wait(lambda w=window: _begun(out / "windows" / w / "rank1.steps"), proc,
+              f"window {window}'s step records")
+    jobs = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = _finish(proc, jobs)
+
+    assert proc.returncode == 143, stderr
+    assert ("dyntra-emu run: interrupted by SIGTERM; the split is partial: 0 of 2 runs "
+            "finished") in stderr
+    assert "Traceback" not in stderr
+    for window in ("w0", "w1"):
+        assert json.loads((out / "windows" / window / "run.json").read_text())["state"] \
+            == "interrupted"
+    assert not any((out / name).exists() for name in ("metrics.json", "summary.md",
+                                                      "load.png"))
+
+
 def test_ctrl_c_during_startup_is_one_line_without_rank_tracebacks(tmp_path, clikit):
     """Ctrl-C in a terminal reaches every process of the job. The ranks, still importing
     torch, ignore it (no traceback, no rank failure); the launcher stops them."""
