@@ -141,13 +141,16 @@ def test_run_reads_each_record_table_once(cli, tiny_trace, tmp_path, clikit, mon
     import emu.metrics
 
     reads: list[str] = []
-    read_table = emu.metrics.read_table
 
-    def counting_read(run_dir, rank, table, *args, **kwargs):
-        reads.append(f"rank{rank}.{table}")
-        return read_table(run_dir, rank, table, *args, **kwargs)
+    def counting(read):
+        def counting_read(run_dir, rank, table, *args, **kwargs):
+            reads.append(f"rank{rank}.{table}")
+            return read(run_dir, rank, table, *args, **kwargs)
+        return counting_read
 
-    monkeypatch.setattr(emu.metrics, "read_table", counting_read)
+    # whole tables (steps, wall), or part after part (requests)
+    for name in ("read_table", "read_parts"):
+        monkeypatch.setattr(emu.metrics, name, counting(getattr(emu.metrics, name)))
     out = tmp_path / "out"
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--transport", "thread",
                "--out", out)

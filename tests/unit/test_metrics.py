@@ -403,7 +403,7 @@ def test_itl_takes_gaps_within_requests_only():
     and a request whose first token comes before the previous one's last."""
     from itertools import pairwise
 
-    from emu.metrics import Run, _itl_ms
+    from emu.metrics import Run
 
     def columns(times):
         records = [{"rank": 0, "request_id": str(i), "token_times_s": t, "pauses": []}
@@ -412,5 +412,5 @@ def test_itl_takes_gaps_within_requests_only():
 
     times = [[], [1.0, 1.5, 1.5, 2.0], [], [0.5], [0.25, 3.0], []]
     expected = [(b - a) * 1e3 for t in times for a, b in pairwise(t) if b != a]
-    assert _itl_ms(columns(times)).tolist() == expected == [500.0, 500.0, 2750.0]
-    assert _itl_ms(columns([])).tolist() == []
+    assert columns(times).itl_ms.tolist() == expected == [500.0, 500.0, 2750.0]
+    assert columns([]).itl_ms.tolist() == []
