@@ -171,7 +171,7 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
                                                     ["rank", "request_id"], partial=True)
                                          for r in ranks])
             unfinished = [_unfinished_requests(steps, recorded)]
-        requests = from_requests_parts(chain(
+        requests = from_requests_parts(lambda: chain(
             (part for r in ranks for part in read_parts(out_dir, r, REQUESTS, partial=partial)),
             unfinished))
         wall = None
@@ -287,7 +287,7 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
         "ttft_ms": distribution(ttft),
         "queue_ms": distribution(queue),
         "tpot_ms": distribution(tpot_values_ms(run)),
-        "itl_ms": distribution(req.itl_ms),
+        "itl_ms": req.itl_ms.distribution(),
         "e2e_ms": distribution(e2e),
         "pauses": _pauses(req, virtual_time_s),
         "preemptions": sum(int(rank.preempted.sum()) for rank in steps),

@@ -6,7 +6,7 @@ those (``records_table``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from emu.records.schema import REQUESTS, SCHEMAS, STEPS, WALL
+from emu.records.tally import Tally, TallyBuilder
 
 # The step columns the metrics and plots read.
 STEP_COLUMNS = ["iter", "wave", "step_counter", "clock_s", "own_cost_s", "step_time_s",
@@ -80,9 +81,9 @@ class RequestColumns:
     token_counts: np.ndarray
     first_token_s: np.ndarray  # NaN: no token
     last_token_s: np.ndarray
-    # Gaps between a request's consecutive token times that are not zero, in ms, request
-    # after request (see `inter_token_ms`).
-    itl_ms: np.ndarray
+    # The gaps between a request's consecutive token times that are not zero, in ms, of
+    # every request (see `inter_token_ms`), tallied.
+    itl_ms: Tally
     pause_offsets: np.ndarray
     pause_start_s: np.ndarray
     pause_end_s: np.ndarray  # NaN: still paused when the run ended
@@ -109,7 +110,7 @@ def _numbers(column: pa.ChunkedArray | pa.Array, dtype=float) -> np.ndarray:
 
 
 def _lengths(column) -> np.ndarray:
-    return _numbers(pc.list_value_length(column), np.int64)
+    return _numbers(pc.list_value_length(column), np.int32)
 
 
 def from_steps_table(table: pa.Table) -> StepColumns:
@@ -129,7 +130,7 @@ def from_steps_table(table: pa.Table) -> StepColumns:
         clock_s=_numbers(table["clock_s"]), own_cost_s=_numbers(table["own_cost_s"]),
         step_time_s=_numbers(table["step_time_s"]),
         dummy=_numbers(table["dummy"], bool),
-        running_blocks=_numbers(table["running_blocks"], np.int64),
+        running_blocks=_numbers(table["running_blocks"], np.int32),
         lb_active=_numbers(table["lb_active"], bool),
         plan_applied=np.asarray(plan.is_valid().to_numpy(zero_copy_only=False), dtype=bool),
         plan_in=_lengths(pc.struct_field(plan, "in_blk")),
@@ -145,23 +146,23 @@ def from_steps_table(table: pa.Table) -> StepColumns:
 
 def from_requests_table(table: pa.Table) -> RequestColumns:
     """RequestColumns of a requests table (every rank's, concatenated)."""
-    return from_requests_parts([table])
+    return from_requests_parts(lambda: [table])
 
 
-def from_requests_parts(parts: Iterable[pa.Table]) -> RequestColumns:
-    """RequestColumns of a requests table given part after part (every rank's parts in
-    order): each part's token times are reduced as it comes, so a run's token times are
-    never in memory at once."""
-    slim, counts, first, last, itl = [], [], [], [], []
-    for part in parts:
-        tokens = part["token_times_s"].combine_chunks()
-        offsets, times = _offsets(tokens), _numbers(tokens.flatten())
+def from_requests_parts(parts: Callable[[], Iterable[pa.Table]]) -> RequestColumns:
+    """RequestColumns of a requests table given part after part by ``parts()`` (every
+    rank's parts in order; called twice): each part's token times are reduced as it comes,
+    so a run's token times are never in memory at once."""
+    slim, counts, first, last = [], [], [], []
+    itl = TallyBuilder()
+    for part in parts():
+        times, offsets = _token_times(part)
         part_counts = np.diff(offsets)
         has = part_counts > 0
         counts.append(part_counts)
         first.append(_at(times, offsets[:-1], has))
         last.append(_at(times, offsets[1:] - 1, has))
-        itl.append(inter_token_ms(times, offsets))
+        itl.add(inter_token_ms(times, offsets))
         slim.append(part.drop_columns(["token_times_s"]))
     schema = SCHEMAS[REQUESTS]
     table = pa.concat_tables([schema.empty_table().drop_columns(["token_times_s"]), *slim])
@@ -175,10 +176,17 @@ def from_requests_parts(parts: Iterable[pa.Table]) -> RequestColumns:
         token_counts=np.concatenate([np.zeros(0, np.int64), *counts]),
         first_token_s=np.concatenate([np.zeros(0), *first]),
         last_token_s=np.concatenate([np.zeros(0), *last]),
-        itl_ms=np.concatenate([np.zeros(0), *itl]),
+        itl_ms=itl.finish(inter_token_ms(*_token_times(part)) for part in parts()),
         pause_offsets=_offsets(pauses),
         pause_start_s=_numbers(pc.struct_field(pause_values, "start_s")),
         pause_end_s=_numbers(pc.struct_field(pause_values, "end_s")))
+
+
+def _token_times(part: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """A requests part's token times, flattened, and where each request's start (and the
+    last one's end)."""
+    tokens = part["token_times_s"].combine_chunks()
+    return _numbers(tokens.flatten()), _offsets(tokens)
 
 
 def _at(times: np.ndarray, index: np.ndarray, has: np.ndarray) -> np.ndarray:
