@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from emu.records.columns import (
     RequestColumns,
     StepColumns,
     WallColumns,
+    from_requests_parts,
     from_requests_table,
     from_steps_table,
     from_wall_table,
@@ -35,6 +37,7 @@ from emu.records.columns import (
 from emu.records.reader import (
     RecordsError,
     has_table,
+    read_parts,
     read_table,
     record_ranks,
     request_records,
@@ -155,20 +158,28 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
             raise RunError(f"{out_dir}: records of ranks {ranks}; expected ranks "
                            f"0..{len(ranks) - 1} without gaps")
         columns = STEP_COLUMNS + (PARTIAL_STEP_COLUMNS if partial else [])
-        steps = [from_steps_table(read_table(out_dir, r, STEPS, columns, partial=partial))
-                 for r in ranks]
-        requests = pa.concat_tables([read_table(out_dir, r, REQUESTS, partial=partial)
-                                     for r in ranks])
+        steps = []
+        for r in ranks:
+            steps.append(from_steps_table(read_table(out_dir, r, STEPS, columns,
+                                                     partial=partial)))
+            _share_lockstep_columns(steps[r], steps[0])
+        unfinished = []
+        if partial:
+            common = min(len(rank_steps) for rank_steps in steps)
+            steps = [rank_steps.head(common) for rank_steps in steps]
+            recorded = pa.concat_tables([read_table(out_dir, r, REQUESTS,
+                                                    ["rank", "request_id"], partial=True)
+                                         for r in ranks])
+            unfinished = [_unfinished_requests(steps, recorded)]
+        requests = from_requests_parts(lambda: chain(
+            (part for r in ranks for part in read_parts(out_dir, r, REQUESTS, partial=partial)),
+            unfinished))
         wall = None
         if any(has_table(out_dir, r, WALL) for r in ranks):
             wall = [from_wall_table(read_table(out_dir, r, WALL, partial=True))
                     for r in ranks]
     except RecordsError as exc:
         raise RunError(str(exc)) from None
-    if partial:
-        common = min(len(rank_steps) for rank_steps in steps)
-        steps = [rank_steps.head(common) for rank_steps in steps]
-        requests = pa.concat_tables([requests, _unfinished_requests(steps, requests)])
     for rank in ranks[1:]:
         if not np.array_equal(steps[rank].iter, steps[0].iter):
             raise RunError(
@@ -177,8 +188,26 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
                 f"{_first_difference(steps[rank].iter, steps[0].iter)}); lockstep ranks "
                 "must log the same iterations — did the run stop early?"
             )
-    return Run(dp_size=len(ranks), steps=steps, requests=from_requests_table(requests),
+    return Run(dp_size=len(ranks), steps=steps, requests=requests,
                wall=wall, state=state, out_dir=out_dir)
+
+
+# Step columns every rank logs alike in lockstep (the DP step, its clock, the wave, the
+# control plane's charge): a rank whose column equals rank 0's shares rank 0's array, so
+# a run of hours holds them once, not DP times.
+_LOCKSTEP_COLUMNS = ("iter", "wave", "step_counter", "clock_s", "step_time_s", "lb_active",
+                     "plan_applied", "preempted", "charged_s", "collectives_s", "planner_s",
+                     "planner_measured")
+
+
+def _share_lockstep_columns(steps: StepColumns, first: StepColumns) -> None:
+    """Make ``steps`` (a rank's) use ``first``'s (rank 0's) array for each lockstep column
+    the two hold equal; called as each rank's steps are read."""
+    for name in _LOCKSTEP_COLUMNS:
+        mine, theirs = getattr(steps, name), getattr(first, name)
+        if mine is not None and theirs is not None and mine is not theirs and \
+                np.array_equal(mine, theirs, equal_nan=mine.dtype.kind == "f"):
+            setattr(steps, name, theirs)
 
 
 def _unfinished_requests(steps: list[StepColumns], requests: pa.Table) -> pa.Table:
@@ -217,8 +246,7 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     output_tokens = int(counts.sum())
     finished = ~np.isnan(req.finish_s)
     with_tokens = counts > 0
-    first_token = req.token_times_s[req.token_offsets[:-1][with_tokens]]
-    ttft = (first_token - req.arrival_s[with_tokens]) * 1e3
+    ttft = (req.first_token_s[with_tokens] - req.arrival_s[with_tokens]) * 1e3
     scheduled = ~np.isnan(req.first_scheduled_s)
     queue = (req.first_scheduled_s[scheduled] - req.arrival_s[scheduled]) * 1e3
     e2e = (req.finish_s[finished] - req.arrival_s[finished]) * 1e3
@@ -259,7 +287,7 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
         "ttft_ms": distribution(ttft),
         "queue_ms": distribution(queue),
         "tpot_ms": distribution(tpot_values_ms(run)),
-        "itl_ms": distribution(_itl_ms(req)),
+        "itl_ms": req.itl_ms.distribution(),
         "e2e_ms": distribution(e2e),
         "pauses": _pauses(req, virtual_time_s),
         "preemptions": sum(int(rank.preempted.sum()) for rank in steps),
@@ -276,22 +304,6 @@ def step_ends_s(steps: StepColumns) -> np.ndarray:
     charged after it."""
     charged = steps.charged_s if steps.charged_s is not None else 0.0
     return steps.clock_s + steps.step_time_s + charged
-
-
-def _itl_ms(requests: RequestColumns) -> np.ndarray:
-    """Inter-token latencies: each request's gaps between consecutive token times, in
-    milliseconds, request after request. With speculative decoding a step emits several
-    tokens at once; vLLM's serving benchmark receives them as one streamed chunk and
-    counts one ITL per chunk, so a zero gap (same step) is no inter-token latency.
-    Without it every gap is > 0. (The gaps are taken over all token times at once, and
-    those across two requests dropped.)"""
-    flat = requests.token_times_s
-    before, after = flat[:-1], flat[1:]
-    keep = after != before
-    # the gap from a request's last token to the next request's first
-    across = requests.token_offsets[1:-1] - 1
-    keep[across[(across >= 0) & (across < keep.size)]] = False
-    return (after[keep] - before[keep]) * 1e3
 
 
 def write_metrics(metrics: dict, path) -> None:
@@ -406,10 +418,9 @@ def tpot_values_ms(run: Run) -> np.ndarray:
     """Per-request time per output token after the first, `(last - first) / (n - 1)`,
     for requests with at least two tokens."""
     req = run.requests
-    counts = req.token_counts
-    two = counts >= 2
-    times, starts = req.token_times_s, req.token_offsets[:-1][two]
-    return (times[starts + counts[two] - 1] - times[starts]) * 1e3 / (counts[two] - 1)
+    two = req.token_counts >= 2
+    return ((req.last_token_s[two] - req.first_token_s[two]) * 1e3
+            / (req.token_counts[two] - 1))
 
 
 def step_series(run: Run) -> StepSeries:

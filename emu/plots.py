@@ -17,6 +17,11 @@ from emu.metrics import Run, bubble_ratio, step_series, tpot_values_ms
 
 # Steps averaged in the smoothed bubble curve.
 BUBBLE_WINDOW = 32
+# A per-step line of more points than this is drawn as the lowest and the highest value
+# of each of ``MAX_LINE_POINTS / 2`` runs of consecutive steps: a plot is about 1,200
+# pixels wide, and a line of hours of steps would otherwise hold every step (16 bytes a
+# point, several times over, in matplotlib) while the picture stays the same.
+MAX_LINE_POINTS = 4000
 
 _RUN_COLOURS = ("tab:blue", "tab:orange")
 # Legends of line plots sit right of the axes, where they never hide data.
@@ -60,8 +65,8 @@ def plot_bubble(run: Run, path) -> None:
     ax = fig.add_subplot()
     t = np.asarray(s.clock_s)
     bubble = np.asarray(s.bubble) * 100
-    ax.plot(t, bubble, color="tab:gray", lw=0.6, alpha=0.45, label="per step")
-    ax.plot(t, _rolling_mean(bubble, BUBBLE_WINDOW), color="tab:red", lw=1.8,
+    ax.plot(*_envelope(t, bubble), color="tab:gray", lw=0.6, alpha=0.45, label="per step")
+    ax.plot(*_envelope(t, _rolling_mean(bubble, BUBBLE_WINDOW)), color="tab:red", lw=1.8,
             label=f"mean of {BUBBLE_WINDOW} steps")
     ratio = bubble_ratio(run)
     if ratio is not None:
@@ -111,8 +116,8 @@ def plot_load_ab(run_a: Run, run_b: Run, labels, path) -> None:
         if not len(s.iters):
             continue
         loads = np.asarray(s.running_blocks)
-        ax.plot(s.iters, loads.max(axis=0) - loads.min(axis=0), color=colour, lw=0.9,
-                label=label)
+        ax.plot(*_envelope(s.iters, loads.max(axis=0) - loads.min(axis=0)), color=colour,
+                lw=0.9, label=label)
     ax.set_title("Imbalance: most loaded minus least loaded rank")
     ax.set_xlabel("step (lockstep iteration)")
     ax.set_ylabel("KV blocks")
@@ -128,7 +133,8 @@ def plot_bubble_ab(run_a: Run, run_b: Run, labels, path) -> None:
     ax = fig.add_subplot()
     for run, label, colour in zip((run_a, run_b), labels, _RUN_COLOURS, strict=True):
         s = step_series(run)
-        ax.plot(s.clock_s, _rolling_mean(np.asarray(s.bubble) * 100, BUBBLE_WINDOW),
+        ax.plot(*_envelope(s.clock_s, _rolling_mean(np.asarray(s.bubble) * 100,
+                                                     BUBBLE_WINDOW)),
                 color=colour, lw=1.5, label=f"{label} (mean of {BUBBLE_WINDOW} steps)")
         ratio = bubble_ratio(run)
         if ratio is not None:
@@ -185,7 +191,7 @@ def _label_tpot_axes(ax, title: str) -> None:
 def _draw_rank_loads(ax, run: Run) -> None:
     s = step_series(run)
     for rank, loads in enumerate(s.running_blocks):
-        ax.plot(s.iters, loads, lw=0.9, label=f"rank {rank}")
+        ax.plot(*_envelope(s.iters, loads), lw=0.9, label=f"rank {rank}")
     spans = _active_spans(s.iters, s.lb_active)
     for i, (start, stop) in enumerate(spans):
         ax.axvspan(start - 0.5, stop + 0.5, color="tab:green", alpha=0.12, lw=0,
@@ -205,6 +211,23 @@ def _active_spans(iters, active) -> list[tuple[int, int]]:
     starts = np.concatenate([its[:1], its[breaks + 1]])
     stops = np.concatenate([its[breaks], its[-1:]])
     return list(zip(starts.tolist(), stops.tolist(), strict=True))
+
+
+def _envelope(x, y, points: int = MAX_LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """The points of a per-step line to draw: all of them up to ``points``, else, for each
+    of ``points / 2`` runs of consecutive steps, its lowest and its highest value, in the
+    order they came (the line's envelope: every peak and trough stays visible)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if y.size <= points:
+        return x, y
+    width = -(-y.size // (points // 2))
+    starts = np.arange(0, y.size, width)
+    padded = np.concatenate([y, np.full(starts.size * width - y.size, y[-1])])
+    runs = padded.reshape(-1, width)
+    low = starts + np.argmin(runs, axis=1)
+    high = starts + np.argmax(runs, axis=1)
+    picks = np.sort(np.concatenate([low, high]))
+    return x[picks], y[picks]
 
 
 def _rolling_mean(values: np.ndarray, window: int) -> np.ndarray:

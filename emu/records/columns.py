@@ -6,6 +6,7 @@ those (``records_table``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from emu.records.schema import REQUESTS, SCHEMAS, STEPS, WALL
+from emu.records.tally import Tally, TallyBuilder
 
 # The step columns the metrics and plots read.
 STEP_COLUMNS = ["iter", "wave", "step_counter", "clock_s", "own_cost_s", "step_time_s",
@@ -66,26 +68,28 @@ class StepColumns:
 @dataclass
 class RequestColumns:
     """Every rank's requests, rank after rank, each rank's in the order it wrote them.
-    Missing values (a partial run's unfinished requests) are NaN."""
+    Missing values (a partial run's unfinished requests) are NaN. Each request's token
+    times are kept as what the metrics read of them (first, last, count) and the run's
+    inter-token latencies, not one float per token and request."""
 
-    table: pa.Table  # rank, request_id and the rest as written
+    table: pa.Table  # rank, request_id and the rest as written, without the token times
     rank: np.ndarray
     arrival_s: np.ndarray
     first_scheduled_s: np.ndarray
     finish_s: np.ndarray
     prompt_tokens: np.ndarray
-    token_offsets: np.ndarray  # request i's token times: token_times_s[off[i]:off[i+1]]
-    token_times_s: np.ndarray
+    token_counts: np.ndarray
+    first_token_s: np.ndarray  # NaN: no token
+    last_token_s: np.ndarray
+    # The gaps between a request's consecutive token times that are not zero, in ms, of
+    # every request (see `inter_token_ms`), tallied.
+    itl_ms: Tally
     pause_offsets: np.ndarray
     pause_start_s: np.ndarray
     pause_end_s: np.ndarray  # NaN: still paused when the run ended
 
     def __len__(self) -> int:
         return len(self.rank)
-
-    @property
-    def token_counts(self) -> np.ndarray:
-        return np.diff(self.token_offsets)
 
 
 @dataclass
@@ -106,7 +110,7 @@ def _numbers(column: pa.ChunkedArray | pa.Array, dtype=float) -> np.ndarray:
 
 
 def _lengths(column) -> np.ndarray:
-    return _numbers(pc.list_value_length(column), np.int64)
+    return _numbers(pc.list_value_length(column), np.int32)
 
 
 def from_steps_table(table: pa.Table) -> StepColumns:
@@ -126,7 +130,7 @@ def from_steps_table(table: pa.Table) -> StepColumns:
         clock_s=_numbers(table["clock_s"]), own_cost_s=_numbers(table["own_cost_s"]),
         step_time_s=_numbers(table["step_time_s"]),
         dummy=_numbers(table["dummy"], bool),
-        running_blocks=_numbers(table["running_blocks"], np.int64),
+        running_blocks=_numbers(table["running_blocks"], np.int32),
         lb_active=_numbers(table["lb_active"], bool),
         plan_applied=np.asarray(plan.is_valid().to_numpy(zero_copy_only=False), dtype=bool),
         plan_in=_lengths(pc.struct_field(plan, "in_blk")),
@@ -142,7 +146,26 @@ def from_steps_table(table: pa.Table) -> StepColumns:
 
 def from_requests_table(table: pa.Table) -> RequestColumns:
     """RequestColumns of a requests table (every rank's, concatenated)."""
-    tokens = table["token_times_s"].combine_chunks()
+    return from_requests_parts(lambda: [table])
+
+
+def from_requests_parts(parts: Callable[[], Iterable[pa.Table]]) -> RequestColumns:
+    """RequestColumns of a requests table given part after part by ``parts()`` (every
+    rank's parts in order; called twice): each part's token times are reduced as it comes,
+    so a run's token times are never in memory at once."""
+    slim, counts, first, last = [], [], [], []
+    itl = TallyBuilder()
+    for part in parts():
+        times, offsets = _token_times(part)
+        part_counts = np.diff(offsets)
+        has = part_counts > 0
+        counts.append(part_counts)
+        first.append(_at(times, offsets[:-1], has))
+        last.append(_at(times, offsets[1:] - 1, has))
+        itl.add(inter_token_ms(times, offsets))
+        slim.append(part.drop_columns(["token_times_s"]))
+    schema = SCHEMAS[REQUESTS]
+    table = pa.concat_tables([schema.empty_table().drop_columns(["token_times_s"]), *slim])
     pauses = table["pauses"].combine_chunks()
     pause_values = pauses.flatten()
     return RequestColumns(
@@ -150,10 +173,43 @@ def from_requests_table(table: pa.Table) -> RequestColumns:
         arrival_s=_numbers(table["arrival_s"]),
         first_scheduled_s=_numbers(table["first_scheduled_s"]),
         finish_s=_numbers(table["finish_s"]), prompt_tokens=_numbers(table["prompt_tokens"]),
-        token_offsets=_offsets(tokens), token_times_s=_numbers(tokens.flatten()),
+        token_counts=np.concatenate([np.zeros(0, np.int64), *counts]),
+        first_token_s=np.concatenate([np.zeros(0), *first]),
+        last_token_s=np.concatenate([np.zeros(0), *last]),
+        itl_ms=itl.finish(inter_token_ms(*_token_times(part)) for part in parts()),
         pause_offsets=_offsets(pauses),
         pause_start_s=_numbers(pc.struct_field(pause_values, "start_s")),
         pause_end_s=_numbers(pc.struct_field(pause_values, "end_s")))
+
+
+def _token_times(part: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """A requests part's token times, flattened, and where each request's start (and the
+    last one's end)."""
+    tokens = part["token_times_s"].combine_chunks()
+    return _numbers(tokens.flatten()), _offsets(tokens)
+
+
+def _at(times: np.ndarray, index: np.ndarray, has: np.ndarray) -> np.ndarray:
+    """``times[index]`` where ``has``, NaN elsewhere."""
+    out = np.full(len(index), np.nan)
+    out[has] = times[index[has]]
+    return out
+
+
+def inter_token_ms(times: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Inter-token latencies of requests whose token times are ``times`` (flattened,
+    request i's at ``offsets[i]:offsets[i + 1]``): each request's gaps between consecutive
+    token times, in milliseconds, request after request. With speculative decoding a step
+    emits several tokens at once; vLLM's serving benchmark receives them as one streamed
+    chunk and counts one ITL per chunk, so a zero gap (same step) is no inter-token
+    latency. Without it every gap is > 0. (The gaps are taken over all token times at
+    once, and those across two requests dropped.)"""
+    before, after = times[:-1], times[1:]
+    keep = after != before
+    # the gap from a request's last token to the next request's first
+    across = offsets[1:-1] - 1
+    keep[across[(across >= 0) & (across < keep.size)]] = False
+    return (after[keep] - before[keep]) * 1e3
 
 
 def _offsets(lists: pa.ListArray) -> np.ndarray:

@@ -54,21 +54,27 @@ def read_table(run_dir: Path, rank: int, table: str, columns: list[str] | None =
     its rank never closed (the rank was killed: no ``_complete`` marker) reads, with
     ``partial``, as the parts the rank wrote (its unwritten buffer is lost), else raises
     RecordsError; so does a part that is not readable Parquet."""
+    return pa.concat_tables([SCHEMAS[table].empty_table().select(columns or SCHEMAS[table].names),
+                             *read_parts(run_dir, rank, table, columns, partial=partial)])
+
+
+def read_parts(run_dir: Path, rank: int, table: str, columns: list[str] | None = None, *,
+               partial: bool = False) -> Iterator[pa.Table]:
+    """Rank ``rank``'s ``table`` part after part (as ``read_table`` reads it), for a
+    reader that keeps less than the whole table: one part is in memory at a time."""
     directory = path(run_dir, rank, table)
     if not (directory / COMPLETE).is_file() and not partial:
         raise RecordsError(f"{directory}: rank {rank} never closed its {table} records "
                            f"(no {COMPLETE} marker: the rank was killed); they are partial")
     parts = sorted((int(m.group(1)), p) for p in (directory.iterdir() if directory.is_dir()
                                                   else ()) if (m := _PART.match(p.name)))
-    tables = [SCHEMAS[table].empty_table().select(columns or SCHEMAS[table].names)]
     for _, part in parts:
         try:
             parquet = pq.ParquetFile(part)
         except (OSError, pa.ArrowInvalid) as exc:
             raise RecordsError(f"{part}: not a readable Parquet file ({exc})") from None
         _check_version(part, parquet.schema_arrow)
-        tables.append(parquet.read(columns=columns))
-    return pa.concat_tables(tables)
+        yield parquet.read(columns=columns)
 
 
 def has_table(run_dir: Path, rank: int, table: str) -> bool:

@@ -403,7 +403,9 @@ def test_itl_takes_gaps_within_requests_only():
     and a request whose first token comes before the previous one's last."""
     from itertools import pairwise
 
-    from emu.metrics import Run, _itl_ms
+    import numpy as np
+
+    from emu.metrics import Run
 
     def columns(times):
         records = [{"rank": 0, "request_id": str(i), "token_times_s": t, "pauses": []}
@@ -412,5 +414,39 @@ def test_itl_takes_gaps_within_requests_only():
 
     times = [[], [1.0, 1.5, 1.5, 2.0], [], [0.5], [0.25, 3.0], []]
     expected = [(b - a) * 1e3 for t in times for a, b in pairwise(t) if b != a]
-    assert _itl_ms(columns(times)).tolist() == expected == [500.0, 500.0, 2750.0]
-    assert _itl_ms(columns([])).tolist() == []
+    itl = columns(times).itl_ms
+    assert np.repeat(itl.values, itl.counts).tolist() == sorted(expected) \
+        == [500.0, 500.0, 2750.0]
+    assert itl.total == sum(expected)
+    assert columns([]).itl_ms.count == 0
+
+
+def test_requests_read_part_by_part_equal_the_whole_table():
+    """Token times reduced part by part (as load_run reads them) give the columns of the
+    whole table read at once, wherever the parts split the requests."""
+    import numpy as np
+
+    from emu.records.columns import from_requests_parts, from_requests_table, records_table
+
+    rng = np.random.default_rng(3)
+    records = []
+    for i in range(40):
+        start = float(rng.integers(0, 50))
+        times = np.cumsum(rng.choice([0.0, 0.0, 0.5, 1.25], size=int(rng.integers(0, 9))))
+        records.append({"rank": 0, "request_id": str(i), "arrival_s": start,
+                        "token_times_s": (start + times).tolist(), "pauses": []})
+    table = records_table(records, "requests")
+    whole = from_requests_table(table)
+    cuts = [0, 1, 1, 7, 20, 33, 40]
+    parts = [table.slice(a, b - a) for a, b in zip(cuts, cuts[1:], strict=False)]
+
+    split = from_requests_parts(lambda: iter(parts))
+
+    for name in ("token_counts", "first_token_s", "last_token_s", "arrival_s"):
+        assert np.array_equal(getattr(split, name), getattr(whole, name), equal_nan=True)
+    assert np.array_equal(split.itl_ms.values, whole.itl_ms.values)
+    assert np.array_equal(split.itl_ms.counts, whole.itl_ms.counts)
+    assert split.itl_ms.total == whole.itl_ms.total
+    assert whole.itl_ms.count == sum(
+        1 for r in records for a, b in zip(r["token_times_s"], r["token_times_s"][1:],
+                                           strict=False) if b != a)
