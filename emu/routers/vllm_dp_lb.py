@@ -79,17 +79,18 @@ class VllmDPLBRouter:
         """A lockstep step that started at ``at_us``: the finishes it reports reach the
         client; the coordinator publishes the engines' counts if its interval is up.
         ``stats``: every rank's ``emu.rank.clock.RankStats``, by rank."""
-        self.observe_finished([s.finished for s in stats], stats, at_us)
+        self.observe_finished([s.finished for s in stats], engine_counts(stats), at_us)
 
     def server_of(self, request_id: str) -> int:
         return 0
 
-    def observe_finished(self, finished: Sequence[int], stats: Sequence, at_us: int) -> None:
+    def observe_finished(self, finished: Sequence[int],
+                         counts: list[tuple[int, int, int]], at_us: int) -> None:
         """``observe`` with this client's own requests finished per rank (``finished``):
         with several API servers each learns only the finishes of the requests it
-        routed."""
-        self._finished = list(finished)
-        counts = [(s.waiting, s.running, s.kv_usage_permille) for s in stats]
+        routed. ``counts``: every engine's ``engine_counts``, made once per step for
+        every server."""
+        self._finished = finished
         since = None if self._published_us is None else at_us - self._published_us
         changed = counts != self._published
         if since is None or (changed and since >= PUBLISH_INTERVAL_US) or (
@@ -152,5 +153,13 @@ class VllmAPIServers:
         """A lockstep step: each server learns the finishes of its own requests
         (``RankStats.finished_by_server``) and the coordinator's publish, which reaches
         every server."""
-        for i, server in enumerate(self.servers):
-            server.observe_finished([s.finished_by_server[i] for s in stats], stats, at_us)
+        counts = engine_counts(stats)
+        by_server = zip(*(s.finished_by_server for s in stats), strict=True)
+        for server, finished in zip(self.servers, by_server, strict=True):
+            server.observe_finished(finished, counts, at_us)
+
+
+def engine_counts(stats: Sequence) -> list[tuple[int, int, int]]:
+    """Every engine's ``(waiting, running, kv_usage_permille)`` from the lockstep's
+    ``RankStats``: what the DP coordinator would publish at this step."""
+    return [(s.waiting, s.running, s.kv_usage_permille) for s in stats]
