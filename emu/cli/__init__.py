@@ -40,8 +40,11 @@ problems are all listed at once. Modules that import torch are imported only whe
 command needs them, so ``--help`` is quick.
 """
 
+from emu import collector
 from emu.bytecode import use_cache
 
 # Before any command module is imported: they, and everything they import, are compiled
-# once into the kit's bytecode cache instead of at every start (emu/bytecode.py).
+# once into the kit's bytecode cache instead of at every start (emu/bytecode.py), and
+# the garbage collector runs at the pace of a command's allocations (emu/collector.py).
 use_cache()
+collector.tune()

@@ -40,11 +40,14 @@ import signal
 import sys
 from multiprocessing import forkserver
 
+from emu import collector
 from emu.bytecode import use_cache
 
 # The server may have been started with -B (PYTHONDONTWRITEBYTECODE in the command's
 # flags): it compiles what it imports below once, into the kit's cache, not at every run.
+# Its ranks inherit the command's collector pace (emu/collector.py).
 use_cache()
+collector.tune()
 
 import emu.cluster.rank_boot  # noqa: E402,F401  the rank's start target
 import emu.cluster.rank_process  # noqa: E402,F401  torch, the rank's side of a launch

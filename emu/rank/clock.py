@@ -21,8 +21,7 @@ Virtual time is integer microseconds throughout the engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,11 +30,11 @@ import torch.distributed as dist
 from emu.sites import LOCKSTEP_SITE
 
 
-@dataclass(frozen=True)
-class RankStats:
+class RankStats(NamedTuple):
     """One rank's numbers as the last lockstep collective carried them: its queues, its
     requests finished so far (in all, and per API server) and its KV cache usage in
-    permille (0 and empty unless the clock carries them)."""
+    permille (0 and empty unless the clock carries them). A named tuple: every rank
+    makes one per rank at every step a router observes."""
 
     waiting: int
     running: int
@@ -98,15 +97,14 @@ class LockstepClock:
     @property
     def rank_stats(self) -> list[RankStats]:
         """Every rank's ``RankStats`` as reported to the last collective."""
-        values, width = self._values, self._width
+        values, width, servers, kv_slot = self._values, self._width, self._servers, self._kv_slot
         out = []
-        for rank in range(self.dp_size):
-            slot = 1 + width * rank
-            by_server = tuple(values[slot + 2:slot + 2 + self._servers])
+        for slot in range(1, 1 + width * self.dp_size, width):
+            by_server = tuple(values[slot + 2:slot + 2 + servers])
             out.append(RankStats(
                 values[slot], values[slot + 1], sum(by_server),
-                0 if self._kv_slot is None else values[slot + self._kv_slot],
-                by_server if self._servers > 1 else ()))
+                0 if kv_slot is None else values[slot + kv_slot],
+                by_server if servers > 1 else ()))
         return out
 
     def step(self, own_cost_us: int, num_waiting: int, num_running: int,

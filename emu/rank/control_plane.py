@@ -96,8 +96,7 @@ def planner_work(requests_by_rank, dp_size: int, *, max_num_seqs: int, threshold
     ``_balance_load`` is the reference algorithm) on the gathered snapshot, as
     ``_WorkCounter`` counts it. A function of its arguments alone, so every rank and both
     impls (the kit's int32 rows, vllm-ascend's lists) get the same count."""
-    rows = tuple((_row_key(blks), int(split)) for blks, split in requests_by_rank)
-    key = (planner, dp_size, max_num_seqs, float(threshold), rows)
+    key = (planner, dp_size, max_num_seqs, float(threshold), _snapshot_key(requests_by_rank))
     if _last_count[0] != key:
         counter = _WorkCounter(threshold)
         planners.get(planner)(requests_by_rank, dp_size, max_num_seqs=max_num_seqs,
@@ -106,10 +105,23 @@ def planner_work(requests_by_rank, dp_size: int, *, max_num_seqs: int, threshold
     return _last_count[1]
 
 
+def _snapshot_key(requests_by_rank) -> tuple:
+    """The gathered snapshot as a key, made at the least cost for each impl's rows (every
+    rank makes it every planned step): the kit's int32 arrays, of one dtype, as their
+    bytes, vllm-ascend's lists of ints as tuples; and every rank's split."""
+    blocks = [blks for blks, _ in requests_by_rank]
+    splits = tuple([int(split) for _, split in requests_by_rank])
+    first = blocks[0] if blocks else None
+    if type(first) is np.ndarray:
+        dtype = first.dtype
+        if all(type(blks) is np.ndarray and blks.dtype == dtype for blks in blocks):
+            return dtype.str, tuple([blks.tobytes() for blks in blocks]), splits
+    return "rows", tuple(map(_row_key, blocks)), splits
+
+
 def _row_key(blks) -> tuple:
-    """A rank's block counts as a key, made at the least cost for each impl's rows (every
-    rank makes it every planned step): the kit's int32 arrays as their bytes,
-    vllm-ascend's lists of ints as a tuple."""
+    """One rank's block counts as a key: an array as its dtype and bytes, a list of ints
+    as a tuple."""
     if type(blks) is np.ndarray:
         return blks.dtype.str, blks.tobytes()
     return "list", tuple(blks)
@@ -143,6 +155,9 @@ class ControlPlane:
         self.planner = planners.REFERENCE if planner == "vllm-ascend" else planner
         self.overlap = overlap
         self.exchange = exchange
+        # Each collective's latency by (op, dtype, *shape): a rank joins the same few
+        # collectives on every step.
+        self._latencies: dict[tuple, int] = {}
 
     def charge(self, collectives: list[dict], planner_call: PlannerCall | None,
                step_us: int, planner_wall_s: float) -> ControlCharge:
@@ -150,8 +165,16 @@ class ControlPlane:
         collectives), planned ``planner_call`` (None: no all-gather) in
         ``planner_wall_s`` of wall time, and ran a forward of ``step_us``."""
         cost, dp = self.cost, self.dp_size
-        collectives_us = sum(cost.collective_us(c["op"], c["shape"], c["dtype"], dp)
-                             for c in collectives if c["site"] in CHARGED_SITES)
+        collectives_us = 0
+        latencies = self._latencies
+        for c in collectives:
+            if c["site"] in CHARGED_SITES:
+                key = (c["op"], c["dtype"], *c["shape"])
+                latency = latencies.get(key)
+                if latency is None:
+                    latency = latencies[key] = cost.collective_us(c["op"], c["shape"],
+                                                                  c["dtype"], dp)
+                collectives_us += latency
         planner_us = 0
         if planner_call is not None and self.exchange is None:
             planner_us = cost.planner_us(planner_work(

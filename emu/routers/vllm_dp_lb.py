@@ -52,6 +52,29 @@ WAITING_KV_PENALTY = 6.0
 KV_PENALTY_FROM = 0.5
 
 
+class CoordinatorPublishes:
+    """The DP coordinator's publish clock (``DPCoordinatorProc``): which lockstep steps'
+    engine counts it publishes to the API servers' clients. One per node: every server
+    gets the same publishes."""
+
+    def __init__(self) -> None:
+        self._published: list[tuple[int, int, int]] | None = None
+        self._published_us: int | None = None
+
+    def publish(self, counts: list[tuple[int, int, int]],
+                at_us: int) -> list[tuple[int, int, int]] | None:
+        """``counts`` (``engine_counts`` of the step that started at ``at_us``) if the
+        coordinator publishes them: the first, changed ones 100 ms after the last
+        publish, unchanged ones after 5 s; None otherwise."""
+        since = None if self._published_us is None else at_us - self._published_us
+        if since is None or (since >= PUBLISH_INTERVAL_US and counts != self._published) or (
+                since >= UNCHANGED_PUBLISH_INTERVAL_US):
+            self._published = counts
+            self._published_us = at_us
+            return counts
+        return None
+
+
 class VllmDPLBRouter:
     """vLLM's ``DPLBAsyncMPClient`` routing for one API server, client ``client_index``
     of ``client_count`` (see the module docstring). ``observe`` takes each lockstep
@@ -67,9 +90,8 @@ class VllmDPLBRouter:
         self.eng_start_index = (dp_size * client_index) // client_count
         self.lb_engines: list[list[float]] = [[0, 0, 0.0] for _ in range(dp_size)]
         self._routed = [0] * dp_size  # requests this client sent to each engine
-        self._finished = [0] * dp_size  # of those, finished as the client knows it
-        self._published: list[tuple[int, int, int]] | None = None
-        self._published_us: int | None = None
+        self._finished: Sequence[int] = [0] * dp_size  # of those, finished as it knows
+        self._coordinator = CoordinatorPublishes()  # a lone server's
 
     def inflight(self, rank: int) -> int:
         """This client's unfinished requests on ``rank`` (vLLM's ``engine_inflight``)."""
@@ -79,24 +101,21 @@ class VllmDPLBRouter:
         """A lockstep step that started at ``at_us``: the finishes it reports reach the
         client; the coordinator publishes the engines' counts if its interval is up.
         ``stats``: every rank's ``emu.rank.clock.RankStats``, by rank."""
-        self.observe_finished([s.finished for s in stats], stats, at_us)
+        self.observe_finished([s.finished for s in stats],
+                              self._coordinator.publish(engine_counts(stats), at_us))
 
     def server_of(self, request_id: str) -> int:
         return 0
 
-    def observe_finished(self, finished: Sequence[int], stats: Sequence, at_us: int) -> None:
-        """``observe`` with this client's own requests finished per rank (``finished``):
-        with several API servers each learns only the finishes of the requests it
-        routed."""
-        self._finished = list(finished)
-        counts = [(s.waiting, s.running, s.kv_usage_permille) for s in stats]
-        since = None if self._published_us is None else at_us - self._published_us
-        changed = counts != self._published
-        if since is None or (changed and since >= PUBLISH_INTERVAL_US) or (
-                since >= UNCHANGED_PUBLISH_INTERVAL_US):
-            self.lb_engines = [[w, r, kv / 1000] for w, r, kv in counts]
-            self._published = counts
-            self._published_us = at_us
+    def observe_finished(self, finished: Sequence[int],
+                         published: list[tuple[int, int, int]] | None) -> None:
+        """A lockstep step for this client: its own requests finished per rank
+        (``finished``: with several API servers each learns only the finishes of the
+        requests it routed), and the engine counts the coordinator published at that
+        step (None: no publish), which replace the client's copy."""
+        self._finished = finished
+        if published is not None:
+            self.lb_engines = [[w, r, kv / 1000] for w, r, kv in published]
 
     def route(self, request, counts=None) -> int:
         """The rank vLLM's client sends ``request`` to; ``counts`` (the one-step-old
@@ -138,6 +157,7 @@ class VllmAPIServers:
         self.servers = [VllmDPLBRouter(dp_size, api_servers, i) for i in range(api_servers)]
         self._choice = random.Random(f"api-server-choice:{seed}")
         self._server_of: dict[str, int] = {}
+        self._coordinator = CoordinatorPublishes()  # the node's, for every server
 
     def route(self, request, counts=None) -> int:
         """The rank the server that accepted ``request`` sends it to."""
@@ -152,5 +172,13 @@ class VllmAPIServers:
         """A lockstep step: each server learns the finishes of its own requests
         (``RankStats.finished_by_server``) and the coordinator's publish, which reaches
         every server."""
-        for i, server in enumerate(self.servers):
-            server.observe_finished([s.finished_by_server[i] for s in stats], stats, at_us)
+        published = self._coordinator.publish(engine_counts(stats), at_us)
+        by_server = zip(*(s.finished_by_server for s in stats), strict=True)
+        for server, finished in zip(self.servers, by_server, strict=True):
+            server.observe_finished(finished, published)
+
+
+def engine_counts(stats: Sequence) -> list[tuple[int, int, int]]:
+    """Every engine's ``(waiting, running, kv_usage_permille)`` from the lockstep's
+    ``RankStats``: what the DP coordinator would publish at this step."""
+    return [(s.waiting, s.running, s.kv_usage_permille) for s in stats]
