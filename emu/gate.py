@@ -28,41 +28,14 @@ from pathlib import Path
 
 from emu.ab_seeds import FILE_NAME as AB_FILE
 from emu.ab_seeds import AbFileError, is_ab_json, parse_ab_json
+from emu.metric_catalogue import better, default_tolerances
 from emu.recipes import mean_pi
 from emu.report import flat_metrics
 from emu.run_status import describe_unfinished, read_status
 
-# The checks a gate runs unless --tol changes them, in the order it reports them.
-# "exact": must not move (the same requests, the same tokens); "-X%": may fall by at
-# most X % of the baseline (rises pass); "+X": may rise by at most X, in the metric's
-# unit (the bubble and balance ratios: 0.01 is one percentage point; the share of
-# requests DyntraLB paused is in percent, so +5 is five points).
-DEFAULT_TOLERANCES = {
-    "requests_total": "exact",
-    "requests_finished": "exact",
-    "output_tokens": "exact",
-    "throughput_tok_s": "-2%",
-    "virtual_time_s": "+2%",
-    "bubble_ratio": "+0.01",
-    "balance_ratio": "-0.01",
-    "tpot_ms.p50": "+5%",
-    "tpot_ms.p99": "+10%",
-    "ttft_ms.p50": "+10%",
-    "ttft_ms.p99": "+10%",
-    "itl_ms.p99": "+10%",
-    "e2e_ms.p99": "+10%",
-    "preemptions": "+0",
-    "pauses.requests_paused_pct": "+5",
-    "pauses.longest_paused_ms": "+10%",
-}
-
-# Metrics with a plain better direction (docs/metrics.md); a --tol that would limit an
-# improvement of one of them is refused as a likely sign mistake.
-_HIGHER_IS_BETTER = re.compile(
-    r"throughput_tok_s|balance_ratio|headroom\.cost_balance_ratio|per_rank\.\d+\.utilisation")
-_LOWER_IS_BETTER = re.compile(
-    r"bubble_ratio|virtual_time_s|busy_time_s|preemptions"
-    r"|(ttft|tpot|itl|e2e|queue)_ms\.(mean|p50|p90|p99|max)")
+# The checks a gate runs unless --tol changes them, in the order it reports them (the
+# metric catalogue's, which says what each tolerance means).
+DEFAULT_TOLERANCES = default_tolerances()
 
 _TOLERANCE = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(%?)")
 
@@ -74,15 +47,6 @@ _SIGNS = {"down": "-", "up": "+", "both": "±"}
 
 class GateInputError(ValueError):
     """A run, a baseline or a --tol the gate cannot use; the message names it."""
-
-
-def better(metric: str) -> str | None:
-    """"higher" or "lower" when that way is plainly better for ``metric``, else None."""
-    if _HIGHER_IS_BETTER.fullmatch(metric):
-        return "higher"
-    if _LOWER_IS_BETTER.fullmatch(metric):
-        return "lower"
-    return None
 
 
 # ------------------------------------------------------------------ tolerances

@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from emu.limits import MAX_TRACE_REQUESTS
+from emu.metric_catalogue import in_order, metric
 
 PREFIX = "recipe:"
 GENERATOR = Path(__file__).resolve().parent.parent / "fixtures" / "generate.py"
@@ -31,14 +32,17 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 _Z95 = 1.960
 
-# The deltas ab --seeds summarises: (label, metric path, relative?)
-SEED_DELTAS = (
-    ("output throughput", ("throughput_tok_s",), True),
-    ("duration (virtual time)", ("virtual_time_s",), True),
-    ("DP bubble ratio (points)", ("bubble_ratio",), False),
-    ("TPOT p50", ("tpot_ms", "p50"), True),
-    ("TPOT p99", ("tpot_ms", "p99"), True),
-)
+# The deltas ab --seeds summarises (emu.metric_catalogue names, in its order) and their
+# labels (ab.json's too).
+_SEED_LABELS = {"throughput_tok_s": "output throughput",
+                "virtual_time_s": "duration (virtual time)",
+                "bubble_ratio": "DP bubble ratio (points)",
+                "tpot_ms.p50": "TPOT p50",
+                "tpot_ms.p99": "TPOT p99"}
+# (label, metric path, relative?): a ratio's delta is in percentage points, any other's
+# in percent of A.
+SEED_DELTAS = tuple((_SEED_LABELS[name], tuple(name.split(".")), metric(name).unit != "ratio")
+                    for name in in_order(_SEED_LABELS))
 
 
 def is_recipe(value: str) -> bool:

@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from emu.knobs import is_int, is_number
+from emu.metric_catalogue import NOT_METRICS, SECTIONS
 from emu.no_effect import no_effect_notes
 from emu.recipes import mean_ci
 
@@ -23,18 +24,6 @@ LATENCIES = (
 )
 _STATS = ("p50", "p90", "p99", "mean")
 
-# Top-level metrics in the order the A/B table lists them; keys not named here follow
-# in sorted order. `config`, `seed` and `schema_version` are not metrics.
-_AB_ORDER = (
-    "throughput_tok_s", "bubble_ratio", "balance_ratio", "balance_steps", "headroom",
-    "control_plane", "steps",
-    "virtual_time_s", "busy_time_s", "requests_finished", "requests_total",
-    "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "pauses",
-    "plan_churn", "per_rank",
-)
-# Not compared: `wall` (measured wall-clock time, noise between two runs of the same
-# virtual-time work) is shown side by side by `ab_wall_table`, without deltas.
-_NOT_METRICS = ("config", "seed", "schema_version", "dp_size", "wall")
 # The wall-clock figures `ab_wall_table` shows.
 _WALL_ROWS = ("step_wall_ms.p50", "step_wall_ms.p99", "planner_ms.p50", "planner_ms.p99",
               "lb_comm_ms.p50", "lb_comm_ms.p99", "step_wall_total_s", "planner_total_s",
@@ -409,8 +398,8 @@ def flat_metrics(metrics: dict, keys: list[str] | None = None) -> dict:
             out[prefix] = value
 
     if keys is None:
-        keys = [k for k in _AB_ORDER if k in metrics]
-        keys += sorted(k for k in metrics if k not in _AB_ORDER and k not in _NOT_METRICS)
+        keys = [k for k in SECTIONS if k in metrics]
+        keys += sorted(k for k in metrics if k not in SECTIONS and k not in NOT_METRICS)
     for key in keys:
         walk(key, metrics[key])
     return out

@@ -38,23 +38,29 @@ from pathlib import Path
 
 from dyntra_lb.blocks import num_blocks
 from dyntra_lb.config import DyntraLBConfig
+from emu.metric_catalogue import better, in_order
 from emu.spec import RunSpec
 
 # More points than this need --yes: at tens of seconds per run, a few hundred take hours.
 MAX_POINTS = 64
-OBJECTIVES = ("throughput", "tpot_p99", "bubble")
+# --objective's choices: the table's column each names (its way from the catalogue).
+OBJECTIVE_COLUMNS = {"throughput": "throughput_tok_s", "tpot_p99": "tpot_p99_ms",
+                     "bubble": "bubble_ratio"}
+OBJECTIVES = tuple(OBJECTIVE_COLUMNS)
 GRID_KEYS = tuple(f.name for f in dataclasses.fields(DyntraLBConfig))
 
-# The table's metrics: (column, metrics.json path, higher is better, unit scale, unit).
-COLUMNS = (
-    ("throughput_tok_s", ("throughput_tok_s",), True, 1.0, "tok/s"),
-    ("bubble_ratio", ("bubble_ratio",), False, 100.0, "%"),
-    ("balance_ratio", ("balance_ratio",), True, 1.0, ""),
-    ("tpot_p50_ms", ("tpot_ms", "p50"), False, 1.0, "ms"),
-    ("tpot_p99_ms", ("tpot_ms", "p99"), False, 1.0, "ms"),
-    ("ttft_p90_ms", ("ttft_ms", "p90"), False, 1.0, "ms"),
-    ("pauses", ("pauses", "total"), None, 1.0, ""),
-)
+# The table's metrics (emu.metric_catalogue names, in its order): the column that
+# sweep.json and sweep.csv call each, and the table's scale (the bubble in percent).
+_COLUMN_OF = {"throughput_tok_s": ("throughput_tok_s", 1.0),
+              "bubble_ratio": ("bubble_ratio", 100.0),
+              "balance_ratio": ("balance_ratio", 1.0),
+              "tpot_ms.p50": ("tpot_p50_ms", 1.0),
+              "tpot_ms.p99": ("tpot_p99_ms", 1.0),
+              "ttft_ms.p90": ("ttft_p90_ms", 1.0),
+              "pauses.total": ("pauses", 1.0)}
+# (column, metric name, scale) in the catalogue's order.
+COLUMNS = tuple((_COLUMN_OF[name][0], name, _COLUMN_OF[name][1])
+                for name in in_order(_COLUMN_OF))
 
 
 # ----------------------------------------------------------------------- the grid
@@ -166,7 +172,8 @@ def make_rows(points: list[Point], results: dict[str, dict], out_dir: Path) -> l
         row = {"name": p.name, "label": p.label, "values": p.values,
                "additional_config": p.config,
                "run_dir": str((out_dir / "runs" / p.name).relative_to(out_dir))}
-        for column, path, _, _, _ in COLUMNS:
+        for column, name, _ in COLUMNS:
+            path = tuple(name.split("."))
             value, ref = _metric(m, path), _metric(base, path)
             row[column] = value
             row[f"{column}_delta"] = (None if value is None or ref is None else value - ref)
@@ -200,15 +207,17 @@ def best_row(rows: list[dict], objective: str, max_tpot_p99_ms: float | None):
     if max_tpot_p99_ms is not None:
         candidates = [r for r in candidates if r["tpot_p99_ms"] is not None
                       and r["tpot_p99_ms"] <= max_tpot_p99_ms]
-    key = {"throughput": lambda r: -(r["throughput_tok_s"] or 0.0),
-           "tpot_p99": lambda r: r["tpot_p99_ms"] if r["tpot_p99_ms"] is not None
-           else float("inf"),
-           "bubble": lambda r: r["bubble_ratio"] if r["bubble_ratio"] is not None
-           else float("inf")}[objective]
+    column = OBJECTIVE_COLUMNS[objective]
+    name = next(name for c, name, _ in COLUMNS if c == column)
+    sign = -1.0 if better(name) == "higher" else 1.0
+
+    def key(r):  # a row without the figure is the worst
+        return float("inf") if r[column] is None else sign * r[column]
+
     return min(candidates, key=key) if candidates else None
 
 
-def _cell(row: dict, column: str, scale: float, unit: str, baseline: bool) -> str:
+def _cell(row: dict, column: str, scale: float, baseline: bool) -> str:
     value = row[column]
     if value is None:
         return "-"
@@ -236,7 +245,7 @@ def markdown_table(rows: list[dict], front: list[str]) -> str:
     lines = ["| run | config | " + " | ".join(_HEADERS) + " |",
              "|---|---|" + "---:|" * len(_HEADERS)]
     for row in rows:
-        cells = [_cell(row, c, s, u, row["name"] == "baseline") for c, _, _, s, u in COLUMNS]
+        cells = [_cell(row, c, s, row["name"] == "baseline") for c, _, s in COLUMNS]
         mark = " *" if row["name"] in front else ""
         lines.append(f"| {row['name']}{mark} | {row['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -6,25 +6,43 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from emu.metric_catalogue import metric
 from emu.recipes import mean_ci
 
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
+    """An objective of the study: the catalogue's ``metric`` (emu.metric_catalogue) it
+    is measured by, its way and unit from there; a ``gain`` is the metric's change over
+    DyntraLB off on the same seed, in percent. ``missing``: why a run without the figure
+    has no value (ValueError), or None where no figure counts as 0 (no pause)."""
+
     name: str
     label: str
-    unit: str
-    direction: str  # Optuna's: "maximize" or "minimize"
+    metric: str
+    missing: str | None
+    gain: bool = False
 
     @property
     def maximize(self) -> bool:
-        return self.direction == "maximize"
+        return metric(self.metric).better == "higher"
+
+    @property
+    def direction(self) -> str:
+        """Optuna's: "maximize" or "minimize"."""
+        return "maximize" if self.maximize else "minimize"
+
+    @property
+    def unit(self) -> str:
+        return "%" if self.gain else metric(self.metric).unit
 
 
+# In the catalogue's order.
 OBJECTIVES = {o.name: o for o in (
-    Objective("throughput", "throughput gain over DyntraLB off", "%", "maximize"),
-    Objective("tpot_p99", "TPOT p99", "ms", "minimize"),
-    Objective("longest_pause", "longest pause", "ms", "minimize"),
+    Objective("throughput", "throughput gain over DyntraLB off", "throughput_tok_s",
+              "no output throughput", gain=True),
+    Objective("tpot_p99", "TPOT p99", "tpot_ms.p99", "no TPOT (no request decoded two tokens)"),
+    Objective("longest_pause", "longest pause", "pauses.duration_ms.max", None),
 )}
 
 
@@ -44,18 +62,24 @@ def parse_names(text: str, known: Sequence[str], flag: str) -> tuple[str, ...]:
 def objective_value(name: str, metrics: dict, baseline: dict) -> float:
     """One run's value of objective ``name``; ``baseline`` is the run with DyntraLB off on
     the same seed. ValueError when the run has no such figure (no finished request)."""
-    if name == "throughput":
-        on, off = metrics.get("throughput_tok_s"), baseline.get("throughput_tok_s")
-        if not on or not off:
-            raise ValueError("no output throughput")
-        return (on - off) / off * 100
-    if name == "tpot_p99":
-        value = (metrics.get("tpot_ms") or {}).get("p99")
-        if value is None:
-            raise ValueError("no TPOT (no request decoded two tokens)")
-        return float(value)
-    pauses = (metrics.get("pauses") or {}).get("duration_ms") or {}
-    return float(pauses.get("max") or 0.0)
+    objective = OBJECTIVES[name]
+    value = _figure(metrics, objective.metric)
+    if objective.gain:
+        off = _figure(baseline, objective.metric)
+        if not value or not off:
+            raise ValueError(objective.missing)
+        return (value - off) / off * 100
+    if value is None and objective.missing is not None:
+        raise ValueError(objective.missing)
+    return float(value or 0.0)
+
+
+def _figure(metrics: dict, name: str):
+    """The figure a catalogue name (``tpot_ms.p99``) names in a run's metrics, or None."""
+    value = metrics
+    for part in name.split("."):
+        value = (value or {}).get(part)
+    return value
 
 
 def estimate(values: Sequence[float]) -> tuple[float, float]:

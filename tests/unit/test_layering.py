@@ -89,8 +89,8 @@ FLOORS = [
      "recipes, settings' kinds and limits, collective sites, run status, the bytecode cache, "
      "the collector's pace, the run's records, split windows and their stitch",
      ["emu.workload", "emu.traces", "emu.routers", "emu.vllm_dp_lb", "emu.block_counts",
-      "emu.faults",
-      "emu.metrics", "emu.report", "emu.plots", "emu.timeline", "emu.gate", "emu.ab_seeds",
+      "emu.faults", "emu.metrics", "emu.metric_catalogue", "emu.report", "emu.plots",
+      "emu.timeline", "emu.gate", "emu.ab_seeds",
       "emu.recipes", "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites",
       "emu.bytecode", "emu.collector", "emu.records", "emu.verdict", "emu.split"]),
 ]
