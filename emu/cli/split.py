@@ -289,9 +289,10 @@ def window_spread(windows: list[tuple[int, dict, dict]], labels) -> str:
 def stitched_line(metrics: dict) -> str:
     """The sentence that says an answer is stitched, above its summary."""
     split = metrics["split"]
-    return (f"Stitched from {split['windows']} windows of the trace run apart, each after a "
-            f"{split['warmup_s']:g} s warm-up (docs/split.md): an approximation of the "
-            "whole run; its measured error is in benchmarks/RESULTS.md, \"Split replay\".")
+    return (f"Stitched from {split['windows']} windows of the trace run apart, each "
+            f"between a {split['warmup_s']:g} s warm-up and a cool-down as long "
+            "(docs/split.md): an approximation of the whole run; its measured error is in "
+            "benchmarks/RESULTS.md, \"Split replay\".")
 
 
 def cmd_run_split(args, inputs: Inputs, checked: CheckedRun, source: str,
