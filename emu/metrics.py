@@ -3,7 +3,9 @@ directory (emu/records: ``rank<r>.steps/``, ``rank<r>.requests/``, and the
 wall-clock ``rank<r>.wall/``).
 
 `load_run` reads a directory into a `Run` of numpy columns (no Python object per record:
-a run of hours holds millions of steps and token times); `compute_metrics` turns a `Run`
+a run of hours holds millions of steps; token times are reduced per request and to a
+tally of inter-token gaps as they are read, emu/records/columns.py); `compute_metrics`
+turns a `Run`
 into the `metrics.json` dictionary (schema: docs/metrics.md); `step_series` and
 `tpot_values_ms` give the per-step and per-request series the plots in emu/plots.py draw.
 Everything here is computed from virtual time, so it is deterministic for given records,
