@@ -3,7 +3,9 @@ directory (emu/records: ``rank<r>.steps/``, ``rank<r>.requests/``, and the
 wall-clock ``rank<r>.wall/``).
 
 `load_run` reads a directory into a `Run` of numpy columns (no Python object per record:
-a run of hours holds millions of steps and token times); `compute_metrics` turns a `Run`
+a run of hours holds millions of steps; token times are reduced per request and to a
+tally of inter-token gaps as they are read, emu/records/columns.py); `compute_metrics`
+turns a `Run`
 into the `metrics.json` dictionary (schema: docs/metrics.md); `step_series` and
 `tpot_values_ms` give the per-step and per-request series the plots in emu/plots.py draw.
 Everything here is computed from virtual time, so it is deterministic for given records,
@@ -15,6 +17,7 @@ float for float as when the records were dictionaries.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -47,6 +50,8 @@ from emu.records.schema import REQUESTS, SCHEMAS, STEPS, WALL
 from emu.run_status import describe_unfinished, read_status
 
 SCHEMA_VERSION = 1
+# Values turned into Python floats at a time by `_sum`.
+_SUM_CHUNK = 1 << 16
 
 
 class RunError(ValueError):
@@ -326,8 +331,10 @@ def distribution(values) -> dict:
 def bubble_ratio(run: Run) -> float | None:
     """Sum over ranks and steps of (step time - own cost), over dp x total step time:
     the share of rank time spent waiting for the slowest rank."""
-    waiting = _sum(np.concatenate([r.step_time_s - r.own_cost_s for r in run.steps]))
-    total = _sum(np.concatenate([r.step_time_s for r in run.steps]))
+    waiting = total = 0
+    for rank in run.steps:  # rank after rank, each in step order
+        waiting = _sum(rank.step_time_s - rank.own_cost_s, waiting)
+        total = _sum(rank.step_time_s, total)
     return _ratio(waiting, total)
 
 
@@ -363,13 +370,14 @@ def _over_ranks(run: Run, column: str) -> np.ndarray:
         len(run.steps), len(run.steps[0]) if run.steps else 0)
 
 
-def _rank_sum(rows: np.ndarray) -> np.ndarray:
-    """Per step, the sum over ranks, added rank after rank (as ``sum`` over a step's
-    records adds them)."""
-    total = np.zeros(rows.shape[1], dtype=rows.dtype)
-    for row in rows:
-        total = total + row
-    return total
+def _rank_sum(run: Run, row: Callable[[StepColumns], np.ndarray]) -> np.ndarray:
+    """Per step, the sum over ranks of ``row(rank's steps)``, added rank after rank (as
+    ``sum`` over a step's records adds them); one rank's row made at a time."""
+    total = None
+    for rank in run.steps:
+        values = row(rank)
+        total = (np.zeros(values.shape, values.dtype) if total is None else total) + values
+    return total if total is not None else np.zeros(0)
 
 
 def headroom(run: Run, output_tokens: int, virtual_time_s: float,
@@ -380,11 +388,12 @@ def headroom(run: Run, output_tokens: int, virtual_time_s: float,
     their own step cost), and a perfectly balanced step would take max x ratio = the mean
     own cost. Idle gaps between waves and DyntraLB's control plane between steps stay as
     they are."""
-    costs = _over_ranks(run, "own_cost_s")
-    peak = costs.max(axis=0, initial=0.0)
+    peak = np.zeros(len(run.steps[0]) if run.steps else 0)
+    for rank in run.steps:
+        peak = np.maximum(peak, rank.own_cost_s)
     busy = peak > 0
-    ratios = _rank_sum(costs[:, busy]) / len(costs) / peak[busy]
-    sol_busy_s = sum((run.steps[0].step_time_s[busy] * ratios).tolist(), 0.0)
+    ratios = _rank_sum(run, lambda rank: rank.own_cost_s[busy]) / len(run.steps) / peak[busy]
+    sol_busy_s = _sum(run.steps[0].step_time_s[busy] * ratios, 0.0) if run.steps else 0.0
     sol_time_s = virtual_time_s - busy_time_s + sol_busy_s
     actual = _ratio(output_tokens, virtual_time_s)
     sol = _ratio(output_tokens, sol_time_s)
@@ -433,15 +442,14 @@ def step_series(run: Run) -> StepSeries:
 
 def _step_series(run: Run) -> StepSeries:
     dp = run.dp_size
-    step_time = _over_ranks(run, "step_time_s")
-    waiting = _rank_sum(step_time - _over_ranks(run, "own_cost_s"))
-    total = _rank_sum(step_time)
+    waiting = _rank_sum(run, lambda rank: rank.step_time_s - rank.own_cost_s)
+    total = _rank_sum(run, lambda rank: rank.step_time_s)
     bubble = np.divide(waiting, total, out=np.zeros_like(waiting), where=total != 0)
     loads = _over_ranks(run, "running_blocks")
     peak = loads.max(axis=0, initial=0)
     balance = np.full(loads.shape[1], np.nan)
     busy = peak > 0
-    balance[busy] = loads[:, busy].sum(axis=0) / dp / peak[busy]
+    balance[busy] = loads.sum(axis=0)[busy] / dp / peak[busy]
     first = run.steps[0] if run.steps else None
     empty = np.zeros(0)
     return StepSeries(
@@ -488,14 +496,15 @@ def _plan_churn(run: Run) -> dict:
     some rank applied a plan (an "active step")."""
     applied = _over_ranks(run, "plan_applied")
     active = int(applied.any(axis=0).sum())
-    outs = int(_over_ranks(run, "plan_out").sum())
-    ins = int(_over_ranks(run, "plan_in").sum())
+    outs = sum(int(rank.plan_out.sum()) for rank in run.steps)
+    ins = sum(int(rank.plan_in.sum()) for rank in run.steps)
     return {
         "active_steps": active,
         "outs": outs,
         "ins": ins,
         "per_active_step": _ratio(outs + ins, active),
-        "freeze_rank_steps": int((_over_ranks(run, "plan_freeze") & applied).sum()),
+        "freeze_rank_steps": sum(int((rank.plan_freeze & rank.plan_applied).sum())
+                                 for rank in run.steps),
         "paused": sum(int(rank.paused.sum()) for rank in run.steps),
         "resumed": sum(int(rank.resumed.sum()) for rank in run.steps),
     }
@@ -517,10 +526,11 @@ def _wall(wall: list[WallColumns] | None) -> dict | None:
         return None
     out: dict = {"records": sum(len(rank.step_wall_s) for rank in wall)}
     for name, column in _WALL_FIELDS:
-        values = np.concatenate([getattr(rank, column) for rank in wall])
-        values = values[~np.isnan(values)]
-        out[name] = distribution(values * 1e3)
+        values = np.concatenate([v[~np.isnan(v)] for v in (getattr(rank, column)
+                                                           for rank in wall)])
         out[name.replace("_ms", "_total_s")] = _sum(values)
+        values *= 1e3  # in place: a run of hours has millions
+        out[name] = distribution(values)
     return out
 
 
@@ -534,9 +544,13 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def _sum(values: np.ndarray) -> float:
-    """The sum of ``values`` added in order (numpy's pairwise sum rounds differently)."""
-    return sum(values.tolist())
+def _sum(values: np.ndarray, start: float = 0) -> float:
+    """``start`` plus the sum of ``values`` added in order (numpy's pairwise sum rounds
+    differently), a chunk of Python floats at a time (a run of hours has millions)."""
+    total = start
+    for i in range(0, len(values), _SUM_CHUNK):
+        total = sum(values[i:i + _SUM_CHUNK].tolist(), total)
+    return total
 
 
 def _mean(values: np.ndarray) -> float | None:

@@ -46,3 +46,13 @@ def test_merging_chunks_keeps_the_counts(monkeypatch):
 
     assert np.repeat(result.values, result.counts).tolist() == np.sort(values).tolist()
     assert result.distribution() == distribution(values)
+
+
+def test_a_median_between_two_values_interpolates_from_the_upper_one():
+    """At a weight of exactly 0.5 numpy interpolates down from the upper neighbour; from
+    the lower one these two values give a median one unit in the last place higher."""
+    low, high = 0.02738500170148095, 8.158535541215322
+    assert low + (high - low) * 0.5 != high - (high - low) * 0.5
+    values = np.array([high, low, low, high, 9.0, 0.01])
+
+    assert tally(lambda: [values]).distribution() == distribution(values)
