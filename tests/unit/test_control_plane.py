@@ -106,6 +106,48 @@ def test_the_work_is_the_same_for_both_impls_snapshots():
             planner_work(as_lists, 4, max_num_seqs=8, threshold=5.0, planner="reference")
 
 
+def test_each_snapshot_is_counted_anew_whatever_was_counted_before():
+    """Every rank counts the gathered snapshot and the last count is kept for the next
+    rank: a snapshot that differs from the last one in one rank's row only, in its split
+    only, or in its rows' dtype only (same bytes, other counts) is counted again, and
+    gets the count a fresh process would give it."""
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        rows = [(rng.integers(0, 900, size=12).astype(np.int32), int(rng.integers(0, 7)))
+                for _ in range(4)]
+        changed_row = [(blks.copy(), split) for blks, split in rows]
+        changed_row[int(rng.integers(0, 4))][0][int(rng.integers(0, 12))] += 37
+        changed_split = [(blks, (split + 3) % 8) for blks, split in rows]
+        wide = [(blks.astype(np.int64), split) for blks, split in rows]
+        # int32 rows a, 0, b, 0, ... and the int64 rows a, b, ... of the same bytes
+        narrow = [(np.stack([blks, np.zeros_like(blks)], axis=1).ravel(), split)
+                  for blks, split in rows]
+        same_bytes = [(blks.view(np.int64), split) for blks, split in narrow]
+        for first, other in [(rows, changed_row), (rows, changed_split), (rows, wide),
+                             (narrow, same_bytes)]:
+            planner_work(first, 4, max_num_seqs=6, threshold=5.0, planner="reference")
+            counted = planner_work(other, 4, max_num_seqs=6, threshold=5.0,
+                                   planner="reference")
+            as_lists = [(blks.tolist(), split) for blks, split in other]
+            assert counted == planner_work(as_lists, 4, max_num_seqs=6, threshold=5.0,
+                                           planner="reference")
+
+
+def test_each_collective_is_charged_the_latency_of_its_own_shape_and_dtype():
+    """A rank keeps each collective's latency for the next steps: collectives of one op
+    but other shapes or dtypes, on the same plane, are each charged their own."""
+    plane = ControlPlane(dataclasses.replace(TERMS, collective_per_byte_s=1e-6), dp_size=2,
+                         planner="vllm-ascend", overlap=False)
+    for shape, dtype in [([6], "int32"), ([60], "int32"), ([6], "int64"), ([6, 10], "int32"),
+                         ([6], "int32")]:
+        gather = [_collective(ALLGATHER_SITE, "all_gather", shape, dtype)]
+        charge = plane.charge(gather, None, step_us=20_000, planner_wall_s=0.0)
+        assert charge.collectives_us == plane.cost.collective_us("all_gather", shape, dtype, 2)
+    assert len({plane.charge([_collective(ALLGATHER_SITE, "all_gather", shape)], None,
+                             step_us=1, planner_wall_s=0.0).collectives_us
+                for shape in ([6], [60], [6, 11])}) == 3
+
+
 # ------------------------------------------------------------------ one iteration's charge
 
 

@@ -98,3 +98,31 @@ def test_api_servers_each_learn_only_their_own_finishes():
         again.route(TraceRequest(f"r{i}", 0.0, 16, 4, rank=0))
     assert [again.server_of(f"r{i}") for i in range(6)] == [
         servers.server_of(f"r{i}") for i in range(6)]
+
+
+def test_every_api_server_gets_the_coordinators_publishes_in_a_copy_of_its_own():
+    """One coordinator publishes to every server's client: none of them sees changed
+    counts before 100 ms after the last publish, all of them at it, and the waiting
+    count a server adds for its own picks stays in its own copy."""
+    from emu.routers import make_router
+
+    servers = make_router("vllm", 2, api_servers=3, seed=1)
+    servers.observe([RankStats(0, 4, 0, 0, (0, 0, 0)), RankStats(0, 1, 0, 0, (0, 0, 0))], 0)
+    assert [s.lb_engines for s in servers.servers] == [[[0, 4, 0.0], [0, 1, 0.0]]] * 3
+    servers.observe([RankStats(0, 0, 0, 0, (0, 0, 0)), RankStats(0, 9, 0, 0, (0, 0, 0))],
+                    99_999)
+    assert [s.lb_engines for s in servers.servers] == [[[0, 4, 0.0], [0, 1, 0.0]]] * 3
+    servers.observe([RankStats(0, 0, 0, 0, (0, 0, 0)), RankStats(0, 9, 0, 0, (0, 0, 0))],
+                    100_000)
+    assert [s.lb_engines for s in servers.servers] == [[[0, 0, 0.0], [0, 9, 0.0]]] * 3
+    first = servers.servers[0]
+    first.route(req(0))  # engine 0 scores 0: its waiting count grows by the 3 clients
+    assert first.lb_engines[0][0] == 3
+    assert [s.lb_engines[0][0] for s in servers.servers[1:]] == [0, 0]
+    # unchanged counts are published again 5 s after the last publish, to every server
+    servers.observe([RankStats(0, 0, 0, 0, (0, 0, 0)), RankStats(0, 9, 0, 0, (0, 0, 0))],
+                    5_099_999)
+    assert first.lb_engines[0][0] == 3
+    servers.observe([RankStats(0, 0, 0, 0, (0, 0, 0)), RankStats(0, 9, 0, 0, (0, 0, 0))],
+                    5_100_000)
+    assert [s.lb_engines for s in servers.servers] == [[[0, 0, 0.0], [0, 9, 0.0]]] * 3
