@@ -17,7 +17,7 @@ float for float as when the records were dictionaries.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -101,6 +101,16 @@ class Run:
             return self._records[0][rank]
         partial = self.state not in (None, "complete")
         return list(step_records(self.out_dir, rank, partial=partial))[:len(self.steps[rank])]
+
+    def request_parts(self) -> Iterator[pa.Table]:
+        """Every rank's requests table with its token times, part after part, rank after
+        rank, in ``requests``' order (a finished run's): for a reader of token times,
+        which ``requests`` holds only reduced (the stitch of ``--split``'s windows)."""
+        if self._records is not None:
+            yield records_table(self._records[1], REQUESTS)
+            return
+        for rank in range(self.dp_size):
+            yield from read_parts(self.out_dir, rank, REQUESTS)
 
     def request_records(self) -> list[dict]:
         """Every rank's request records (the event log's dictionaries), read again; a

@@ -14,6 +14,7 @@ is right. ``explore``: a fresh random seed on every run and the example database
 """
 
 import os
+import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -75,6 +76,27 @@ def pytest_terminal_summary(terminalreporter):
                report.longrepr[2]}
     for reason in sorted(reasons):
         terminalreporter.write_line(reason.removeprefix("Skipped: "))
+
+
+@pytest.fixture(autouse=True)
+def stop_handlers_kept():
+    """Fail a test that leaves SIGINT or SIGTERM handled or blocked otherwise than it
+    found them, naming the signal, and put them back: later tests in the same xdist
+    worker would see the leak (a stop test that expects KeyboardInterrupt then gets
+    none), so the failure would land on an innocent test, in some orders only."""
+    stops = (signal.SIGINT, signal.SIGTERM)
+    before = {signum: signal.getsignal(signum) for signum in stops}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    leaked = [f"{signum.name} handled" for signum in stops
+              if signal.getsignal(signum) is not before[signum]]
+    now_blocked = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    leaked += [f"{signum.name} blocked" for signum in stops
+               if (signum in now_blocked) != (signum in blocked)]
+    for signum in stops:
+        signal.signal(signum, before[signum])
+    if leaked:
+        pytest.fail(f"the test left {', '.join(leaked)} otherwise than it found it")
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from emu.metrics import Run, compute_metrics, headroom, step_ends_s
-from emu.records.columns import StepColumns, from_requests_table
+from emu.records.columns import StepColumns, from_requests_parts
 from emu.split.windows import Window
 
 
@@ -65,7 +65,8 @@ def stitch(parts: Sequence[tuple[Window, Run]], last: int) -> Measured:
     end). Steps are numbered again from 0 in the stitched order."""
     dp = parts[0][1].dp_size
     steps: list[list[StepColumns]] = [[] for _ in range(dp)]
-    requests, tokens, span_s = [], 0, 0.0
+    owned: list[tuple[Run, pa.Array]] = []
+    tokens, span_s = 0, 0.0
     for window, run in parts:
         if run.dp_size != dp:
             raise StitchError(f"{window.describe()}: {run.dp_size} ranks, the others {dp}")
@@ -75,16 +76,17 @@ def stitch(parts: Sequence[tuple[Window, Run]], last: int) -> Measured:
         inside = (clock >= start) & (clock < upto)
         for rank in range(dp):
             steps[rank].append(_take(run.steps[rank], inside))
-        times = run.requests.token_times_s
-        tokens += int(((times >= start) & (times < upto)).sum())
+        tokens += _tokens_inside(run, start, upto)
         span_s += end - start
-        requests.append(_owned(window, run))
-    table = pa.concat_tables(requests)
+        owned.append((run, _owned_ids(window, run)))
+    requests = from_requests_parts(lambda: (
+        part.filter(pc.is_in(part["request_id"], value_set=ids))
+        for run, ids in owned for part in run.request_parts()))
     stitched = [_concat(rank_steps) for rank_steps in steps]
     for rank_steps in stitched:
         rank_steps.iter = np.arange(len(rank_steps), dtype=np.int64)
-    return Measured(Run(dp_size=dp, steps=stitched, requests=from_requests_table(table),
-                        state="complete"), tokens, span_s)
+    return Measured(Run(dp_size=dp, steps=stitched, requests=requests, state="complete"),
+                    tokens, span_s)
 
 
 def measured_metrics(parts: Sequence[tuple[Window, Run]], last: int, *,
@@ -120,13 +122,24 @@ def _concat(parts: list[StepColumns]) -> StepColumns:
     return StepColumns(**out)
 
 
-def _owned(window: Window, run: Run) -> pa.Table:
-    """The request records of ``window``'s owned requests from its run; StitchError when
-    one of them is missing or recorded twice."""
-    table = run.requests.table
+def _tokens_inside(run: Run, start: float, upto: float) -> int:
+    """How many tokens ``run``'s requests emitted in [start, upto) of virtual time, read
+    part by part (the run holds no token times)."""
+    count = 0
+    for part in run.request_parts():
+        times = part["token_times_s"].combine_chunks().flatten()
+        count += pc.sum(pc.and_(pc.greater_equal(times, start), pc.less(times, upto)),
+                        min_count=0).as_py() or 0
+    return count
+
+
+def _owned_ids(window: Window, run: Run) -> pa.Array:
+    """The ids of ``window``'s owned requests; StitchError when its run is missing one
+    of them or recorded one twice."""
     ids = pa.array([r.request_id for r in window.owned], pa.string())
-    owned = table.filter(pc.is_in(table["request_id"], value_set=ids))
-    if len(owned) != len(ids):
-        raise StitchError(f"{window.describe()}: its run recorded {len(owned)} of its "
+    recorded = run.requests.table["request_id"]
+    found = pc.sum(pc.is_in(recorded, value_set=ids), min_count=0).as_py() or 0
+    if found != len(ids):
+        raise StitchError(f"{window.describe()}: its run recorded {found} of its "
                           f"{len(ids)} requests")
-    return owned
+    return ids
