@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from emu import limits, workload
+from emu import limits
 from emu.cli import inputs
+from emu.workload import jsonl
 from tests.exposure import network_interface, watch_run
 
 pytestmark = pytest.mark.integration
@@ -212,7 +213,7 @@ def test_a_trace_past_the_size_limit_is_one_error(cli, clikit, tmp_path, source)
 
 def test_a_trace_past_the_request_limit_is_one_error(cli, clikit, tmp_path, monkeypatch):
     # The limit is a million requests; the same check, with a limit of 5.
-    monkeypatch.setattr(workload, "MAX_TRACE_REQUESTS", 5)
+    monkeypatch.setattr(jsonl, "MAX_TRACE_REQUESTS", 5)
     trace = clikit.write_trace(tmp_path / "six.jsonl", clikit.tiny_requests()[:6])
     _refused(cli, clikit, tmp_path, "--workload", trace,
              f"{trace}:6: more than 5 requests, the limit for a trace")
