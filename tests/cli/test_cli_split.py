@@ -115,6 +115,8 @@ def test_a_failing_window_fails_the_run_names_it_and_stitches_nothing(cli, tmp_p
     import dataclasses
 
     import emu.cli.split as split
+    import emu.cli.tune  # noqa: F401  (binds window_specs as it is imported: before the
+    # patch, so that the patched one cannot stay there for a later test of this worker)
 
     cut = split.window_specs
 
