@@ -11,8 +11,8 @@ sets it), the configs, the cost model (a name or a file), faults and the output 
 from __future__ import annotations
 
 import argparse
-import math
 import textwrap
+from collections.abc import Callable
 
 from emu.faults import parse_fault
 from emu.knobs import Choice, Int, Switch
@@ -182,24 +182,29 @@ def add_fault_option(parser: argparse.ArgumentParser) -> None:
 
 def positive_ms(text: str) -> float:
     """argparse's type of a limit in milliseconds (sweep's and tune's --max-tpot-p99-ms)."""
+    return _finite(text, "milliseconds > 0", lambda value: value > 0)
+
+
+def nonnegative_seconds(text: str) -> float:
+    """argparse's type of a length of virtual time (``--split-warmup``)."""
+    return _finite(text, "seconds >= 0", lambda value: value >= 0)
+
+
+def _finite(text: str, expected: str, within: Callable[[float], bool]) -> float:
+    """``text`` as a finite float for which ``within`` holds; else argparse's error
+    "expected <expected>, got <text>"."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not (within(value) and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 
 def non_negative_pct(text: str) -> float:
     """argparse's type of a percentage >= 0 (ab's and tune's --min-gain)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}")
-    return value
+    return _finite(text, "a percentage >= 0", lambda value: value >= 0)
 
 
 def _fault(text: str):

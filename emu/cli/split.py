@@ -28,6 +28,7 @@ from emu.cli.batch import (
     run_batch,
 )
 from emu.cli.errors import ClusterFailed, UsageError
+from emu.cli.flags import nonnegative_seconds
 from emu.cli.inputs import Inputs, checked_spec
 from emu.cli.outdir import prepare_out_dir
 from emu.cli.progress import note
@@ -54,21 +55,11 @@ def add_split_options(parser: argparse.ArgumentParser, what: str) -> None:
              "approximation, whose measured error is in benchmarks/RESULTS.md "
              "(docs/split.md)")
     parser.add_argument(
-        "--split-warmup", type=_seconds, metavar="S",
+        "--split-warmup", type=nonnegative_seconds, metavar="S",
         help="with --split: each window first replays the requests that arrived in the S "
              "seconds of virtual time before it (its warm-up) and last those of the S "
              "seconds after it (its cool-down), run but not measured "
              f"(default: {DEFAULT_WARMUP_S:g})")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
 
 
 def warmup_s(args) -> float:
