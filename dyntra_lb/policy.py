@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from dyntra_lb.blocks import block_counts
 from dyntra_lb.diagnostics import pause_line
+from dyntra_lb.pause_limit import PauseLimit, pause_rule_for
 from dyntra_lb.pause_rule import PauseRule, ProductionPauses
 from dyntra_lb.planner.front import Plan
 
@@ -144,11 +145,12 @@ class DyntraLBPolicy:
     unrestricted admission); ``admit_req_ids`` is ``None`` when admission is
     unrestricted, else the ids the waiting loop may admit this step. ``pause_rule``
     decides what a plan pauses (``dyntra_lb.pause_rule``): production's by default; the
-    kit's opt-in pause limit hands in ``dyntra_lb.pause_limit.pause_rule_for(limit)``.
+    kit's opt-in pause limit hands in ``dyntra_lb.pause_limit.pause_rule_for(limit)``
+    (``pause_limit=limit``, the keyword from before this seam, does the same).
     """
 
     def __init__(self, scheduler: SchedulerLike, *, enable_diagnostics: bool = False,
-                 pause_rule: PauseRule | None = None):
+                 pause_rule: PauseRule | None = None, pause_limit: PauseLimit | None = None):
         self.scheduler = scheduler
         self.enable_diagnostics = enable_diagnostics
         self.plan: Plan | None = None
@@ -157,6 +159,10 @@ class DyntraLBPolicy:
         self.admit_req_ids: set[str] | None = None
         policy = scheduler.policy
         self._priority = getattr(policy, "value", policy) == "priority"
+        if pause_limit is not None:  # the keyword before the seam: still taken
+            if pause_rule is not None:
+                raise TypeError("DyntraLBPolicy: pass pause_rule= or pause_limit=, not both")
+            pause_rule = pause_rule_for(pause_limit)
         self.pause_rule: PauseRule = pause_rule or ProductionPauses()
         self._due: set[str] = set()  # paused requests resumed first this step
         self._reserved = 0  # running slots the paused requests keep (the rule's)

@@ -6,6 +6,8 @@ limit gets production's rule, and the policy does what the rule it was handed sa
 import random
 from types import SimpleNamespace
 
+import pytest
+
 from dyntra_lb.pause_limit import LimitedPauses, PauseLimit, pause_rule_for
 from dyntra_lb.pause_rule import ProductionPauses
 from dyntra_lb.planner.front import Plan
@@ -35,6 +37,16 @@ def test_a_run_without_a_limit_gets_production_s_rule():
     assert isinstance(pause_rule_for(PauseLimit(1.0)), LimitedPauses)
     scheduler = SimpleNamespace(policy="fcfs")
     assert isinstance(DyntraLBPolicy(scheduler).pause_rule, ProductionPauses)
+
+
+def test_the_keyword_from_before_the_seam_still_limits():
+    """``DyntraLBPolicy(pause_limit=...)``, issue 53's keyword, still gets the limited rule;
+    given with ``pause_rule=`` too, it is refused in one line."""
+    scheduler = SimpleNamespace(policy="fcfs")
+    assert isinstance(DyntraLBPolicy(scheduler, pause_limit=PauseLimit(1.0)).pause_rule,
+                      LimitedPauses)
+    with pytest.raises(TypeError, match="pause_rule= or pause_limit=, not both"):
+        DyntraLBPolicy(scheduler, pause_limit=PauseLimit(1.0), pause_rule=ProductionPauses())
 
 
 class ScriptedRule(ProductionPauses):
