@@ -150,7 +150,7 @@ def ab_over_seeds(tmp_path_factory, worker_id) -> tuple[subprocess.CompletedProc
 def sweep_2x2(tmp_path_factory, worker_id) -> tuple[subprocess.CompletedProcess, Path]:
     """One `sweep` of SWEEP_2X2 over sweep_requests() on rank processes, and its out dir
     (the trace is sweep.jsonl beside it): what test_cli_sweep.py checks, and what the
-    same sweep on Ray must give (test_cli_ray.py)."""
+    same sweep on a Ray cluster must give (test_cli_ray_cluster.py)."""
     def argv(where: Path) -> list[str]:
         trace = write_trace(where / "sweep.jsonl", sweep_requests())
         return ["sweep", "--workload", str(trace), *SWEEP_2X2, "--jobs", "2",

@@ -3,6 +3,9 @@ raylets of 2 CPUs each, started as Ray's own cluster test utilities start them
 (``ray.cluster_utils.Cluster``), once for this module, with the setting a cluster for
 dyntra-emu needs (docs/executors.md: a worker's fork servers are not killed with it).
 
+- `sweep` of a 2 x 2 grid on rank processes gives what the session's local sweep gives
+  (rows, metrics, event logs, plots; wall-clock fields aside), each run a task in a
+  placement group of its ranks' CPUs, on one node;
 - `ab --seeds 2` on the cluster gives what the session's local `ab --seeds 2` gives, with
   runs on both nodes. Both run on rank threads (a run is one Ray task of one CPU, so the
   four runs fill the two nodes at once): the same runs on rank processes took four times
@@ -36,6 +39,7 @@ import pytest
 from emu.executors.ray_cluster import SYSTEM_CONFIG
 from tests.held_logs import event_logs_held
 from tests.ray_tmpdir import own_tmpdir, pymp_left
+from tests.records import event_log
 from tests.study_states import finished, study_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -114,6 +118,49 @@ class Placements(threading.Thread):
     def __exit__(self, *exc) -> None:
         self._done.set()
         self.join()
+
+
+def _without_wall(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "wall"}
+
+
+def _same_runs(local: Path, ray: Path, names: list[str]) -> None:
+    """Each run's metrics (wall-clock aside) and event logs are the same in both."""
+    for name in names:
+        a, b = local / name, ray / name
+        assert (_without_wall(json.loads((a / "metrics.json").read_text()))
+                == _without_wall(json.loads((b / "metrics.json").read_text()))), name
+        logs = sorted(p.name for p in a.glob("rank*.steps"))
+        assert logs and logs == sorted(p.name for p in b.glob("rank*.steps")), name
+        for rank in range(len(logs)):
+            assert event_log(a, rank) == event_log(b, rank), (name, rank)
+
+
+def test_sweep_on_two_nodes_equals_local(two_nodes, sweep_2x2, cli, clikit, tmp_path):
+    """The sweep of sweep_2x2 (run in a test process, the reference) again on the cluster:
+    each run a task in a placement group of its two ranks' CPUs, a node's worth."""
+    local, reference = sweep_2x2
+    assert local.returncode == 0, local.stderr
+    with Placements(two_nodes) as seen:
+        ray = cli("sweep", "--workload", reference.parent / "sweep.jsonl",
+                  *clikit.SWEEP_2X2, "--executor", "ray", "--ray-address", two_nodes.address,
+                  "--out", "ray", timeout=600, process=True)
+    assert ray.returncode == 0, ray.stderr
+    assert f"on Ray ({two_nodes.address})" in ray.stderr
+
+    sweeps = [json.loads((d / "sweep.json").read_text()) for d in (reference, tmp_path / "ray")]
+    assert [r["name"] for r in sweeps[0]["rows"]] == ["baseline", "p01", "p02", "p03", "p04"]
+    assert sweeps[0]["rows"] == sweeps[1]["rows"]
+    assert ({k: v for k, v in sweeps[0].items() if k != "wall_s"}
+            == {k: v for k, v in sweeps[1].items() if k != "wall_s"})
+    assert any(r["pauses"] for r in sweeps[0]["rows"])  # DyntraLB did something
+    for name in ("sweep.csv", "pareto.png", "kv_blocks.png"):
+        assert (reference / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
+    _same_runs(reference / "runs", tmp_path / "ray" / "runs",
+               [r["name"] for r in sweeps[0]["rows"]])
+    # The runs seen under way (they last a second or two: the 0.2 s sampler misses
+    # some) ran on the cluster, each with its two ranks on one node.
+    assert seen.runs and all(len(n) == 1 for n in seen.runs.values()), seen.runs
 
 
 def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tmp_path):

@@ -1,7 +1,7 @@
 """Pure parts of the executors (``emu.executors``): a Ray task's files written back into
 the run's directory (and nothing outside it), the signal a stopped batch names, and the
-open_executor registry. The executors on real runs: tests/integration/test_executors.py
-and tests/cli/test_cli_ray.py."""
+open_executor registry. The executors on real runs: tests/integration/test_executors.py,
+tests/cli/test_cli_ray.py and tests/cli/test_cli_ray_cluster.py."""
 
 from __future__ import annotations
 
