@@ -88,10 +88,21 @@ class VllmDPLBRouter:
         self.dp_size = dp_size
         self.client_count = client_count
         self.eng_start_index = (dp_size * client_index) // client_count
-        self.lb_engines: list[list[float]] = [[0, 0, 0.0] for _ in range(dp_size)]
+        self._lb_engines: list[list[float]] | None = [[0, 0, 0.0] for _ in range(dp_size)]
+        self._published: list[tuple[int, int, int]] = []  # the last publish, not yet copied
         self._routed = [0] * dp_size  # requests this client sent to each engine
         self._finished: Sequence[int] = [0] * dp_size  # of those, finished as it knows
         self._coordinator = CoordinatorPublishes()  # a lone server's
+
+    @property
+    def lb_engines(self) -> list[list[float]]:
+        """This client's ``[waiting, running, kv_cache_usage]`` per engine: the last
+        publish, with what it added since. Copied from the publish when first read after
+        it (every server gets each publish, at about every other step; a server reads its
+        copy only to route a request)."""
+        if self._lb_engines is None:
+            self._lb_engines = [[w, r, kv / 1000] for w, r, kv in self._published]
+        return self._lb_engines
 
     def inflight(self, rank: int) -> int:
         """This client's unfinished requests on ``rank`` (vLLM's ``engine_inflight``)."""
@@ -115,7 +126,8 @@ class VllmDPLBRouter:
         step (None: no publish), which replace the client's copy."""
         self._finished = finished
         if published is not None:
-            self.lb_engines = [[w, r, kv / 1000] for w, r, kv in published]
+            self._published = published
+            self._lb_engines = None
 
     def route(self, request, counts=None) -> int:
         """The rank vLLM's client sends ``request`` to; ``counts`` (the one-step-old
@@ -131,9 +143,10 @@ class VllmDPLBRouter:
 
     def _least_loaded(self) -> int:
         best, best_score = 0, None
+        lb_engines = self.lb_engines
         for i in range(self.dp_size):
             rank = (self.eng_start_index + i) % self.dp_size
-            waiting, running, kv_usage = self.lb_engines[rank]
+            waiting, running, kv_usage = lb_engines[rank]
             score = max(self.client_count * self.inflight(rank), waiting + running)
             if waiting:
                 score += waiting * WAITING_KV_PENALTY * max(0.0, kv_usage - KV_PENALTY_FROM)
