@@ -61,13 +61,16 @@ class CoordinatorPublishes:
         self._published: list[tuple[int, int, int]] | None = None
         self._published_us: int | None = None
 
-    def publish(self, counts: list[tuple[int, int, int]],
-                at_us: int) -> list[tuple[int, int, int]] | None:
-        """``counts`` (``engine_counts`` of the step that started at ``at_us``) if the
-        coordinator publishes them: the first, changed ones 100 ms after the last
-        publish, unchanged ones after 5 s; None otherwise."""
+    def publish(self, stats: Sequence, at_us: int) -> list[tuple[int, int, int]] | None:
+        """The engine counts of the step that started at ``at_us`` (``engine_counts`` of
+        its ``stats``) if the coordinator publishes them: the first, changed ones 100 ms
+        after the last publish, unchanged ones after 5 s; None otherwise. The counts are
+        made only once 100 ms are up (a step is shorter: most steps publish nothing)."""
         since = None if self._published_us is None else at_us - self._published_us
-        if since is None or (since >= PUBLISH_INTERVAL_US and counts != self._published) or (
+        if since is not None and since < PUBLISH_INTERVAL_US:
+            return None
+        counts = engine_counts(stats)
+        if since is None or counts != self._published or (
                 since >= UNCHANGED_PUBLISH_INTERVAL_US):
             self._published = counts
             self._published_us = at_us
@@ -113,7 +116,7 @@ class VllmDPLBRouter:
         client; the coordinator publishes the engines' counts if its interval is up.
         ``stats``: every rank's ``emu.rank.clock.RankStats``, by rank."""
         self.observe_finished([s.finished for s in stats],
-                              self._coordinator.publish(engine_counts(stats), at_us))
+                              self._coordinator.publish(stats, at_us))
 
     def server_of(self, request_id: str) -> int:
         return 0
@@ -185,7 +188,7 @@ class VllmAPIServers:
         """A lockstep step: each server learns the finishes of its own requests
         (``RankStats.finished_by_server``) and the coordinator's publish, which reaches
         every server."""
-        published = self._coordinator.publish(engine_counts(stats), at_us)
+        published = self._coordinator.publish(stats, at_us)
         by_server = zip(*(s.finished_by_server for s in stats), strict=True)
         for server, finished in zip(self.servers, by_server, strict=True):
             server.observe_finished(finished, published)
