@@ -7,6 +7,7 @@ import argparse
 import difflib
 import signal
 import sys
+from typing import NoReturn
 
 from emu.cli import (
     ab,
@@ -36,6 +37,7 @@ from emu.cli.errors import (
 )
 from emu.cli.flags import Formatter, wrap
 from emu.cli.recipe_hint import apply_recipe_setup, given_dests
+from emu.process_exit import end_command
 from emu.recipes import is_recipe
 
 EPILOG = """\
@@ -75,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         subparser = command.add_parser(sub)
         subparser.set_defaults(parser=subparser)
     return parser
+
+
+def console_main() -> NoReturn:
+    """The ``dyntra-emu`` console script and ``python -m emu``: ``main()``, then the process
+    ends without interpreter finalization (``emu.process_exit.end_command``)."""
+    end_command(main())
 
 
 def main(argv=None) -> int:

@@ -22,9 +22,7 @@ import pathlib
 import pickle
 import signal
 import socket
-import sys
 import traceback
-import weakref
 from datetime import timedelta
 
 import torch
@@ -37,6 +35,7 @@ from emu.cluster.rendezvous import (
     pin_gloo_to_loopback,
     warn_if_master_addr_exposed,
 )
+from emu.process_exit import flush_and_exit, keep_operators_registered
 from emu.rank.context import RankContext
 from emu.rank.recorder import GuardSlot
 
@@ -112,44 +111,18 @@ def rank_main(spec: RankSpec, payload: bytes, conn, store_listener: socket.socke
         try:
             conn.send(("error", summary, text, _in_torch_distributed(exc)))
         finally:
-            _flush_and_exit(1)
+            flush_and_exit(1)
     try:
         conn.recv()
     except EOFError:  # the parent is gone; PDEATHSIG normally got here first
-        _flush_and_exit(1)
+        flush_and_exit(1)
     dist.destroy_process_group()
     # atexit handlers (logging.shutdown among them) yes, interpreter finalization no:
     # with torch loaded it is a large share of a short rank's CPU, spent on a process
     # about to vanish (benchmarks/RESULTS.md, "Start-up and teardown costs").
-    _keep_operators_registered()
+    keep_operators_registered()
     atexit._run_exitfuncs()
-    _flush_and_exit(0)
-
-
-def _keep_operators_registered() -> None:
-    """Before the rank's atexit handlers run: drop torch's unregistering of its operator
-    kernels from them. Each ``torch.library.Library`` (torch's own, vLLM's) unregisters its
-    kernels in a weakref finalizer that runs at exit, rewriting dispatch tables the rank
-    inherited from its fork server: a copy-on-write page fault per page (most of a
-    tiny launch's faults: benchmarks/RESULTS.md, "Launch CPU"). The rank then leaves through
-    ``os._exit``, so nothing could see the tables again. weakref keeps the live
-    finalizers in a private registry (no public accessor); a Python without it, or a
-    torch without ``_del_library``, leaves the finalizers as they are."""
-    unregister = getattr(torch.library, "_del_library", None)
-    for finalizer, info in list(getattr(weakref.finalize, "_registry", {}).items()):
-        if info.func is unregister:
-            finalizer.atexit = False
-
-
-def _flush_and_exit(code: int) -> None:
-    """Leave without interpreter finalization: after a failure it can block in a group
-    whose peers are stuck (the parent has the report already), after success it is slow."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
+    flush_and_exit(0)
 
 
 def _env_int(name: str) -> int:

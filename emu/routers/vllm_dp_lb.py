@@ -61,13 +61,16 @@ class CoordinatorPublishes:
         self._published: list[tuple[int, int, int]] | None = None
         self._published_us: int | None = None
 
-    def publish(self, counts: list[tuple[int, int, int]],
-                at_us: int) -> list[tuple[int, int, int]] | None:
-        """``counts`` (``engine_counts`` of the step that started at ``at_us``) if the
-        coordinator publishes them: the first, changed ones 100 ms after the last
-        publish, unchanged ones after 5 s; None otherwise."""
+    def publish(self, stats: Sequence, at_us: int) -> list[tuple[int, int, int]] | None:
+        """The engine counts of the step that started at ``at_us`` (``engine_counts`` of
+        its ``stats``) if the coordinator publishes them: the first, changed ones 100 ms
+        after the last publish, unchanged ones after 5 s; None otherwise. The counts are
+        made only once 100 ms are up (a step is shorter: most steps publish nothing)."""
         since = None if self._published_us is None else at_us - self._published_us
-        if since is None or (since >= PUBLISH_INTERVAL_US and counts != self._published) or (
+        if since is not None and since < PUBLISH_INTERVAL_US:
+            return None
+        counts = engine_counts(stats)
+        if since is None or counts != self._published or (
                 since >= UNCHANGED_PUBLISH_INTERVAL_US):
             self._published = counts
             self._published_us = at_us
@@ -88,10 +91,21 @@ class VllmDPLBRouter:
         self.dp_size = dp_size
         self.client_count = client_count
         self.eng_start_index = (dp_size * client_index) // client_count
-        self.lb_engines: list[list[float]] = [[0, 0, 0.0] for _ in range(dp_size)]
+        self._lb_engines: list[list[float]] | None = [[0, 0, 0.0] for _ in range(dp_size)]
+        self._published: list[tuple[int, int, int]] = []  # the last publish, not yet copied
         self._routed = [0] * dp_size  # requests this client sent to each engine
         self._finished: Sequence[int] = [0] * dp_size  # of those, finished as it knows
         self._coordinator = CoordinatorPublishes()  # a lone server's
+
+    @property
+    def lb_engines(self) -> list[list[float]]:
+        """This client's ``[waiting, running, kv_cache_usage]`` per engine: the last
+        publish, with what it added since. Copied from the publish when first read after
+        it (every server gets each publish, at about every other step; a server reads its
+        copy only to route a request)."""
+        if self._lb_engines is None:
+            self._lb_engines = [[w, r, kv / 1000] for w, r, kv in self._published]
+        return self._lb_engines
 
     def inflight(self, rank: int) -> int:
         """This client's unfinished requests on ``rank`` (vLLM's ``engine_inflight``)."""
@@ -102,7 +116,7 @@ class VllmDPLBRouter:
         client; the coordinator publishes the engines' counts if its interval is up.
         ``stats``: every rank's ``emu.rank.clock.RankStats``, by rank."""
         self.observe_finished([s.finished for s in stats],
-                              self._coordinator.publish(engine_counts(stats), at_us))
+                              self._coordinator.publish(stats, at_us))
 
     def server_of(self, request_id: str) -> int:
         return 0
@@ -115,7 +129,8 @@ class VllmDPLBRouter:
         step (None: no publish), which replace the client's copy."""
         self._finished = finished
         if published is not None:
-            self.lb_engines = [[w, r, kv / 1000] for w, r, kv in published]
+            self._published = published
+            self._lb_engines = None
 
     def route(self, request, counts=None) -> int:
         """The rank vLLM's client sends ``request`` to; ``counts`` (the one-step-old
@@ -131,9 +146,10 @@ class VllmDPLBRouter:
 
     def _least_loaded(self) -> int:
         best, best_score = 0, None
+        lb_engines = self.lb_engines
         for i in range(self.dp_size):
             rank = (self.eng_start_index + i) % self.dp_size
-            waiting, running, kv_usage = self.lb_engines[rank]
+            waiting, running, kv_usage = lb_engines[rank]
             score = max(self.client_count * self.inflight(rank), waiting + running)
             if waiting:
                 score += waiting * WAITING_KV_PENALTY * max(0.0, kv_usage - KV_PENALTY_FROM)
@@ -172,7 +188,7 @@ class VllmAPIServers:
         """A lockstep step: each server learns the finishes of its own requests
         (``RankStats.finished_by_server``) and the coordinator's publish, which reaches
         every server."""
-        published = self._coordinator.publish(engine_counts(stats), at_us)
+        published = self._coordinator.publish(stats, at_us)
         by_server = zip(*(s.finished_by_server for s in stats), strict=True)
         for server, finished in zip(self.servers, by_server, strict=True):
             server.observe_finished(finished, published)

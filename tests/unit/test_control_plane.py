@@ -11,9 +11,16 @@ import dataclasses
 import numpy as np
 import pytest
 
+from dyntra_lb.planner import registry as planners
 from emu.metrics import Run, compute_metrics
 from emu.rank.control_costs import ControlCharge, ControlPlaneCost, PlannerWork
-from emu.rank.control_plane import ControlPlane, PlannerCall, planner_work
+from emu.rank.control_plane import (
+    ControlPlane,
+    PlannerCall,
+    _Counted,
+    _WorkCounter,
+    planner_work,
+)
 from emu.rank.costs import PROFILES, CostProfileError, profile_from_dict
 from emu.sites import ALLGATHER_SITE, DP_SYNC_SITE, FLAG_SITE, LOCKSTEP_SITE
 from emu.spec import RunSpec, SpecError, check
@@ -104,6 +111,30 @@ def test_the_work_is_the_same_for_both_impls_snapshots():
         as_lists = [(blks.tolist(), split) for blks, split in rows]
         assert planner_work(rows, 4, max_num_seqs=8, threshold=5.0, planner="reference") == \
             planner_work(as_lists, 4, max_num_seqs=8, threshold=5.0, planner="reference")
+
+
+@pytest.mark.parametrize("planner", ["reference", "fill-protect"])
+def test_the_count_ends_the_call_at_the_stop_yet_counts_the_whole_run(planner):
+    """planner_work ends the planner's call at its ``stop`` event: its count is the one
+    of every event a whole call emits (cancellations and plans included), each snapshot
+    a fresh one, on random snapshots of 2 to 8 ranks with waiting requests to fill."""
+    rng = np.random.default_rng(23)
+    for _ in range(60):
+        dp = int(rng.integers(2, 9))
+        rows = [(rng.integers(1, 400, size=int(rng.integers(1, 14))).tolist(),
+                 int(rng.integers(0, 6))) for _ in range(dp)]
+        rows = [(blks, min(split, len(blks))) for blks, split in rows]
+        events: list[dict] = []
+        planners.get(planner)(rows, dp, max_num_seqs=6, threshold=5.0,
+                              observer=events.append)
+        whole = _WorkCounter(5.0)
+        for event in events:
+            try:
+                whole(event)
+            except _Counted:  # the stop: the counter ends a call there
+                pass
+        assert planner_work(rows, dp, max_num_seqs=6, threshold=5.0, planner=planner) == \
+            PlannerWork(whole.requests, whole.pairs, whole.rounds)
 
 
 def test_each_snapshot_is_counted_anew_whatever_was_counted_before():
