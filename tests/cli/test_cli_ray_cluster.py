@@ -15,6 +15,8 @@ dyntra-emu needs (docs/executors.md: a worker's fork servers are not killed with
   per node, each run's ranks on one node; SIGTERM mid-study stops it (exit 143, every
   run under way stopped, the trials under way marked failed) and the same command
   resumes it with --trials more;
+- `run --split 2` on the cluster (a window a task on rank threads) stitches what the
+  same split on local jobs stitches, every request of the trace reported once;
 - the cluster shut down, no worker's fork server left a ``pymp-*`` directory in its
   TMPDIR (tests/ray_tmpdir.py).
 
@@ -183,6 +185,37 @@ def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tm
                 {k: v for k, v in b.items() if k != "wall"}
     assert len(seen.runs) == 4, seen.runs  # every run seen under way
     assert set.union(*seen.runs.values()) == {0, 1}, seen.runs  # both nodes ran runs
+
+
+def test_run_split_on_two_nodes_equals_local(two_nodes, cli, clikit, tmp_path):
+    """Ten requests cut into 2 windows of 5 with a 0.02 s warm-up: window 1 replays 2 of
+    window 0's requests first, window 0 two of window 1's last (its cool-down)."""
+    trace = clikit.write_trace(tmp_path / "tiny.jsonl", clikit.tiny_requests())
+    split = ["run", "--workload", str(trace), *clikit.SMALL, "--transport", "thread",
+             "--split", "2", "--split-warmup", "0.02", "--quiet"]
+    local = cli(*split, "--jobs", "2", "--out", tmp_path / "local")
+    assert local.returncode == 0, local.stderr
+    ray = subprocess.run([sys.executable, "-m", "emu", *split, "--executor", "ray",
+                          "--ray-address", two_nodes.address, "--out", str(tmp_path / "ray")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    assert ray.returncode == 0, ray.stderr
+    metrics = {name: json.loads((tmp_path / name / "metrics.json").read_text())
+               for name in ("local", "ray")}
+    requests = clikit.tiny_requests()
+    for name, stitched in metrics.items():
+        assert stitched["requests_total"] == stitched["requests_finished"] == len(requests)
+        assert stitched["output_tokens"] == sum(r["output_tokens"] for r in requests)
+        windows = stitched["split"]["per_window"]
+        assert [(w["requests"], w["warmup_requests"], w["cooldown_requests"])
+                for w in windows] == [(5, 0, 2), (5, 2, 0)], name
+        for window in windows:  # each window's run replayed its warm-up or cool-down too
+            run = json.loads((tmp_path / name / "windows" / f"w{window['window']}" /
+                              "metrics.json").read_text())
+            assert run["requests_total"] == 7, (name, window)
+    assert {k: v for k, v in metrics["local"].items() if k != "wall"} == \
+        {k: v for k, v in metrics["ray"].items() if k != "wall"}
+    assert local.stdout == ray.stdout.replace(str(tmp_path / "ray"), str(tmp_path / "local"))
 
 
 def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_path):
