@@ -122,15 +122,14 @@ class OnDisk(RankColumns[C]):
         for part in self.tables(rank):
             yield self._convert(part)
 
-    def table_windows(self, columns: list[str] | None = None,
-                      size: int = WINDOW_ROWS) -> Iterator[list[pa.Table]]:
-        """The same ``size`` rows of every rank's parts (``columns``, or the table's),
-        window after window, as long as some rank has rows left (a rank that has none
-        left gives an empty table)."""
+    def table_windows(self, columns: list[str] | None = None) -> Iterator[list[pa.Table]]:
+        """The same ``WINDOW_ROWS`` rows of every rank's parts (``columns``, or the
+        table's), window after window, as long as some rank has rows left (a rank that
+        has none left gives an empty table)."""
         empty = SCHEMAS[self._table].empty_table().select(columns or self._columns)
         streams = [_Rows(self.tables(rank, columns), empty) for rank in range(self._dp)]
         while True:
-            window = [stream.take(size) for stream in streams]
+            window = [stream.take(WINDOW_ROWS) for stream in streams]
             if not any(len(table) for table in window):
                 return
             yield window
