@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic
 
 import pyarrow as pa
 
-from emu.records.columns import StepColumns, WallColumns, rows
+from emu.records.columns import Columns as C
+from emu.records.columns import rows
 from emu.records.reader import read_parts
 from emu.records.schema import SCHEMAS
 
-# Rows of each rank in one window (at dp 16, about 2 MB of step columns).
+# Rows of each rank in one window (at dp 16, about 5 MB of step columns).
 WINDOW_ROWS = 4096
-
-C = TypeVar("C", StepColumns, WallColumns)
 
 
 class RankColumns(Generic[C]):
