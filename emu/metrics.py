@@ -2,22 +2,24 @@
 directory (emu/records: ``rank<r>.steps/``, ``rank<r>.requests/``, and the
 wall-clock ``rank<r>.wall/``).
 
-`load_run` reads a directory into a `Run` of numpy columns (no Python object per record:
-a run of hours holds millions of steps; token times are reduced per request and to a
-tally of inter-token gaps as they are read, emu/records/columns.py); `compute_metrics`
-turns a `Run`
-into the `metrics.json` dictionary (schema: docs/metrics.md); `step_series` and
-`tpot_values_ms` give the per-step and per-request series the plots in emu/plots.py draw.
-Everything here is computed from virtual time, so it is deterministic for given records,
-except the `wall` section, which reports measured wall-clock seconds. Sums run in record
-order, as a Python loop over the records would add them, so the figures are the same
-float for float as when the records were dictionaries.
+`load_run` reads a directory into a `Run`: its requests as numpy columns (token times
+reduced per request and to a tally of inter-token gaps as they are read,
+emu/records/columns.py), its steps and wall-clock times left on disk, read a chunk or a
+window at a time when asked (emu/records/ranks.py): a run of hours holds millions of
+steps, and its metrics and plots hold a window of them. `compute_metrics` turns a `Run`
+into the `metrics.json` dictionary (schema: docs/metrics.md) from two passes over the
+steps (emu/step_passes.py); `step_series` and `tpot_values_ms` give the per-step lines
+and per-request values the plots in emu/plots.py draw. Everything here is computed from
+virtual time, so it is deterministic for given records, except the `wall` section,
+which reports measured wall-clock seconds. Sums run in record order, as a Python loop
+over the records would add them, so the figures are the same float for float as when
+the records were dictionaries.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -25,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from emu.records import selection
 from emu.records.columns import (
-    PARTIAL_STEP_COLUMNS,
     STEP_COLUMNS,
     RequestColumns,
     StepColumns,
@@ -37,21 +39,30 @@ from emu.records.columns import (
     from_wall_table,
     records_table,
 )
+from emu.records.ranks import InMemory, OnDisk, RankColumns
 from emu.records.reader import (
     RecordsError,
     has_table,
     read_parts,
-    read_table,
     record_ranks,
     request_records,
     step_records,
 )
 from emu.records.schema import REQUESTS, SCHEMAS, STEPS, WALL
 from emu.run_status import describe_unfinished, read_status
+from emu.step_passes import (
+    RankFigures,
+    StepSeries,
+    WindowFigures,
+    rank_pass,
+    window_pass,
+)
+from emu.step_passes import ordered_sum as _sum
+from emu.step_passes import step_ends_s as step_ends_s  # part of this module's names
 
 SCHEMA_VERSION = 1
-# Values turned into Python floats at a time by `_sum`.
-_SUM_CHUNK = 1 << 16
+# The wall-clock columns emu.records.schema.WALL holds, as WallColumns reads them.
+_WALL_COLUMNS = ["step_wall_s", "planner_s", "dyntra_lb_collectives_s"]
 
 
 class RunError(ValueError):
@@ -65,24 +76,40 @@ class PartialRunError(RunError):
 
 @dataclass
 class Run:
-    """The records of one run as columns. `steps[r]` are rank r's steps in iteration
-    order; `requests` are the requests of all ranks; `wall[r]` are rank r's wall-clock
-    times, or `wall` is None when the run wrote none."""
+    """The records of one run. `steps[r]` are rank r's steps in iteration order (read
+    from the run directory whole when indexed, or by chunk and window:
+    emu.records.ranks); `requests` are the requests of all ranks; `wall[r]` are rank r's
+    wall-clock times, or `wall` is None when the run wrote none. Lists of columns given
+    for `steps` and `wall` are held as they are."""
 
     dp_size: int
-    steps: list[StepColumns]
+    steps: RankColumns[StepColumns]
     requests: RequestColumns
-    wall: list[WallColumns] | None = None
+    wall: RankColumns[WallColumns] | None = None
     # run.json's state ("complete", "interrupted", ...; None: no run.json). A partial
     # run's requests include those still in flight (`unfinished`).
     state: str | None = None
     # Where the records are (None: made from dictionaries): `step_records` and
     # `request_records` read them back as the event log's dictionaries.
     out_dir: Path | None = None
-    # step_series(self), made by its first caller: the metrics and three of the plots
-    # read it.
-    _series: StepSeries | None = field(default=None, init=False, repr=False, compare=False)
+    # The two passes over the steps (emu.step_passes), made by their first caller: the
+    # metrics and the plots read them.
+    _rank_figures: RankFigures | None = field(default=None, init=False, repr=False,
+                                              compare=False)
+    _window_figures: WindowFigures | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
     _records: tuple | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if isinstance(self.steps, list):
+            self.steps = InMemory(self.steps)
+        if isinstance(self.wall, list):
+            self.wall = InMemory(self.wall)
+
+    @property
+    def n_steps(self) -> int:
+        """Steps of each rank (lockstep: every rank's)."""
+        return self.steps.n_rows
 
     @classmethod
     def from_records(cls, dp_size: int, steps: list[list[dict]], requests: list[dict],
@@ -100,7 +127,7 @@ class Run:
         if self._records is not None:
             return self._records[0][rank]
         partial = self.state not in (None, "complete")
-        return list(step_records(self.out_dir, rank, partial=partial))[:len(self.steps[rank])]
+        return list(step_records(self.out_dir, rank, partial=partial))[:self.n_steps]
 
     def request_parts(self) -> Iterator[pa.Table]:
         """Every rank's requests table with its token times, part after part, rank after
@@ -131,19 +158,6 @@ class Run:
         return records
 
 
-@dataclass
-class StepSeries:
-    """One entry per lockstep step, in iteration order (for plots)."""
-
-    iters: np.ndarray
-    clock_s: np.ndarray
-    step_time_s: np.ndarray
-    running_blocks: np.ndarray  # [rank, step]
-    bubble: np.ndarray  # sum over ranks of (step - own) / (dp * step)
-    balance: np.ndarray  # mean / max running blocks; NaN when max is 0
-    lb_active: np.ndarray  # a plan was applied on some rank in this step
-
-
 def load_run(out_dir, *, allow_partial: bool = False) -> Run:
     """Read every rank's records under `out_dir`. Ranks must be 0..dp-1 with identical
     iteration sequences (lockstep).
@@ -172,71 +186,73 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
         if ranks != list(range(len(ranks))):
             raise RunError(f"{out_dir}: records of ranks {ranks}; expected ranks "
                            f"0..{len(ranks) - 1} without gaps")
-        columns = STEP_COLUMNS + (PARTIAL_STEP_COLUMNS if partial else [])
-        steps = []
-        for r in ranks:
-            steps.append(from_steps_table(read_table(out_dir, r, STEPS, columns,
-                                                     partial=partial)))
-            _share_lockstep_columns(steps[r], steps[0])
+        dp = len(ranks)
+        steps = OnDisk(out_dir, STEPS, dp, STEP_COLUMNS, from_steps_table, partial=partial,
+                       n_rows=None)
+        lengths, differ = _lockstep_scan(steps)
+        n_steps = min(lengths) if partial else lengths[0]
+        for rank in ranks[1:]:
+            mine, first = (n_steps, n_steps) if partial else (lengths[rank], lengths[0])
+            if mine != first or (differ[rank] is not None and differ[rank] < n_steps):
+                where = differ[rank] if differ[rank] is not None else min(mine, first)
+                raise RunError(
+                    f"{out_dir}: rank {rank} logged {mine} steps and rank 0 logged {first} "
+                    f"(first difference at position {where}); lockstep ranks must log the "
+                    "same iterations — did the run stop early?")
+        steps = OnDisk(out_dir, STEPS, dp, STEP_COLUMNS, from_steps_table, partial=partial,
+                       n_rows=n_steps)
         unfinished = []
         if partial:
-            common = min(len(rank_steps) for rank_steps in steps)
-            steps = [rank_steps.head(common) for rank_steps in steps]
-            recorded = pa.concat_tables([read_table(out_dir, r, REQUESTS,
-                                                    ["rank", "request_id"], partial=True)
-                                         for r in ranks])
+            recorded = pa.concat_tables([
+                SCHEMAS[REQUESTS].empty_table().select(["rank", "request_id"]),
+                *(part for r in ranks for part in read_parts(out_dir, r, REQUESTS,
+                                                              ["rank", "request_id"],
+                                                              partial=True))])
             unfinished = [_unfinished_requests(steps, recorded)]
         requests = from_requests_parts(lambda: chain(
             (part for r in ranks for part in read_parts(out_dir, r, REQUESTS, partial=partial)),
             unfinished))
         wall = None
         if any(has_table(out_dir, r, WALL) for r in ranks):
-            wall = [from_wall_table(read_table(out_dir, r, WALL, partial=True))
-                    for r in ranks]
+            wall = OnDisk(out_dir, WALL, dp, _WALL_COLUMNS, from_wall_table, partial=True,
+                          n_rows=None)
+            for r in ranks:  # every part readable, as the steps' and requests' are
+                for _ in wall.tables(r, ["iter"]):
+                    pass
     except RecordsError as exc:
         raise RunError(str(exc)) from None
-    for rank in ranks[1:]:
-        if not np.array_equal(steps[rank].iter, steps[0].iter):
-            raise RunError(
-                f"{out_dir}: rank {rank} logged {len(steps[rank])} steps and rank 0 logged "
-                f"{len(steps[0])} (first difference at position "
-                f"{_first_difference(steps[rank].iter, steps[0].iter)}); lockstep ranks "
-                "must log the same iterations — did the run stop early?"
-            )
     return Run(dp_size=len(ranks), steps=steps, requests=requests,
                wall=wall, state=state, out_dir=out_dir)
 
 
-# Step columns every rank logs alike in lockstep (the DP step, its clock, the wave, the
-# control plane's charge): a rank whose column equals rank 0's shares rank 0's array, so
-# a run of hours holds them once, not DP times.
-_LOCKSTEP_COLUMNS = ("iter", "wave", "step_counter", "clock_s", "step_time_s", "lb_active",
-                     "plan_applied", "preempted", "charged_s", "collectives_s", "planner_s",
-                     "planner_measured")
+def _lockstep_scan(steps: OnDisk) -> tuple[list[int], list[int | None]]:
+    """Each rank's step count, and where its iterations first differ from rank 0's
+    (None: nowhere in the steps both logged), read a window of iterations at a time."""
+    lengths, differ = [0] * len(steps), [None] * len(steps)
+    for window in steps.table_windows(["iter"]):
+        first = window[0]["iter"].to_numpy()
+        for rank, table in enumerate(window):
+            iters = table["iter"].to_numpy()
+            common = min(len(iters), len(first))
+            if differ[rank] is None and common:
+                where = np.flatnonzero(iters[:common] != first[:common])
+                if where.size:
+                    differ[rank] = lengths[rank] + int(where[0])
+            lengths[rank] += len(iters)
+    return lengths, differ
 
 
-def _share_lockstep_columns(steps: StepColumns, first: StepColumns) -> None:
-    """Make ``steps`` (a rank's) use ``first``'s (rank 0's) array for each lockstep column
-    the two hold equal; called as each rank's steps are read."""
-    for name in _LOCKSTEP_COLUMNS:
-        mine, theirs = getattr(steps, name), getattr(first, name)
-        if mine is not None and theirs is not None and mine is not theirs and \
-                np.array_equal(mine, theirs, equal_nan=mine.dtype.kind == "f"):
-            setattr(steps, name, theirs)
-
-
-def _unfinished_requests(steps: list[StepColumns], requests: pa.Table) -> pa.Table:
+def _unfinished_requests(steps: OnDisk, requests: pa.Table) -> pa.Table:
     """Rows for the requests a partial run's step records show (admitted, resumed,
     paused, preempted) but whose request record was never written."""
     recorded = set(zip(requests["rank"].to_pylist(), requests["request_id"].to_pylist(),
                        strict=True))
     rows = []
-    for rank, rank_steps in enumerate(steps):
+    for rank in range(len(steps)):
         seen: dict[str, None] = {}
-        ids = [column.to_pylist() for column in rank_steps.shown_ids]
-        for per_step in zip(*ids, strict=True):
-            for shown in per_step:
-                for rid in shown or ():
+        for part in steps.tables(rank, ["admitted", "resumed", "paused", "preempted"]):
+            for shown in part.to_pylist():
+                for rid in chain.from_iterable(ids or () for ids in shown.values()):
                     if (rank, rid) not in recorded and rid not in seen:
                         seen[rid] = None
         rows += [{"rank": rank, "request_id": rid, "token_times_s": [], "pauses": []}
@@ -248,14 +264,11 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     """The metrics.json dictionary of `run`. `config` (JSON-ready, e.g. the additional
     config and engine settings) and `seed` are recorded as given by the caller."""
     dp = run.dp_size
-    steps, req = run.steps, run.requests
-    n_steps = len(steps[0]) if steps else 0
-    virtual_time_s = max((float(np.max(step_ends_s(rank))) for rank in steps if len(rank)),
-                         default=0.0)
-    busy_time_s = _sum(steps[0].step_time_s) if n_steps else 0.0
-
-    series = step_series(run)
-    balances = series.balance[~np.isnan(series.balance)]
+    req = run.requests
+    n_steps = run.n_steps
+    by_rank, by_step = _rank_figures(run), _window_figures(run)
+    virtual_time_s = by_rank.end_s
+    busy_time_s = by_rank.busy_time_s if n_steps else 0.0
 
     counts = req.token_counts
     output_tokens = int(counts.sum())
@@ -267,17 +280,16 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
     e2e = (req.finish_s[finished] - req.arrival_s[finished]) * 1e3
 
     per_rank = []
-    for rank in range(dp):
-        rank_steps = steps[rank]
+    for rank, sums in enumerate(by_rank.ranks):
         mine = req.rank == rank
         per_rank.append({
             "rank": rank,
-            "utilisation": _ratio(_sum(rank_steps.own_cost_s), _sum(rank_steps.step_time_s)),
+            "utilisation": _ratio(sums.own_cost_s, sums.step_time_s),
             "output_tokens": int(counts[mine].sum()),
             "requests_finished": int(finished[mine].sum()),
-            "dummy_steps": int(rank_steps.dummy.sum()),
-            "mean_running_blocks": _mean_int(rank_steps.running_blocks),
-            "max_running_blocks": int(rank_steps.running_blocks.max(initial=0)),
+            "dummy_steps": sums.dummy,
+            "mean_running_blocks": _ratio(sums.running_blocks, sums.steps),
+            "max_running_blocks": sums.max_running_blocks,
         })
 
     control = control_plane(run, busy_time_s)
@@ -297,28 +309,35 @@ def compute_metrics(run: Run, *, config=None, seed=None) -> dict:
         "output_tokens": output_tokens,
         "throughput_tok_s": _ratio(output_tokens, virtual_time_s),
         "bubble_ratio": bubble_ratio(run),
-        "balance_ratio": _mean(balances),
-        "balance_steps": len(balances),
+        "balance_ratio": _ratio(by_step.balance_sum, by_step.balance_steps),
+        "balance_steps": by_step.balance_steps,
         "ttft_ms": distribution(ttft),
         "queue_ms": distribution(queue),
         "tpot_ms": distribution(tpot_values_ms(run)),
         "itl_ms": req.itl_ms.distribution(),
         "e2e_ms": distribution(e2e),
         "pauses": _pauses(req, virtual_time_s),
-        "preemptions": sum(int(rank.preempted.sum()) for rank in steps),
-        "plan_churn": _plan_churn(run),
-        "lb_activity": _lb_activity(run),
+        "preemptions": by_rank.preempted,
+        "plan_churn": _plan_churn(by_rank, by_step),
+        "lb_activity": _lb_activity(run, by_rank, by_step),
         "headroom": headroom(run, output_tokens, virtual_time_s, busy_time_s),
         "per_rank": per_rank,
         "wall": _wall(run.wall),
     }
 
 
-def step_ends_s(steps: StepColumns) -> np.ndarray:
-    """When each step ended: its clock, its step time, and what DyntraLB's control plane
-    charged after it."""
-    charged = steps.charged_s if steps.charged_s is not None else 0.0
-    return steps.clock_s + steps.step_time_s + charged
+def _rank_figures(run: Run) -> RankFigures:
+    """``rank_pass`` of the run's steps, made once."""
+    if run._rank_figures is None:
+        run._rank_figures = rank_pass(run.steps)
+    return run._rank_figures
+
+
+def _window_figures(run: Run) -> WindowFigures:
+    """``window_pass`` of the run's steps, made once."""
+    if run._window_figures is None:
+        run._window_figures = window_pass(run.steps)
+    return run._window_figures
 
 
 def write_metrics(metrics: dict, path) -> None:
@@ -341,11 +360,8 @@ def distribution(values) -> dict:
 def bubble_ratio(run: Run) -> float | None:
     """Sum over ranks and steps of (step time - own cost), over dp x total step time:
     the share of rank time spent waiting for the slowest rank."""
-    waiting = total = 0
-    for rank in run.steps:  # rank after rank, each in step order
-        waiting = _sum(rank.step_time_s - rank.own_cost_s, waiting)
-        total = _sum(rank.step_time_s, total)
-    return _ratio(waiting, total)
+    figures = _rank_figures(run)
+    return _ratio(figures.waiting_s, figures.total_s)
 
 
 def control_plane(run: Run, busy_time_s: float) -> dict | None:
@@ -356,38 +372,20 @@ def control_plane(run: Run, busy_time_s: float) -> dict | None:
     and the share of the busy time (forwards plus control plane) it took.
     ``planner_cost`` "measured" (``--planner-cost measured``): the planner was charged
     its measured wall time, so the run is not deterministic."""
-    steps = run.steps[0] if run.steps else None
-    if steps is None or not len(steps) or steps.charged_s is None:
+    sums = _rank_figures(run).control
+    if sums is None:
         return None
-    total = _sum(steps.charged_s)
-    active = steps.charged_s[steps.lb_active]
-    measured = bool(steps.planner_measured.any())
+    total = sums.charged_s
     return {
         "total_s": total,
-        "collectives_s": _sum(steps.collectives_s),
-        "planner_s": _sum(steps.planner_s),
-        "active_steps": len(active),
-        "per_active_step_ms": _ratio(_sum(active) * 1e3, len(active)),
+        "collectives_s": sums.collectives_s,
+        "planner_s": sums.planner_s,
+        "active_steps": sums.active_steps,
+        "per_active_step_ms": _ratio(sums.active_charged_s * 1e3, sums.active_steps),
         "busy_share": _ratio(total, busy_time_s + total),
-        "planner_cost": "measured" if measured else "model",
-        "deterministic": not measured,
+        "planner_cost": "measured" if sums.measured else "model",
+        "deterministic": not sums.measured,
     }
-
-
-def _over_ranks(run: Run, column: str) -> np.ndarray:
-    """``column`` of every rank's steps, [rank, step]."""
-    return np.array([getattr(rank, column) for rank in run.steps]).reshape(
-        len(run.steps), len(run.steps[0]) if run.steps else 0)
-
-
-def _rank_sum(run: Run, row: Callable[[StepColumns], np.ndarray]) -> np.ndarray:
-    """Per step, the sum over ranks of ``row(rank's steps)``, added rank after rank (as
-    ``sum`` over a step's records adds them); one rank's row made at a time."""
-    total = None
-    for rank in run.steps:
-        values = row(rank)
-        total = (np.zeros(values.shape, values.dtype) if total is None else total) + values
-    return total if total is not None else np.zeros(0)
 
 
 def headroom(run: Run, output_tokens: int, virtual_time_s: float,
@@ -398,17 +396,13 @@ def headroom(run: Run, output_tokens: int, virtual_time_s: float,
     their own step cost), and a perfectly balanced step would take max x ratio = the mean
     own cost. Idle gaps between waves and DyntraLB's control plane between steps stay as
     they are."""
-    peak = np.zeros(len(run.steps[0]) if run.steps else 0)
-    for rank in run.steps:
-        peak = np.maximum(peak, rank.own_cost_s)
-    busy = peak > 0
-    ratios = _rank_sum(run, lambda rank: rank.own_cost_s[busy]) / len(run.steps) / peak[busy]
-    sol_busy_s = _sum(run.steps[0].step_time_s[busy] * ratios, 0.0) if run.steps else 0.0
+    figures = _window_figures(run)
+    sol_busy_s = figures.sol_busy_s
     sol_time_s = virtual_time_s - busy_time_s + sol_busy_s
     actual = _ratio(output_tokens, virtual_time_s)
     sol = _ratio(output_tokens, sol_time_s)
     return {
-        "cost_balance_ratio": _mean(ratios),
+        "cost_balance_ratio": _ratio(figures.cost_balance_sum, figures.cost_balance_steps),
         "sol_busy_time_s": sol_busy_s,
         "sol_virtual_time_s": sol_time_s,
         "sol_throughput_tok_s": sol,
@@ -416,19 +410,17 @@ def headroom(run: Run, output_tokens: int, virtual_time_s: float,
     }
 
 
-def _lb_activity(run: Run) -> dict:
+def _lb_activity(run: Run, by_rank: RankFigures, by_step: WindowFigures) -> dict:
     """What DyntraLB's activation depends on (read by emu/no_effect.py): steps in which
     the planner ran on some rank, the waves and the highest step_counter any wave
     reached (start_step compares with it), and the largest prompt (dynamic mode arms on
     a prompt longer than long_req_block_threshold blocks)."""
     prompts = run.requests.prompt_tokens
     prompts = prompts[~np.isnan(prompts)]  # partial runs
-    first = run.steps[0] if run.steps else None
     return {
-        "planner_steps": int(_over_ranks(run, "lb_active").any(axis=0).sum()),
-        "waves": len(np.unique(first.wave)) if first is not None else 0,
-        "longest_wave_steps": int(first.step_counter.max(initial=0))
-        if first is not None else 0,
+        "planner_steps": by_step.planner_steps,
+        "waves": by_rank.waves,
+        "longest_wave_steps": by_rank.longest_wave_steps,
         "largest_prompt_tokens": int(prompts.max()) if prompts.size else None,
     }
 
@@ -443,32 +435,9 @@ def tpot_values_ms(run: Run) -> np.ndarray:
 
 
 def step_series(run: Run) -> StepSeries:
-    """Per-step load, bubble and balance across ranks (ranks log the same iterations);
-    computed once per run."""
-    if run._series is None:
-        run._series = _step_series(run)
-    return run._series
-
-
-def _step_series(run: Run) -> StepSeries:
-    dp = run.dp_size
-    waiting = _rank_sum(run, lambda rank: rank.step_time_s - rank.own_cost_s)
-    total = _rank_sum(run, lambda rank: rank.step_time_s)
-    bubble = np.divide(waiting, total, out=np.zeros_like(waiting), where=total != 0)
-    loads = _over_ranks(run, "running_blocks")
-    peak = loads.max(axis=0, initial=0)
-    balance = np.full(loads.shape[1], np.nan)
-    busy = peak > 0
-    balance[busy] = loads.sum(axis=0)[busy] / dp / peak[busy]
-    first = run.steps[0] if run.steps else None
-    empty = np.zeros(0)
-    return StepSeries(
-        iters=first.iter if first is not None else empty,
-        clock_s=first.clock_s if first is not None else empty,
-        step_time_s=first.step_time_s if first is not None else empty,
-        running_blocks=loads, bubble=bubble, balance=balance,
-        lb_active=_over_ranks(run, "plan_applied").any(axis=0),
-    )
+    """The per-step lines the plots draw (emu.step_passes.StepSeries), made with the
+    metrics' per-step figures, once per run."""
+    return _window_figures(run).series
 
 
 def _pauses(req: RequestColumns, end_s: float) -> dict:
@@ -501,22 +470,18 @@ def _pauses(req: RequestColumns, end_s: float) -> dict:
     }
 
 
-def _plan_churn(run: Run) -> dict:
+def _plan_churn(by_rank: RankFigures, by_step: WindowFigures) -> dict:
     """Requests moved by applied plans: outs + ins summed over ranks, per step in which
     some rank applied a plan (an "active step")."""
-    applied = _over_ranks(run, "plan_applied")
-    active = int(applied.any(axis=0).sum())
-    outs = sum(int(rank.plan_out.sum()) for rank in run.steps)
-    ins = sum(int(rank.plan_in.sum()) for rank in run.steps)
+    active = by_step.plan_steps
     return {
         "active_steps": active,
-        "outs": outs,
-        "ins": ins,
-        "per_active_step": _ratio(outs + ins, active),
-        "freeze_rank_steps": sum(int((rank.plan_freeze & rank.plan_applied).sum())
-                                 for rank in run.steps),
-        "paused": sum(int(rank.paused.sum()) for rank in run.steps),
-        "resumed": sum(int(rank.resumed.sum()) for rank in run.steps),
+        "outs": by_rank.plan_outs,
+        "ins": by_rank.plan_ins,
+        "per_active_step": _ratio(by_rank.plan_outs + by_rank.plan_ins, active),
+        "freeze_rank_steps": by_rank.freeze_rank_steps,
+        "paused": by_rank.paused,
+        "resumed": by_rank.resumed,
     }
 
 
@@ -528,43 +493,48 @@ _WALL_FIELDS = (
 )
 
 
-def _wall(wall: list[WallColumns] | None) -> dict | None:
+def _wall(wall: RankColumns[WallColumns] | None) -> dict | None:
     """Wall-clock milliseconds per step spent in the planner, in DyntraLB collectives and
     in the whole engine iteration, over every (rank, step) record that has the field;
-    None when the run wrote no wall-clock records."""
+    None when the run wrote no wall-clock records. Read a chunk at a time, a few passes
+    per field (emu.records.selection): a run of hours has millions."""
     if wall is None:
         return None
-    out: dict = {"records": sum(len(rank.step_wall_s) for rank in wall)}
-    for name, column in _WALL_FIELDS:
-        values = np.concatenate([v[~np.isnan(v)] for v in (getattr(rank, column)
-                                                           for rank in wall)])
-        out[name.replace("_ms", "_total_s")] = _sum(values)
-        values *= 1e3  # in place: a run of hours has millions
-        out[name] = distribution(values)
+    out: dict = {"records": 0}
+    totals = dict.fromkeys(_WALL_FIELDS, 0)
+    counts = dict.fromkeys(_WALL_FIELDS, 0)
+    tops = dict.fromkeys(_WALL_FIELDS, -np.inf)
+    for chunk in _wall_chunks(wall):
+        out["records"] += len(chunk)
+        for field_ in _WALL_FIELDS:
+            values = _measured(chunk, field_[1])
+            totals[field_] = _sum(values, totals[field_])
+            counts[field_] += len(values)
+            if len(values):
+                tops[field_] = max(tops[field_], float(values.max() * 1e3))
+    for field_ in _WALL_FIELDS:
+        name, column = field_
+        out[name.replace("_ms", "_total_s")] = totals[field_]
+        out[name] = selection.distribution(
+            lambda column=column: (_measured(chunk, column) * 1e3
+                                   for chunk in _wall_chunks(wall)),
+            counts[field_], tops[field_])
     return out
 
 
-def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+def _wall_chunks(wall: RankColumns[WallColumns]) -> Iterator[WallColumns]:
+    for rank in range(len(wall)):
+        yield from wall.chunks(rank)
+
+
+def _measured(chunk: WallColumns, column: str) -> np.ndarray:
+    """``column`` of ``chunk`` where it was measured (not NaN)."""
+    values = getattr(chunk, column)
+    return values[~np.isnan(values)]
 
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
-
-
-def _sum(values: np.ndarray, start: float = 0) -> float:
-    """``start`` plus the sum of ``values`` added in order (numpy's pairwise sum rounds
-    differently), a chunk of Python floats at a time (a run of hours has millions)."""
-    total = start
-    for i in range(0, len(values), _SUM_CHUNK):
-        total = sum(values[i:i + _SUM_CHUNK].tolist(), total)
-    return total
-
-
-def _mean(values: np.ndarray) -> float | None:
-    return _sum(values) / len(values) if len(values) else None
 
 
 def _mean_int(values: np.ndarray) -> float | None:

@@ -1,5 +1,8 @@
 """The PNG plots of a run and of an A/B: per-rank load, DP bubble, TPOT distribution.
-Called by the CLI once the ranks have exited, on the loaded ``emu.metrics.Run``.
+Called by the CLI once the ranks have exited, on the loaded ``emu.metrics.Run``: the
+per-step lines come downsampled from the metrics' pass over the steps
+(``emu.metrics.step_series``, emu/lines.py), so a plot of hours holds no more points
+than one of minutes.
 
 Plots are drawn on bare matplotlib ``Figure`` objects (Agg rendering, no pyplot state),
 so they work headless and never touch the caller's backend.
@@ -13,15 +16,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from emu.lines import BUBBLE_WINDOW
 from emu.metrics import Run, bubble_ratio, step_series, tpot_values_ms
-
-# Steps averaged in the smoothed bubble curve.
-BUBBLE_WINDOW = 32
-# A per-step line of more points than this is drawn as the lowest and the highest value
-# of each of ``MAX_LINE_POINTS / 2`` runs of consecutive steps: a plot is about 1,200
-# pixels wide, and a line of hours of steps would otherwise hold every step (16 bytes a
-# point, several times over, in matplotlib) while the picture stays the same.
-MAX_LINE_POINTS = 4000
 
 _RUN_COLOURS = ("tab:blue", "tab:orange")
 # Legends of line plots sit right of the axes, where they never hide data.
@@ -63,11 +59,8 @@ def plot_bubble(run: Run, path) -> None:
     s = step_series(run)
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    t = np.asarray(s.clock_s)
-    bubble = np.asarray(s.bubble) * 100
-    ax.plot(*_envelope(t, bubble), color="tab:gray", lw=0.6, alpha=0.45, label="per step")
-    ax.plot(*_envelope(t, _rolling_mean(bubble, BUBBLE_WINDOW)), color="tab:red", lw=1.8,
-            label=f"mean of {BUBBLE_WINDOW} steps")
+    ax.plot(*s.bubble, color="tab:gray", lw=0.6, alpha=0.45, label="per step")
+    ax.plot(*s.bubble_smooth, color="tab:red", lw=1.8, label=f"mean of {BUBBLE_WINDOW} steps")
     ratio = bubble_ratio(run)
     if ratio is not None:
         ax.axhline(ratio * 100, color="black", ls="--", lw=1,
@@ -103,7 +96,7 @@ def plot_load_ab(run_a: Run, run_b: Run, labels, path) -> None:
     and the least loaded rank on one axis."""
     fig = Figure(figsize=(11, 9.5), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
-    top = max(int(step_series(run).running_blocks.max(initial=0)) for run in (run_a, run_b))
+    top = max(step_series(run).max_running_blocks for run in (run_a, run_b))
     for ax, run, label in zip(axes[:2], (run_a, run_b), labels, strict=True):
         _draw_rank_loads(ax, run)
         ax.set_title(f"{label}: KV blocks of running requests per rank")
@@ -112,12 +105,10 @@ def plot_load_ab(run_a: Run, run_b: Run, labels, path) -> None:
         _legend(ax, **_OUTSIDE)
     ax = axes[2]
     for run, label, colour in zip((run_a, run_b), labels, _RUN_COLOURS, strict=True):
-        s = step_series(run)
-        if not len(s.iters):
+        imbalance = step_series(run).imbalance
+        if not len(imbalance[0]):
             continue
-        loads = np.asarray(s.running_blocks)
-        ax.plot(*_envelope(s.iters, loads.max(axis=0) - loads.min(axis=0)), color=colour,
-                lw=0.9, label=label)
+        ax.plot(*imbalance, color=colour, lw=0.9, label=label)
     ax.set_title("Imbalance: most loaded minus least loaded rank")
     ax.set_xlabel("step (lockstep iteration)")
     ax.set_ylabel("KV blocks")
@@ -132,10 +123,8 @@ def plot_bubble_ab(run_a: Run, run_b: Run, labels, path) -> None:
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     ax = fig.add_subplot()
     for run, label, colour in zip((run_a, run_b), labels, _RUN_COLOURS, strict=True):
-        s = step_series(run)
-        ax.plot(*_envelope(s.clock_s, _rolling_mean(np.asarray(s.bubble) * 100,
-                                                     BUBBLE_WINDOW)),
-                color=colour, lw=1.5, label=f"{label} (mean of {BUBBLE_WINDOW} steps)")
+        ax.plot(*step_series(run).bubble_smooth, color=colour, lw=1.5,
+                label=f"{label} (mean of {BUBBLE_WINDOW} steps)")
         ratio = bubble_ratio(run)
         if ratio is not None:
             ax.axhline(ratio * 100, color=colour, ls="--", lw=1,
@@ -190,56 +179,15 @@ def _label_tpot_axes(ax, title: str) -> None:
 
 def _draw_rank_loads(ax, run: Run) -> None:
     s = step_series(run)
-    for rank, loads in enumerate(s.running_blocks):
-        ax.plot(*_envelope(s.iters, loads), lw=0.9, label=f"rank {rank}")
-    spans = _active_spans(s.iters, s.lb_active)
-    for i, (start, stop) in enumerate(spans):
+    for rank, loads in enumerate(s.loads):
+        ax.plot(*loads, lw=0.9, label=f"rank {rank}")
+    for i, (start, stop) in enumerate(s.plan_spans):
         ax.axvspan(start - 0.5, stop + 0.5, color="tab:green", alpha=0.12, lw=0,
                    label="DyntraLB plan applied" if i == 0 else None)
     ax.set_xlabel("step (lockstep iteration)")
     ax.set_ylabel("running KV blocks")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-
-
-def _active_spans(iters, active) -> list[tuple[int, int]]:
-    """Runs of consecutive steps with a plan applied, as (first iter, last iter)."""
-    its = np.asarray(iters)[np.asarray(active, dtype=bool)]
-    if not its.size:
-        return []
-    breaks = np.flatnonzero(np.diff(its) != 1)
-    starts = np.concatenate([its[:1], its[breaks + 1]])
-    stops = np.concatenate([its[breaks], its[-1:]])
-    return list(zip(starts.tolist(), stops.tolist(), strict=True))
-
-
-def _envelope(x, y, points: int = MAX_LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """The points of a per-step line to draw: all of them up to ``points``, else, for each
-    of ``points / 2`` runs of consecutive steps, its lowest and its highest value, in the
-    order they came (the line's envelope: every peak and trough stays visible)."""
-    x, y = np.asarray(x), np.asarray(y)
-    if y.size <= points:
-        return x, y
-    width = -(-y.size // (points // 2))
-    starts = np.arange(0, y.size, width)
-    padded = np.concatenate([y, np.full(starts.size * width - y.size, y[-1])])
-    runs = padded.reshape(-1, width)
-    low = starts + np.argmin(runs, axis=1)
-    high = starts + np.argmax(runs, axis=1)
-    picks = np.sort(np.concatenate([low, high]))
-    return x[picks], y[picks]
-
-
-def _rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
-    """Mean over a window of `window` steps centred on each step (narrower at the ends),
-    so the smoothed curve does not lag the raw one."""
-    if values.size == 0:
-        return values
-    csum = np.cumsum(np.insert(values, 0, 0.0))
-    idx = np.arange(values.size)
-    lo = np.maximum(idx - window // 2, 0)
-    hi = np.minimum(idx + window // 2 + 1, values.size)
-    return (csum[hi] - csum[lo]) / (hi - lo)
 
 
 def _bins(arrays) -> tuple[np.ndarray, bool]:

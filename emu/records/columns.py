@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -56,13 +57,6 @@ class StepColumns:
     def __len__(self) -> int:
         return len(self.iter)
 
-    def head(self, n: int) -> StepColumns:
-        """The first ``n`` steps."""
-        fields = {name: (value[:n] if isinstance(value, np.ndarray) else value)
-                  for name, value in vars(self).items()}
-        if self.shown_ids is not None:
-            fields["shown_ids"] = [ids[:n] for ids in self.shown_ids]
-        return StepColumns(**fields)
 
 
 @dataclass
@@ -99,6 +93,21 @@ class WallColumns:
     step_wall_s: np.ndarray
     planner_s: np.ndarray
     collectives_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.step_wall_s)
+
+
+Columns = TypeVar("Columns", StepColumns, WallColumns)
+
+
+def rows(columns: Columns, start: int, stop: int) -> Columns:
+    """Rows ``[start, stop)`` of ``columns`` (views of its arrays)."""
+    fields = {name: (value[start:stop] if isinstance(value, np.ndarray) else value)
+              for name, value in vars(columns).items()}
+    if getattr(columns, "shown_ids", None) is not None:
+        fields["shown_ids"] = [ids[start:stop] for ids in columns.shown_ids]
+    return type(columns)(**fields)
 
 
 def _numbers(column: pa.ChunkedArray | pa.Array, dtype=float) -> np.ndarray:

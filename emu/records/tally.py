@@ -51,21 +51,33 @@ class Tally:
     def percentiles(self, q) -> np.ndarray:
         """``np.percentile(values, q)`` (linear interpolation) from the counts: the same
         virtual indexes, neighbours and interpolation as numpy's."""
-        n = self.count
-        quantiles = np.true_divide(np.asanyarray(q), 100)
-        virtual = (n - 1) * quantiles
-        previous = np.floor(virtual)
-        following = previous + 1
-        above = virtual >= n - 1
-        previous[above] = following[above] = n - 1
-        gamma = virtual - np.where(above, -1, previous)
+        previous, following, gamma = percentile_positions(self.count, q)
         ends = np.cumsum(self.counts)
-        a = self.values[np.searchsorted(ends, previous.astype(np.intp), side="right")]
-        b = self.values[np.searchsorted(ends, following.astype(np.intp), side="right")]
-        diff = b - a
-        out = np.add(a, diff * gamma)
-        np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
-        return out
+        return interpolate(self.values[np.searchsorted(ends, previous, side="right")],
+                           self.values[np.searchsorted(ends, following, side="right")],
+                           gamma)
+
+
+def percentile_positions(n: int, q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where ``np.percentile`` of ``n`` sorted values (linear interpolation) reads each
+    percentile of ``q``: the positions of the two neighbours, and the weight of the
+    second (numpy's virtual indexes; at the end both neighbours are the last value)."""
+    quantiles = np.true_divide(np.asanyarray(q), 100)
+    virtual = (n - 1) * quantiles
+    previous = np.floor(virtual)
+    following = previous + 1
+    above = virtual >= n - 1
+    previous[above] = following[above] = n - 1
+    gamma = virtual - np.where(above, -1, previous)
+    return previous.astype(np.intp), following.astype(np.intp), gamma
+
+
+def interpolate(a: np.ndarray, b: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    """numpy's linear interpolation between neighbours ``a`` and ``b`` (its ``_lerp``)."""
+    diff = b - a
+    out = np.add(a, diff * gamma)
+    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    return out
 
 
 class TallyBuilder:

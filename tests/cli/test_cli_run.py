@@ -137,9 +137,15 @@ def test_run_dynamic_config_from_file(cli, tiny_trace, tmp_path, clikit, monkeyp
 
 def test_run_reads_each_record_table_once(cli, tiny_trace, tmp_path, clikit, monkeypatch):
     """The metrics and the plots come from one loading of the records: the run as read
-    for the metrics (``RunResult.loaded``) is the one the plots draw. (Loading walks the
-    request parts twice, the steps and wall once.)"""
+    for the metrics (``RunResult.loaded``) is the one the plots draw, and the plots read
+    nothing again (their lines come from the metrics' pass over the steps). Every table
+    is read part after part: the requests twice (the second time to add the inter-token
+    latencies up in order), the steps three times (the lockstep check of their
+    iterations, the pass rank after rank, the pass window after window), the wall-clock
+    times five times (the check that every part reads, their sums, then each of the
+    three fields' mean and percentiles: a tiny run's values fit one bucket)."""
     import emu.metrics
+    import emu.records.ranks
 
     reads: list[str] = []
 
@@ -149,18 +155,18 @@ def test_run_reads_each_record_table_once(cli, tiny_trace, tmp_path, clikit, mon
             return read(run_dir, rank, table, *args, **kwargs)
         return counting_read
 
-    # whole tables (steps, wall), or part after part (requests)
-    for name in ("read_table", "read_parts"):
-        monkeypatch.setattr(emu.metrics, name, counting(getattr(emu.metrics, name)))
+    for module in (emu.metrics, emu.records.ranks):
+        monkeypatch.setattr(module, "read_parts", counting(module.read_parts))
     out = tmp_path / "out"
     proc = cli("run", "--workload", tiny_trace, *clikit.SMALL, "--transport", "thread",
                "--out", out)
 
     assert proc.returncode == 0, proc.stderr
     assert (out / "load.png").exists() and (out / "metrics.json").exists()
-    # the requests twice: the second time to add the inter-token latencies up in order
-    assert sorted(reads) == [f"rank{r}.{t}" for r in (0, 1)
-                             for t in ("requests", "requests", "steps", "wall")]
+    assert sorted(reads) == sorted(f"rank{r}.{t}" for r in (0, 1)
+                                   for t, times in (("requests", 2), ("steps", 3),
+                                                    ("wall", 5))
+                                   for _ in range(times))
 
 
 @pytest.mark.parametrize("command", [None, "run", "ab", "validate"])

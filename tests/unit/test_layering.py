@@ -87,13 +87,14 @@ FLOORS = [
     ("the ground every floor stands on: traces and their formats and routers, faults, metrics "
      "and their reports, plots, block-count distributions, timelines, the gate and ab.json, "
      "recipes, settings' kinds and limits, collective sites, run status, the bytecode cache, "
-     "the collector's pace, how a process ends, the run's records, split windows and their stitch",
+     "the collector's pace, how a process ends, the run's records, split windows and their "
+     "stitch, the passes over a run's steps and the lines they draw",
      ["emu.workload", "emu.traces", "emu.routers", "emu.vllm_dp_lb", "emu.block_counts",
       "emu.faults", "emu.metrics", "emu.metric_catalogue", "emu.report", "emu.plots",
       "emu.timeline", "emu.gate", "emu.ab_seeds",
       "emu.recipes", "emu.no_effect", "emu.run_status", "emu.knobs", "emu.limits", "emu.sites",
       "emu.bytecode", "emu.collector", "emu.process_exit", "emu.records", "emu.verdict",
-      "emu.split"]),
+      "emu.split", "emu.step_passes", "emu.lines"]),
 ]
 
 

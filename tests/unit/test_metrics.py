@@ -114,10 +114,8 @@ def test_bubble_ratio(m):
     assert m["bubble_ratio"] == approx(0.05 / 0.24)
 
 
-def test_balance_ratio_skips_steps_without_load(m, tiny_run):
+def test_balance_ratio_skips_steps_without_load(m):
     # steps: (10, 30) -> 20/30; (20, 0) -> 10/20; (0, 40) -> 20/40; (0, 0) excluded
-    balance = step_series(tiny_run).balance
-    assert balance[:3].tolist() == approx([2 / 3, 0.5, 0.5]) and math.isnan(balance[3])
     assert m["balance_ratio"] == approx((2 / 3 + 0.5 + 0.5) / 3)
     assert m["balance_steps"] == 3
 
@@ -270,11 +268,16 @@ def test_empty_distribution_and_run_without_steps(tmp_path):
 
 def test_step_series(tiny_run):
     s = step_series(tiny_run)
-    assert s.iters.tolist() == [1, 2, 3, 4]
-    assert s.clock_s.tolist() == approx([0.0, 0.03, 0.06, 0.10])
-    assert s.running_blocks.tolist() == [[10, 20, 0, 0], [30, 0, 40, 0]]
-    assert s.bubble.tolist() == approx([0.01 / 0.06, 0.02 / 0.06, 0.02 / 0.08, 0.0])
-    assert s.lb_active.tolist() == [False, True, True, False]
+    assert [(x.tolist(), y.tolist()) for x, y in s.loads] == [
+        ([1, 2, 3, 4], [10, 20, 0, 0]), ([1, 2, 3, 4], [30, 0, 40, 0])]
+    assert s.imbalance[1].tolist() == [20, 20, 40, 0]
+    assert s.bubble[0].tolist() == approx([0.0, 0.03, 0.06, 0.10])
+    bubble = [0.01 / 0.06 * 100, 0.02 / 0.06 * 100, 0.02 / 0.08 * 100, 0.0]
+    assert s.bubble[1].tolist() == approx(bubble)
+    # four steps: every window of 32 steps centred on one holds them all
+    assert s.bubble_smooth[1].tolist() == approx([sum(bubble) / 4] * 4)
+    assert s.plan_spans == [(2, 3)]
+    assert s.max_running_blocks == 40
 
 
 def test_load_run_errors(tmp_path):

@@ -1,14 +1,17 @@
-"""A per-step line of hours of steps is drawn as its envelope (emu.plots._envelope):
-a bounded number of points that keeps every run of steps' lowest and highest value."""
+"""A per-step line of hours of steps is drawn as its envelope (emu.lines): a bounded
+number of points that keeps every run of steps' lowest and highest value; the lines are
+made while the steps stream by a window at a time, and give what the whole line in one
+array gives."""
 
 import numpy as np
+import pytest
 
-from emu.plots import MAX_LINE_POINTS, _envelope
+from emu.lines import MAX_LINE_POINTS, Envelope, RollingMean, Spans, envelope
 
 
 def test_a_short_line_is_drawn_whole():
     x, y = np.arange(50), np.arange(50.0) ** 2
-    drawn_x, drawn_y = _envelope(x, y)
+    drawn_x, drawn_y = envelope(x, y)
     assert drawn_x.tolist() == x.tolist() and drawn_y.tolist() == y.tolist()
 
 
@@ -18,7 +21,7 @@ def test_a_long_line_keeps_each_runs_lowest_and_highest_step():
     x, y = np.arange(n) * 0.5, rng.integers(0, 3_000, n)
     y[12_345], y[54_321] = 9_999, -7  # one spike each way
 
-    drawn_x, drawn_y = _envelope(x, y)
+    drawn_x, drawn_y = envelope(x, y)
 
     assert len(drawn_y) <= MAX_LINE_POINTS
     assert np.all(np.diff(drawn_x) >= 0)  # in step order
@@ -30,3 +33,40 @@ def test_a_long_line_keeps_each_runs_lowest_and_highest_step():
         inside = (drawn_x >= x[start]) & (drawn_x <= x[min(start + width, n) - 1])
         assert drawn_y[inside].max() == y[start:start + width].max()
         assert drawn_y[inside].min() == y[start:start + width].min()
+
+
+def _rolling_mean(values, window=32):
+    """The smoothed line of the whole line in one array (the centred means from its
+    cumulative sums, as the plots took them before the lines streamed)."""
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    index = np.arange(len(values))
+    lo = np.maximum(index - window // 2, 0)
+    hi = np.minimum(index + window // 2 + 1, len(values))
+    return (sums[hi] - sums[lo]) / (hi - lo)
+
+
+@pytest.mark.parametrize("n", [3, 4_000, 4_001, 9 * MAX_LINE_POINTS + 5])
+@pytest.mark.parametrize("piece", [1, 37, 4_096])
+def test_lines_made_piece_by_piece_are_those_of_the_whole_line(n, piece):
+    if piece == 1 and n > 5_000:
+        pytest.skip("one point at a time: the short lines tell")
+    rng = np.random.default_rng(n + piece)
+    x, y = np.arange(n) * 0.25, rng.integers(0, 500, n) * 0.37
+    flagged = rng.random(n) < 0.2
+    line, smooth, spans = Envelope(n), RollingMean(n), Spans()
+    told_x, told = [], []
+    for start in range(0, n, piece):
+        line.add(x[start:start + piece], y[start:start + piece])
+        got_x, got = smooth.add(x[start:start + piece], y[start:start + piece] * 1.0)
+        told_x.append(got_x)
+        told.append(got)
+        spans.add(np.arange(start, min(start + piece, n)) + 7, flagged[start:start + piece])
+
+    whole_x, whole_y = envelope(x, y)
+    drawn_x, drawn_y = line.finish()
+    assert np.array_equal(drawn_x, whole_x) and np.array_equal(drawn_y, whole_y)
+    assert np.array_equal(np.concatenate(told_x), x)
+    assert np.array_equal(np.concatenate(told), _rolling_mean(y * 1.0))
+    its = np.flatnonzero(flagged) + 7
+    runs = np.split(its, np.flatnonzero(np.diff(its) != 1) + 1) if its.size else []
+    assert spans.finish() == [(int(r[0]), int(r[-1])) for r in runs]
