@@ -20,8 +20,8 @@ itself (`run.json` state, and whether `emu.metrics.load_run` refuses it as parti
 Where the fault moment comes from: for a signal, when this script sends it (during
 start-up: rank processes as soon as every one is inside `import torch`, rank threads as
 soon as `run.json` exists, which can be before they start, then the CLI says no cluster
-was running and there is no rank to report on; mid-run: once every rank has written
-event-log records); for `kill` of a rank process, when it disappears; for the other
+was running and there is no rank to report on; mid-run: once every rank has sealed a
+part of its step records); for `kill` of a rank process, when it disappears; for the other
 injected faults (and `kill` of a rank thread) the moment is inside the ranks, so the time
 is counted from when every rank has opened its event log (the engine loops run; the fault
 fires within their first steps or virtual seconds).
@@ -223,9 +223,11 @@ def _logs_opened(out: Path, dp: int) -> bool:
 
 
 def _logs_written(out: Path, dp: int) -> bool:
-    """Every rank has finished a request (its progress feed has a line: some steps in)."""
-    return all((out / f"rank{r}.progress.jsonl").exists()
-               and (out / f"rank{r}.progress.jsonl").stat().st_size > 0 for r in range(dp))
+    """Every rank has sealed a part of its step records (a batch of steps in). Not its
+    progress feed: that gets a line when a request finishes, and the mid-run signals'
+    trace asks 100,000 tokens of every request, so no rank writes one before the signal
+    (the signal was then never sent, and each such case ran into its run timeout)."""
+    return all(any((out / f"rank{r}.steps").glob("part-*.parquet")) for r in range(dp))
 
 
 def command(path: RunPath, case: Case, dp: int, trace: Path, out: Path,
