@@ -187,9 +187,12 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
             raise RunError(f"{out_dir}: records of ranks {ranks}; expected ranks "
                            f"0..{len(ranks) - 1} without gaps")
         dp = len(ranks)
-        steps = OnDisk(out_dir, STEPS, dp, STEP_COLUMNS, from_steps_table, partial=partial,
-                       n_rows=None)
-        lengths, differ = _lockstep_scan(steps)
+
+        def steps_read(n_rows: int | None) -> OnDisk:
+            return OnDisk(out_dir, STEPS, dp, STEP_COLUMNS, from_steps_table,
+                          partial=partial, n_rows=n_rows)
+
+        lengths, differ = _lockstep_scan(steps_read(None))
         n_steps = min(lengths) if partial else lengths[0]
         for rank in ranks[1:]:
             mine, first = (n_steps, n_steps) if partial else (lengths[rank], lengths[0])
@@ -199,8 +202,7 @@ def load_run(out_dir, *, allow_partial: bool = False) -> Run:
                     f"{out_dir}: rank {rank} logged {mine} steps and rank 0 logged {first} "
                     f"(first difference at position {where}); lockstep ranks must log the "
                     "same iterations — did the run stop early?")
-        steps = OnDisk(out_dir, STEPS, dp, STEP_COLUMNS, from_steps_table, partial=partial,
-                       n_rows=n_steps)
+        steps = steps_read(n_steps)
         unfinished = []
         if partial:
             recorded = pa.concat_tables([

@@ -21,8 +21,6 @@ from emu.records.tally import Tally, TallyBuilder
 STEP_COLUMNS = ["iter", "wave", "step_counter", "clock_s", "own_cost_s", "step_time_s",
                 "dummy", "running_blocks", "lb_active", "plan_applied", "paused", "resumed",
                 "preempted", "control_plane"]
-# Added for a partial run: the requests its steps show.
-PARTIAL_STEP_COLUMNS = ["admitted"]
 
 
 @dataclass
@@ -51,8 +49,6 @@ class StepColumns:
     collectives_s: np.ndarray | None
     planner_s: np.ndarray | None
     planner_measured: np.ndarray | None
-    # The request ids each step shows (partial runs only, else None).
-    shown_ids: list[pa.Array] | None = None
 
     def __len__(self) -> int:
         return len(self.iter)
@@ -105,8 +101,6 @@ def rows(columns: Columns, start: int, stop: int) -> Columns:
     """Rows ``[start, stop)`` of ``columns`` (views of its arrays)."""
     fields = {name: (value[start:stop] if isinstance(value, np.ndarray) else value)
               for name, value in vars(columns).items()}
-    if getattr(columns, "shown_ids", None) is not None:
-        fields["shown_ids"] = [ids[start:stop] for ids in columns.shown_ids]
     return type(columns)(**fields)
 
 
@@ -127,8 +121,6 @@ def from_steps_table(table: pa.Table) -> StepColumns:
     plan = table["plan_applied"].combine_chunks()
     control = table["control_plane"].combine_chunks()
     charged = None if control.null_count == len(control) else control
-    shown = ([table[name] for name in ("admitted", "resumed", "paused", "preempted")]
-             if "admitted" in table.column_names else None)
 
     def control_field(name, dtype=float):
         return None if charged is None else _numbers(pc.struct_field(charged, name), dtype)
@@ -149,8 +141,7 @@ def from_steps_table(table: pa.Table) -> StepColumns:
         preempted=_lengths(table["preempted"]),
         charged_s=control_field("charged_s"), collectives_s=control_field("collectives_s"),
         planner_s=control_field("planner_s"),
-        planner_measured=control_field("planner_measured", bool),
-        shown_ids=shown)
+        planner_measured=control_field("planner_measured", bool))
 
 
 def from_requests_table(table: pa.Table) -> RequestColumns:
