@@ -149,11 +149,17 @@ def from_requests_table(table: pa.Table) -> RequestColumns:
     return from_requests_parts(lambda: [table])
 
 
+# Request parts (their token times dropped) joined into one contiguous chunk as they come:
+# a part holds a few dozen requests, and each table kept costs far more in Arrow's and
+# Python's objects than its rows (benchmarks/RESULTS.md, "Scale").
+_JOINED_PARTS = 64
+
+
 def from_requests_parts(parts: Callable[[], Iterable[pa.Table]]) -> RequestColumns:
     """RequestColumns of a requests table given part after part by ``parts()`` (every
     rank's parts in order; called twice): each part's token times are reduced as it comes,
     so a run's token times are never in memory at once."""
-    slim, counts, first, last = [], [], [], []
+    slim, held, counts, first, last = [], [], [], [], []
     itl = TallyBuilder()
     for part in parts():
         times, offsets = _token_times(part)
@@ -163,9 +169,13 @@ def from_requests_parts(parts: Callable[[], Iterable[pa.Table]]) -> RequestColum
         first.append(_at(times, offsets[:-1], has))
         last.append(_at(times, offsets[1:] - 1, has))
         itl.add(inter_token_ms(times, offsets))
-        slim.append(part.drop_columns(["token_times_s"]))
+        held.append(part.drop_columns(["token_times_s"]))
+        if len(held) == _JOINED_PARTS:
+            slim.append(pa.concat_tables(held).combine_chunks())
+            held = []
     schema = SCHEMAS[REQUESTS]
-    table = pa.concat_tables([schema.empty_table().drop_columns(["token_times_s"]), *slim])
+    table = pa.concat_tables([schema.empty_table().drop_columns(["token_times_s"]), *slim,
+                              *held])
     pauses = table["pauses"].combine_chunks()
     pause_values = pauses.flatten()
     return RequestColumns(

@@ -84,8 +84,9 @@ class TallyBuilder:
     """Values added chunk after chunk, in order; ``finish`` adds them up a second time,
     given the same chunks again."""
 
-    # Values of chunks held (as their distinct values) before they join the tally.
-    MERGE_VALUES = 1 << 20
+    # Values of chunks held (as their distinct values) before they join the tally: a
+    # merge sorts them with the tally's, so this bounds its temporaries (a few MiB).
+    MERGE_VALUES = 1 << 17
 
     def __init__(self):
         self._values, self._counts = np.zeros(0), np.zeros(0, np.int64)

@@ -459,3 +459,29 @@ def test_requests_read_part_by_part_equal_the_whole_table():
     assert whole.itl_ms.count == sum(
         1 for r in records for a, b in zip(r["token_times_s"], r["token_times_s"][1:],
                                            strict=False) if b != a)
+
+
+def test_requests_of_many_parts_are_joined_into_the_table_of_the_whole(monkeypatch):
+    """load_run joins the requests' parts (their token times dropped) a few dozen at a
+    time as they come: the table and columns are those of the whole table, in order."""
+    import numpy as np
+
+    from emu.records import columns
+    from emu.records.columns import from_requests_parts, from_requests_table, records_table
+
+    monkeypatch.setattr(columns, "_JOINED_PARTS", 3)
+    records = [{"rank": i // 10, "request_id": f"r{i}", "arrival_s": 0.1 * i,
+                "token_times_s": [0.1 * i + 0.5 * k for k in range(i % 4)],
+                "pauses": [(0.1 * i, 0.1 * i + 0.2)] * (i % 3)}
+               for i in range(40)]
+    table = records_table(records, "requests")
+    whole = from_requests_table(table)
+    parts = [table.slice(i, 1) for i in range(40)]  # 13 joins of 3 and one part held
+
+    split = from_requests_parts(lambda: iter(parts))
+
+    assert split.table.to_pylist() == whole.table.to_pylist()
+    assert [r["request_id"] for r in split.table.to_pylist()] == [f"r{i}" for i in range(40)]
+    for name in ("rank", "arrival_s", "token_counts", "pause_offsets", "pause_start_s",
+                 "pause_end_s"):
+        assert np.array_equal(getattr(split, name), getattr(whole, name), equal_nan=True), name
