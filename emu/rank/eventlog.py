@@ -67,7 +67,7 @@ class StepRecord:
                 tuple(self.resumed), tuple(self.admitted), tuple(self.preempted),
                 tuple(self.finished), _plan(self.plan_generated),
                 self.plan_generated is not None, self.kv_free_blocks, self.kv_held_blocks,
-                tuple(self.paused_kv_blocks.items()),
+                tuple(sorted(self.paused_kv_blocks.items())),
                 tuple((c["dtype"], c["op"], c["seq"], tuple(c["shape"]), c["site"])
                       for c in self.collectives),
                 None if control is None else (

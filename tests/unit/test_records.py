@@ -146,3 +146,16 @@ def test_a_rank_writes_its_steps_in_row_groups_of_its_batch(tmp_path, monkeypatc
         assert len(log._steps.rows) < 4
     log.close()
     assert _part_rows(path(tmp_path, 2, "steps")) == [4, 4, 1]
+
+
+def test_a_step_row_holds_the_paused_kv_blocks_in_request_id_order():
+    """The engines build the map by walking a set of request ids, whose order Python's
+    string hashing changes from process to process: the row orders it by request id, so
+    the same run writes the same steps table in any process."""
+    def row(paused_kv_blocks: dict) -> tuple:
+        return StepRecord(1, 0, 1, 0, 10, 10, False, 1, 0, 3, 0, 1, None, [], [], [], [],
+                          [], None, 90, 3, paused_kv_blocks, []).row(0)
+
+    orders = [row({"r2": 5, "r10": 1, "r1": 7}), row({"r1": 7, "r2": 5, "r10": 1})]
+    assert orders[0] == orders[1]
+    assert (("r1", 7), ("r10", 1), ("r2", 5)) in orders[0]
