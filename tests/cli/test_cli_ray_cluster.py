@@ -10,22 +10,24 @@ dyntra-emu needs (docs/executors.md: a worker's fork servers are not killed with
   runs on both nodes. Both run on rank threads (a run is one Ray task of one CPU, so the
   four runs fill the two nodes at once): the same runs on rank processes took four times
   as long here (gloo's wake-ups on 2 cores), and rank processes on the cluster are
-  what the `tune` test below runs;
-- `tune` on rank processes (dp 2: one run fills a node) runs two trials at a time, one
-  per node, each run's ranks on one node; SIGTERM mid-study stops it (exit 143, every
-  run under way stopped, the trials under way marked failed) and the same command
-  resumes it with --trials more;
+  what the sweep above runs;
+- `tune` on rank threads runs four trials at a time, on both nodes; SIGTERM mid-study
+  stops it (exit 143, every run under way stopped, the trials under way marked failed)
+  and the same command resumes it with --trials more;
 - `run --split 2` on the cluster (a window a task on rank threads) stitches what the
   same split on local jobs stitches, every request of the trace reported once;
 - the cluster shut down, no worker's fork server left a ``pymp-*`` directory in its
   TMPDIR (tests/ray_tmpdir.py).
 
-Nodes are told apart by their raylet: a process holding a rank's event log open (a rank
-process, or the Ray worker running a run's rank threads) descends from its node's raylet
-(raylet, Ray worker, fork server, rank)."""
+Nodes are told apart by their raylet: every process of a node descends from its raylet
+(raylet, Ray worker, fork server, rank). Which node ran a run is the node of the Ray
+worker whose pid its run.json records; where a run's ranks were is seen from the
+processes that hold its rank step records open (a rank process, or the Ray worker running
+a run's rank threads)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,24 +96,37 @@ def two_nodes():
 
 
 class Placements(threading.Thread):
-    """While a command runs: for every run directory whose rank event logs a process
-    holds open, the nodes of those processes."""
+    """While a command runs, sampled every 0.2 s: the node of every process under a
+    raylet (``nodes_of``: a Ray worker lives as long as the command's job, so none is
+    missed) and, for every run directory whose rank step records a process holds open,
+    the nodes of those processes (``runs``: a run of a second or two can fall between two
+    samples, so it may miss some runs)."""
 
     def __init__(self, nodes: TwoNodes):
         super().__init__(daemon=True)
         self.nodes = nodes
         self.runs: dict[str, set[int]] = {}
+        self.nodes_of: dict[int, int] = {}
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.wait(0.2):
-            processes = [p for r in self.nodes.raylets for p in r.children(recursive=True)]
+            processes = []
+            for node, raylet in enumerate(self.nodes.raylets):
+                with contextlib.suppress(psutil.Error):
+                    for process in raylet.children(recursive=True):
+                        self.nodes_of.setdefault(process.pid, node)
+                        processes.append(process)
             for process, logs in event_logs_held(processes).items():
-                node = self.nodes.node_of(process)
-                if node is not None:
-                    for log in logs:
-                        # a Ray task's run directory: <scratch>/run/rank<r>.steps/
-                        self.runs.setdefault(str(log.parent.parent), set()).add(node)
+                node = self.nodes_of[process.pid]
+                for log in logs:
+                    # a Ray task's run directory: <scratch>/run/rank<r>.steps/
+                    self.runs.setdefault(str(log.parent.parent), set()).add(node)
+
+    def node_of_run(self, run_dir: Path) -> int | None:
+        """The node whose process ran the cluster of ``run_dir`` (a Ray worker: its pid
+        is in run.json), if it ran under a raylet."""
+        return self.nodes_of.get(json.loads((run_dir / "run.json").read_text())["pid"])
 
     def __enter__(self) -> Placements:
         self.start()
@@ -160,9 +175,10 @@ def test_sweep_on_two_nodes_equals_local(two_nodes, sweep_2x2, cli, clikit, tmp_
         assert (reference / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
     _same_runs(reference / "runs", tmp_path / "ray" / "runs",
                [r["name"] for r in sweeps[0]["rows"]])
-    # The runs seen under way (they last a second or two: the 0.2 s sampler misses
-    # some) ran on the cluster, each with its two ranks on one node.
-    assert seen.runs and all(len(n) == 1 for n in seen.runs.values()), seen.runs
+    # Every run ran on the cluster; those seen under way had their two ranks on one node.
+    names = [r["name"] for r in sweeps[0]["rows"]]
+    assert None not in [seen.node_of_run(tmp_path / "ray" / "runs" / n) for n in names]
+    assert all(len(n) == 1 for n in seen.runs.values()), seen.runs
 
 
 def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tmp_path):
@@ -183,8 +199,10 @@ def test_ab_seeds_on_two_nodes_equals_local(two_nodes, ab_over_seeds, clikit, tm
                            .read_text())
             assert {k: v for k, v in a.items() if k != "wall"} == \
                 {k: v for k, v in b.items() if k != "wall"}
-    assert len(seen.runs) == 4, seen.runs  # every run seen under way
-    assert set.union(*seen.runs.values()) == {0, 1}, seen.runs  # both nodes ran runs
+    # Every run ran on the cluster, and both nodes ran runs.
+    nodes = [seen.node_of_run(tmp_path / "ray" / f"seed{seed}" / side)
+             for seed in (3, 4) for side in ("a", "b")]
+    assert set(nodes) == {0, 1}, (nodes, seen.nodes_of)
 
 
 def test_run_split_on_two_nodes_equals_local(two_nodes, cli, clikit, tmp_path):
@@ -223,7 +241,7 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
     out = tmp_path / "study"
     storage = f"sqlite:///{out / 'study.db'}"
     command = [sys.executable, "-m", "emu", "tune", "--workload", str(trace), *clikit.SMALL,
-               "--transport", "process", "--knobs", "mode,start_step,bubble_threshold",
+               "--transport", "thread", "--knobs", "mode,start_step,bubble_threshold",
                "--executor", "ray", "--ray-address", two_nodes.address, "--min-gain", "0",
                "--out", str(out)]  # --min-gain 0: the test is about the study, not gains
     with Placements(two_nodes) as seen:
@@ -233,10 +251,11 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
         try:
             deadline = time.monotonic() + 600
             counts: dict[str, int] = {}
-            while finished(counts) < 2 or not (
-                    {0, 1} <= set().union(*seen.runs.values())):
+            # Until trials finished, and the runs done so far ran on both nodes.
+            while finished(counts) < 2 or {0, 1} - {
+                    seen.node_of_run(p.parent) for p in out.glob("runs/*/*/run.json")}:
                 assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, (counts, seen.runs)
+                assert time.monotonic() < deadline, (counts, seen.nodes_of)
                 time.sleep(0.5)
                 if (out / "study.db").exists():
                     counts = study_states(storage)
@@ -253,8 +272,6 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
     stopped = study_states(storage)
     assert "RUNNING" not in stopped, stopped
     done = finished(stopped)
-    # Two trials at a time, one per node; each run's ranks on one node.
-    assert all(len(nodes) == 1 for nodes in seen.runs.values()), seen.runs
     # Whatever was under way was stopped: no rank is left writing an event log.
     time.sleep(1.0)
     processes = [p for r in two_nodes.raylets for p in r.children(recursive=True)]
@@ -267,5 +284,5 @@ def test_tune_on_two_nodes_stopped_by_sigterm_resumes(two_nodes, clikit, tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     after = study_states(storage)
     assert finished(after) == done + 2, (stopped, after)
-    assert "2 trial(s) at a time" in resumed.stderr
+    assert f"{2 * NODE_CPUS} trial(s) at a time" in resumed.stderr
     assert Path(out / "recommended.json").exists()

@@ -201,7 +201,8 @@ def test_run_under_torchrun(cli, tiny_trace, tmp_path, clikit):
     address = "127.0.0.1" if interface is None else interface[1]
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--local-addr", address, "--nproc-per-node", "2",
-         "-m", "emu", "run", "--workload", str(tiny_trace), *small, "--out", str(out)],
+         "--log-dir", str(tmp_path / "torchrun"), "-m", "emu", "run", "--workload",
+         str(tiny_trace), *small, "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
 
     assert proc.returncode == 0, proc.stdout + proc.stderr

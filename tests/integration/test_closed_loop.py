@@ -98,7 +98,7 @@ def bundled_prefix(name: str, n: int, max_output: int = 40) -> list[TraceRequest
 @pytest.mark.parametrize("limit,async_scheduling", [(3, False), (8, True)])
 def test_never_more_in_flight_than_the_limit_and_sends_follow_finishes(tmp_path, limit,
                                                                        async_scheduling):
-    trace = bundled_prefix("default", 48)
+    trace = bundled_prefix("default", 24)
     spec = RunSpec(trace=trace, dp_size=4, out_dir=tmp_path / "process",
                    additional_config=STATIC, max_concurrency=limit, max_num_seqs=4,
                    block_size=16, num_gpu_blocks=1024, device="cpu", strict=True,

@@ -397,7 +397,7 @@ def test_join_from_env_under_torchrun(tmp_path):
     """))
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(script)],
+         "--log-dir", str(tmp_path / "torchrun"), str(script)],
         timeout=120, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -41,7 +41,7 @@ def test_join_cluster_runs_one_rank_per_torchrun_process(tmp_path):
     """))
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(script)],
+         "--log-dir", str(tmp_path / "torchrun"), str(script)],
         timeout=180, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     summaries = [json.loads((tmp_path / f"summary{r}.json").read_text()) for r in (0, 1)]
