@@ -63,13 +63,6 @@ class Envelope:
                 np.concatenate([y for _, y in self._drawn]))
 
 
-def envelope(x, y, points: int = MAX_LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """The points to draw of a whole line (``Envelope`` given it at once)."""
-    line = Envelope(len(np.asarray(y)), points)
-    line.add(x, y)
-    return line.finish()
-
-
 class RollingMean:
     """The mean of a line of ``size`` values over a window of ``window`` points centred
     on each (narrower at the ends, so the smoothed curve does not lag the raw one), given

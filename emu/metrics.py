@@ -58,7 +58,6 @@ from emu.step_passes import (
     window_pass,
 )
 from emu.step_passes import ordered_sum as _sum
-from emu.step_passes import step_ends_s as step_ends_s  # part of this module's names
 
 SCHEMA_VERSION = 1
 # The wall-clock columns emu.records.schema.WALL holds, as WallColumns reads them.

@@ -28,9 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from emu.metrics import Run, compute_metrics, headroom, step_ends_s
+from emu.metrics import Run, compute_metrics, headroom
 from emu.records.columns import StepColumns, from_requests_parts
 from emu.split.windows import Window
+from emu.step_passes import step_ends_s
 
 
 class StitchError(ValueError):

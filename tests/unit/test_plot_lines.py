@@ -6,7 +6,14 @@ array gives."""
 import numpy as np
 import pytest
 
-from emu.lines import MAX_LINE_POINTS, Envelope, RollingMean, Spans, envelope
+from emu.lines import MAX_LINE_POINTS, Envelope, RollingMean, Spans
+
+
+def envelope(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """The points drawn of a whole line, given to ``Envelope`` at once."""
+    line = Envelope(len(y))
+    line.add(x, y)
+    return line.finish()
 
 
 def test_a_short_line_is_drawn_whole():
