@@ -234,5 +234,6 @@ def _idle_waves(result, rank: int) -> set[int]:
     """The waves in which ``rank`` ran only dummy steps (it had no request at all), from
     the steps table's columns (the thread run has tens of thousands of steps)."""
     steps = read_table(result.out_dir, rank, STEPS, ["wave", "dummy"]).to_pydict()
-    waves = list(zip(steps["wave"], steps["dummy"], strict=True))
-    return {wave for wave, _ in waves} - {wave for wave, dummy in waves if not dummy}
+    busy = {wave for wave, dummy in zip(steps["wave"], steps["dummy"], strict=True)
+            if not dummy}
+    return set(steps["wave"]) - busy
